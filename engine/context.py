@@ -1,0 +1,69 @@
+"""A model and its cell cache: llama.cpp's llama_context, the thing that runs a batch."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.batch import Batch
+from engine.memory import CellCache
+
+
+@dataclass
+class DecodeResult:
+    logits: torch.Tensor  # [n_output_rows, vocab], float32, in batch row order of the rows with output=True
+    seconds: float  # wall time of the forward
+
+
+class ModelContext:
+    """Runs batches of (token, pos, seq) rows through a causal LM on one shared CellCache."""
+
+    def __init__(self, model, n_ctx: int, n_seq_max: int = 1):
+        cfg = model.config
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
+        n_kv = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
+        param = next(model.parameters())
+        window = getattr(text_cfg, "sliding_window", None)
+        use_window = window is not None and getattr(text_cfg, "use_sliding_window", True)
+        self.model = model
+        self.n_ctx = n_ctx  # cells in the cache, shared by all sequences
+        self.n_seq_max = n_seq_max
+        self.n_vocab = int(text_cfg.vocab_size)
+        self.device = param.device
+        self.cache = CellCache(
+            n_layers=text_cfg.num_hidden_layers, n_kv_heads=n_kv, head_dim=head_dim, n_cells=n_ctx,
+            n_seq_max=n_seq_max, dtype=param.dtype, device=param.device,
+            sliding_window=int(window) if use_window else None,
+        )
+        self.n_forward = 0  # forwards run, for statistics
+
+    @torch.inference_mode()
+    def decode(self, batch: Batch) -> DecodeResult:
+        """One forward over the batch. Cells are claimed for every row; logits come back for output rows."""
+        if len(batch) == 0:
+            raise ValueError("empty batch")
+        t0 = time.perf_counter()
+        mask = self.cache.prepare(batch)
+        try:
+            input_ids = torch.tensor([batch.tokens], dtype=torch.long, device=self.device)
+            position_ids = torch.tensor([batch.pos], dtype=torch.long, device=self.device)
+            rows = torch.tensor(batch.output_rows(), dtype=torch.long, device=self.device)
+            out = self.model(
+                input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache,
+                use_cache=True, logits_to_keep=rows,
+            )
+        except Exception:
+            self.cache.rollback_claim()
+            raise
+        self.n_forward += 1
+        logits = out.logits[0].float()
+        return DecodeResult(logits=logits, seconds=time.perf_counter() - t0)
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        return self.cache.seq_rm(seq, p0, p1)
+
+    def clear(self) -> None:
+        self.cache.clear()

@@ -1,0 +1,1 @@
+"""Drafters: one family per module, all behind the interface in `base.py`."""

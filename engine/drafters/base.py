@@ -1,0 +1,63 @@
+"""The drafter interface, in the shape of llama.cpp's common_speculative_impl.
+
+Lifecycle per sequence: `begin(seq, prompt)` once when a prompt arrives; every forward of the target is mirrored
+with `process(batch)`; each round `draft(requests)` fills the requests still `drafting`; after verification
+`accept(seq, n_accepted, is_other)` tells every drafter how many draft tokens were kept (`is_other=True` for the
+drafters that did not win the round). The chain (`chain.py`) owns the counters and timings; implementations
+only keep their own state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.batch import Batch
+
+
+@dataclass
+class DraftRequest:
+    """One sequence's drafting job for one round (llama.cpp's common_speculative_draft_params)."""
+
+    seq: int  # sequence id
+    prompt: list[int]  # confirmed tokens of the sequence in cache order (prompt + generated), without id_last
+    id_last: int  # token sampled last round; not in the cache yet; the draft continues after it
+    n_max: int  # propose at most this many tokens
+    n_min: int  # a draft shorter than this is not worth a verification: return none
+    p_min: float  # model drafters stop when the top draft probability falls below this
+    want_q: bool = False  # fill result_q (draft distributions) so the target can use rejection sampling
+    drafting: bool = True  # relay baton: True until a drafter fills `result`
+    result: list[int] = field(default_factory=list)  # the drafted token ids
+    result_q: list[torch.Tensor] | None = None  # per drafted token, the draft distribution q over the vocab
+    result_p: list[float] | None = None  # per drafted token, the draft's probability of it (for display)
+
+
+class Drafter:
+    """Base class: a drafter that never drafts. Subclasses override what they need."""
+
+    name = "none"
+    needs_model = False  # True for drafters that run a network (ordered after the n-gram ones)
+
+    def begin(self, seq: int, prompt: list[int]) -> None:
+        """A new prompt for `seq`: index it, reset per-sequence state."""
+
+    def process(self, batch: Batch) -> None:
+        """Mirror of a target forward (prefill or verification batch), for drafters that keep model state."""
+
+    def draft(self, requests: list[DraftRequest]) -> None:
+        """Fill `result` of the given requests (all have drafting=True) where this drafter has a proposal."""
+
+    def accept(self, seq: int, n_accepted: int, is_other: bool) -> None:
+        """`n_accepted` of the last draft for `seq` were kept; `is_other` if another drafter made that draft."""
+
+    def seq_rm(self, seq: int) -> None:
+        """The sequence left (slot freed): drop its state."""
+
+    def get_state(self, seq: int) -> Any:
+        """Private per-sequence state for a checkpoint (llama.cpp's data_spec); None if nothing to save."""
+        return None
+
+    def set_state(self, seq: int, state: Any) -> None:
+        """Restore what get_state returned."""

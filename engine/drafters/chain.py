@@ -1,0 +1,162 @@
+"""The priority chain of drafters: llama.cpp's common_speculative_draft / _accept relay.
+
+Drafters are tried in priority order (n-gram first, model drafters last). The first one that fills a
+sequence's request takes the `drafting` baton from it, is remembered as `impl_last[seq]`, and is credited
+when the verdict comes back; every other drafter hears about it with `is_other=True` so its own bookkeeping
+stays in step with the target.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from engine.batch import Batch
+from engine.drafters.base import Drafter, DraftRequest
+from engine.policy import DraftLengthPolicy
+from engine.stats import DrafterStats, timed
+
+# type name -> (module, class), in llama.cpp's priority order
+DRAFTER_TYPES: dict[str, tuple[str, str]] = {
+    "ngram-simple": ("engine.drafters.ngram", "NgramSimple"),
+    "ngram-map-k": ("engine.drafters.ngram", "NgramMapK"),
+    "ngram-map-k4v": ("engine.drafters.ngram", "NgramMapK4V"),
+    "ngram-mod": ("engine.drafters.ngram_mod", "NgramMod"),
+    "ngram-cache": ("engine.drafters.ngram_cache", "NgramCache"),
+    "draft-simple": ("engine.drafters.draft_model", "DraftModelDrafter"),
+}
+PRIORITY = list(DRAFTER_TYPES)
+NGRAM_CHAIN = ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"]
+
+
+def parse_types(spec: str | list[str] | None) -> list[str]:
+    """'ngram-simple,draft-simple' -> known names in the user's order; 'none' or empty -> []."""
+    if spec is None:
+        return []
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    names = [n for n in names if n != "none"]
+    unknown = [n for n in names if n not in DRAFTER_TYPES]
+    if unknown:
+        raise ValueError(f"unknown drafter type(s) {', '.join(unknown)}; known: {', '.join(PRIORITY)}")
+    return list(dict.fromkeys(names))
+
+
+def make_drafter(name: str, **kwargs) -> Drafter:
+    module, cls = DRAFTER_TYPES[name]
+    return getattr(importlib.import_module(module), cls)(**kwargs)
+
+
+class DrafterChain:
+    """Relay over a shared pool of drafters; each sequence has its own ordered list of drafter types."""
+
+    def __init__(self, pool: dict[str, Drafter], policy: DraftLengthPolicy | None = None):
+        self.pool = pool  # name -> drafter instance, shared by all sequences (each keeps per-seq state)
+        self.policy = policy  # None: verify whatever the drafter offers (up to n_max)
+        self.types: dict[int, list[str]] = {}  # seq -> its drafter types in relay order
+        self.stats: dict[str, DrafterStats] = {}  # name -> counters over all sequences
+        self.seq_stats: dict[int, dict[str, DrafterStats]] = {}  # seq -> name -> counters, one user's view
+        self.impl_last: dict[int, str | None] = {}  # seq -> drafter whose draft is being verified
+        self.k_last: dict[int, int] = {}  # seq -> length of that draft
+
+    def _both(self, seq: int, name: str) -> tuple[DrafterStats, DrafterStats]:
+        per = self.seq_stats.setdefault(seq, {})
+        return self.stats.setdefault(name, DrafterStats(name)), per.setdefault(name, DrafterStats(name))
+
+    def begin(self, seq: int, prompt: list[int], types: list[str]) -> None:
+        unknown = [t for t in types if t not in self.pool]
+        if unknown:
+            raise ValueError(f"drafter(s) not loaded: {', '.join(unknown)}")
+        self.types[seq] = list(types)
+        self.impl_last[seq] = None
+        self.seq_stats[seq] = {}
+        for name in types:
+            s, s_seq = self._both(seq, name)
+            with timed(s, "t_begin_us"):
+                self.pool[name].begin(seq, prompt)
+            s_seq.t_begin_us = s.t_begin_us
+            s.n_call_begin += 1
+            s_seq.n_call_begin += 1
+
+    def process(self, batch: Batch) -> None:
+        for impl in self.pool.values():
+            impl.process(batch)
+
+    def draft(self, requests: list[DraftRequest]) -> dict[int, str | None]:
+        """Fill the requests; return seq -> name of the drafter that drafted for it (None if nobody)."""
+        winner: dict[int, str | None] = {r.seq: None for r in requests}
+        for r in requests:
+            self.impl_last[r.seq] = None
+            r.drafting = r.n_max > 0
+        n_stages = max((len(self.types.get(r.seq, [])) for r in requests), default=0)
+        for stage in range(n_stages):
+            by_name: dict[str, list[DraftRequest]] = {}
+            for r in requests:
+                types = self.types.get(r.seq, [])
+                if r.drafting and stage < len(types):
+                    by_name.setdefault(types[stage], []).append(r)
+            for name, active in by_name.items():
+                s = self._both(active[0].seq, name)[0]
+                with timed(s, "t_draft_us"):
+                    self.pool[name].draft(active)
+                s.n_call_draft += 1
+                for r in active:
+                    s_seq = self._both(r.seq, name)[1]
+                    s_seq.n_call_draft += 1
+                    k = self._cut(r, name)
+                    if k == 0:
+                        continue
+                    r.drafting = False
+                    self.impl_last[r.seq] = name
+                    self.k_last[r.seq] = k
+                    winner[r.seq] = name
+                    s.on_draft(k)
+                    s_seq.on_draft(k)
+        return winner
+
+    def _cut(self, r: DraftRequest, name: str) -> int:
+        """Apply n_max, n_min and the length policy to a fresh result; return the kept length."""
+        k = min(len(r.result), r.n_max)
+        if k < max(r.n_min, 1):
+            k = 0
+        if k > 0 and self.policy is not None:
+            k = self.policy.choose(r.seq, name, k)
+            if k < r.n_min:
+                k = 0
+        del r.result[k:]
+        if r.result_q is not None:
+            del r.result_q[k:]
+        if r.result_p is not None:
+            del r.result_p[k:]
+        if k == 0:
+            r.result_q = None
+            r.result_p = None
+        return k
+
+    def accept(self, seq: int, n_accepted: int) -> None:
+        name = self.impl_last.get(seq)
+        if name is None:
+            assert n_accepted == 0, "accepted tokens without a draft"
+            return
+        impl = self.pool[name]
+        s, s_seq = self._both(seq, name)
+        with timed(s, "t_accept_us"):
+            s.on_accept(n_accepted)
+            s_seq.on_accept(n_accepted)
+            impl.accept(seq, n_accepted, False)
+        if self.policy is not None:
+            self.policy.update(seq, name, self.k_last.get(seq, n_accepted), n_accepted)
+        for other in self.types.get(seq, []):
+            if other != name:
+                self.pool[other].accept(seq, n_accepted, True)
+        self.impl_last[seq] = None
+
+    def seq_rm(self, seq: int) -> None:
+        for name in self.types.pop(seq, []):
+            self.pool[name].seq_rm(seq)
+        self.impl_last.pop(seq, None)
+        self.k_last.pop(seq, None)
+        if self.policy is not None:
+            self.policy.forget(seq)
+
+    def format_stats(self, seq: int | None = None) -> str:
+        stats = self.stats if seq is None else self.seq_stats.get(seq, {})
+        return "\n".join(s.format() for s in stats.values())

@@ -1,0 +1,142 @@
+"""draft-simple: a separate, smaller HF model with the same vocabulary and its own cell cache.
+
+As in llama.cpp, every sequence has its own top-k 10 sampler seeded `seed ^ 0x85ebca6b` (so the draft's
+stream differs from the target's), drafting stops when the top draft probability falls below p_min, and all
+sequences that are still drafting advance together in one batch per step.
+
+Where ours differs: llama.cpp mirrors every target batch into the draft context with process() after
+removing its own draft tokens. Here the draft cache keeps the tokens it drafted and, at the next draft(),
+catches up: it keeps the longest prefix that agrees with the confirmed tokens, removes the rest with seq_rm,
+and forwards only what is missing (usually the token sampled last round). Each token enters the draft cache
+once, and the cache cannot drift from the target whatever rollback path the target took.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.batch import Batch
+from engine.context import ModelContext
+from engine.drafters.base import Drafter, DraftRequest
+
+DRAFT_SEED_MIX = 0x85EBCA6B
+
+
+@dataclass
+class DraftModelParams:
+    top_k: int = 10  # candidates kept by the draft sampler (llama.cpp's default)
+    temp: float = 0.0  # target temperature, used to shape q when rejection sampling wants it
+    seed: int = 0  # target seed; the draft stream uses seed ^ 0x85ebca6b
+    n_ctx: int = 4096  # cells of the draft cache
+    n_seq_max: int = 4  # sequences the draft cache holds
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft-simple"
+    needs_model = True
+
+    def __init__(self, model=None, params: DraftModelParams | None = None):
+        if model is None:
+            raise ValueError("draft-simple needs a draft model (--draft)")
+        self.params = params or DraftModelParams()
+        self.ctx = ModelContext(model, n_ctx=self.params.n_ctx, n_seq_max=self.params.n_seq_max)
+        self.cached: dict[int, list[int]] = {}  # seq -> tokens in the draft cache, in position order
+        self.generators: dict[int, torch.Generator] = {}  # seq -> the draft's own random stream
+
+    def retune(self, temp: float, seed: int) -> None:
+        """llama.cpp's spec_retune: a new target temperature or seed gives the draft a new stream."""
+        if temp == self.params.temp and seed == self.params.seed:
+            return
+        self.params.temp, self.params.seed = temp, seed
+        self.generators.clear()
+
+    def _generator(self, seq: int) -> torch.Generator:
+        if seq not in self.generators:
+            g = torch.Generator(device="cpu")
+            g.manual_seed((self.params.seed ^ DRAFT_SEED_MIX) + seq)
+            self.generators[seq] = g
+        return self.generators[seq]
+
+    def begin(self, seq: int, prompt: list[int]) -> None:
+        self.ctx.seq_rm(seq, -1, -1)
+        self.cached[seq] = []
+        self.generators.pop(seq, None)
+
+    def seq_rm(self, seq: int) -> None:
+        self.ctx.seq_rm(seq, -1, -1)
+        self.cached.pop(seq, None)
+        self.generators.pop(seq, None)
+
+    def get_state(self, seq: int):
+        g = self.generators.get(seq)
+        return (list(self.cached.get(seq, [])), None if g is None else g.get_state())
+
+    def set_state(self, seq: int, state) -> None:
+        tokens, g_state = state
+        cached = self.cached.get(seq, [])
+        n = 0
+        while n < min(len(tokens), len(cached)) and tokens[n] == cached[n]:
+            n += 1
+        self.ctx.seq_rm(seq, n, -1)
+        self.cached[seq] = list(cached[:n])
+        if g_state is not None:
+            self._generator(seq).set_state(g_state)
+
+    def _catch_up(self, batch: Batch, r: DraftRequest) -> None:
+        """Add to `batch` what the draft cache lacks of r's confirmed tokens; the last row outputs."""
+        confirmed = r.prompt + [r.id_last]
+        cached = self.cached.setdefault(r.seq, [])
+        n = 0
+        limit = min(len(confirmed) - 1, len(cached))  # id_last always goes in: its logits give d1
+        while n < limit and confirmed[n] == cached[n]:
+            n += 1
+        if n < len(cached):
+            self.ctx.seq_rm(r.seq, n, -1)
+            del cached[n:]
+        for i in range(n, len(confirmed)):
+            batch.add(confirmed[i], i, r.seq, i == len(confirmed) - 1)
+            cached.append(confirmed[i])
+
+    def _q(self, logits: torch.Tensor, temp: float) -> torch.Tensor:
+        """The draft distribution: top-k, then temperature (softmax at 1 when the target is greedy)."""
+        k = min(self.params.top_k, logits.shape[-1])
+        top = torch.topk(logits.float(), k)
+        scaled = top.values / (temp if temp > 0 else 1.0)
+        q = torch.zeros_like(logits, dtype=torch.float32)
+        q.scatter_(-1, top.indices, torch.softmax(scaled, dim=-1))
+        return q
+
+    def draft(self, requests: list[DraftRequest]) -> None:
+        for r in requests:
+            if r.seq >= self.params.n_seq_max:
+                raise ValueError(f"draft cache holds {self.params.n_seq_max} sequences, got seq {r.seq}")
+        batch = Batch()
+        for r in requests:
+            self._catch_up(batch, r)
+            r.result, r.result_p = [], []
+            r.result_q = [] if r.want_q else None
+        live = list(requests)
+        while live and len(batch) > 0:
+            logits = self.ctx.decode(batch).logits  # one row per live request, in order
+            batch = Batch()
+            still = []
+            for row, r in enumerate(live):
+                q = self._q(logits[row], self.params.temp if r.want_q else 0.0)
+                p_top, tok = float(q.max()), int(q.argmax())
+                if r.want_q:
+                    tok = int(torch.multinomial(q, 1, generator=self._generator(r.seq)))
+                if p_top < r.p_min:
+                    continue
+                r.result.append(tok)
+                r.result_p.append(float(q[tok]))
+                if r.want_q:
+                    r.result_q.append(q)
+                if len(r.result) >= r.n_max:
+                    continue
+                pos = len(self.cached[r.seq])
+                batch.add(tok, pos, r.seq, True)
+                self.cached[r.seq].append(tok)
+                still.append(r)
+            live = still

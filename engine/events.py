@@ -1,0 +1,48 @@
+"""What one round did, as plain data: the UI and the bench both consume these."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RoundEvent:
+    seq: int  # sequence (slot) id
+    round: int  # round index within this generation (0 = prefill)
+    kind: str  # "prefill" | "plain" (no draft) | "spec" (draft verified) | "replay" (checkpoint replay)
+    drafter: str | None  # the drafter whose draft was verified, None if no draft
+    pos_sampled: int  # position of the token sampled last round, the first row of the batch
+    p0: int  # position of the first draft token (pos_sampled + 1)
+    drafted: list[int] = field(default_factory=list)  # d1..dk
+    n_accepted: int = 0  # m: draft tokens kept
+    bonus: int = -1  # the target's own token this round (correction after a rejection, or the bonus)
+    emitted: list[int] = field(default_factory=list)  # tokens given to the user (accepted + bonus, cut at stop)
+    p_target: list[float] = field(default_factory=list)  # target p of each emitted token
+    p_draft_rows: list[float] = field(default_factory=list)  # target p of each drafted token (row i judges d_i+1)
+    q_draft: list[float] | None = None  # draft q of each drafted token, when the drafter has a distribution
+    verify_mode: str = "match"  # "match" (sample-and-match, argmax at temp 0) | "rejection"
+    rollback: str = "none"  # "none" | "seq_rm" | "checkpoint"
+    rm_range: tuple[int, int] | None = None  # [p0 + m, p0 + k) removed from the cache
+    t_draft_ms: float = 0.0  # time in the drafters
+    t_verify_ms: float = 0.0  # the target forward (shared with the other slots in the batch) + verification
+    t_rollback_ms: float = 0.0  # seq_rm or checkpoint restore + replay
+    batch_rows: int = 0  # rows in the shared forward (all slots)
+    n_cells_used: int = 0  # cells in use after the round, all sequences
+    seq_cells: int = 0  # cells of this sequence after the round
+    text_delta: str = ""  # new text for the user
+    done: bool = False  # generation finished
+    stop_reason: str | None = None  # "eos" | "length" | "context" | "stopped"
+
+    @property
+    def accepted(self) -> list[int]:
+        return self.drafted[: self.n_accepted]
+
+    @property
+    def rejected(self) -> list[int]:
+        return self.drafted[self.n_accepted:]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["accepted"] = self.accepted
+        d["rejected"] = self.rejected
+        return d

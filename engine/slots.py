@@ -1,0 +1,323 @@
+"""Slots and the round loop: draft -> one batched forward -> verify -> rollback -> accept, for every slot.
+
+A slot is one sequence (one chat) in the shared cell cache, with its own sampler, drafter state and
+statistics, like llama-server's n_parallel slots. Each `step()` runs one round for all generating slots:
+the sampled token and the draft tokens of every slot go into one batch at contiguous positions, one forward
+verifies all of them, and each slot keeps its longest agreeing prefix plus one token of the target, then
+cuts its rejected tail with `seq_rm(seq, p0 + m, -1)`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from engine.batch import Batch
+from engine.context import ModelContext
+from engine.drafters.base import Drafter, DraftRequest
+from engine.drafters.chain import DrafterChain, make_drafter, parse_types
+from engine.events import RoundEvent
+from engine.models import LoadedModel, check_vocab_compatible
+from engine.params import GenParams
+from engine.policy import CostModel, DraftLengthPolicy
+from engine.probe import ProbeResult, probe_context
+from engine.sampling import Sampler
+from engine import verify
+
+N_BATCH = 512  # prompt rows per forward during prefill
+
+
+@dataclass
+class Slot:
+    seq: int  # sequence id in the shared cache
+    params: GenParams
+    sampler: Sampler  # the target's sampler, with its own stream
+    prompt: list[int]  # prompt tokens
+    tokens: list[int] = field(default_factory=list)  # tokens in the target cache, in position order
+    generated: list[int] = field(default_factory=list)  # tokens emitted to the user
+    id_last: int = -1  # sampled last round, not yet in the cache
+    state: str = "prefill"  # "prefill" | "generating" | "done"
+    round: int = 0  # rounds run (prefill is round 0)
+    text: str = ""  # detokenised text given out so far
+    stop_reason: str | None = None
+    stop_requested: bool = False
+
+    @property
+    def n_remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.generated)
+
+
+class Engine:
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
+                 n_seq_max: int = 4, calibrate: bool = True):
+        if draft is not None:
+            check_vocab_compatible(target, draft)
+        self.target = target
+        self.draft_model = draft
+        self.ctx = ModelContext(target.model, n_ctx=n_ctx, n_seq_max=n_seq_max)
+        self.n_pos_max = int(getattr(target.model.config, "max_position_embeddings", 0) or 0) or None
+        self.probe: ProbeResult = probe_context(self.ctx)
+        self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
+        self.policy = DraftLengthPolicy(self.cost)
+        self.pool: dict[str, Drafter] = {}
+        self.chain = DrafterChain(self.pool, self.policy)
+        self.slots: dict[int, Slot] = {}
+        self.eos = target.eos_ids()
+
+    # ---- set-up ----------------------------------------------------------------------------------------------
+
+    def calibrate(self, sizes=(1, 2, 3, 4, 6, 8, 12, 16), reps: int = 3) -> CostModel:
+        """Time forwards of n rows after a short prefix: the c(n) of the length policy."""
+        seq = 0
+        batch = Batch()
+        for i in range(32):
+            batch.add((i + 10) % self.ctx.n_vocab, i, seq, False)
+        batch.output[-1] = True
+        self.ctx.decode(batch)
+        seconds = []
+        for n in sizes:
+            runs = []
+            for _ in range(reps + 1):
+                b = Batch()
+                for i in range(n):
+                    b.add((100 + i) % self.ctx.n_vocab, 32 + i, seq, True)
+                runs.append(self.ctx.decode(b).seconds)
+                self.ctx.seq_rm(seq, 32, -1)
+            seconds.append(sorted(runs[1:])[len(runs[1:]) // 2])
+        self.ctx.seq_rm(seq, -1, -1)
+        for i in range(1, len(seconds)):  # noise must not make a bigger batch look cheaper
+            seconds[i] = max(seconds[i], seconds[i - 1])
+        return CostModel(sizes=list(sizes), seconds=seconds)
+
+    def drafter(self, name: str) -> Drafter:
+        if name not in self.pool:
+            kwargs = {}
+            if name == "draft-simple":
+                if self.draft_model is None:
+                    raise ValueError("draft-simple needs a draft model: load one first")
+                from engine.drafters.draft_model import DraftModelParams
+                kwargs = dict(model=self.draft_model.model,
+                              params=DraftModelParams(n_ctx=self.ctx.n_ctx, n_seq_max=self.ctx.n_seq_max))
+            self.pool[name] = make_drafter(name, **kwargs)
+        return self.pool[name]
+
+    # ---- slots -------------------------------------------------------------------------------------------
+
+    def free_seq(self) -> int:
+        for seq in range(self.ctx.n_seq_max):
+            if seq not in self.slots:
+                return seq
+        raise RuntimeError(f"all {self.ctx.n_seq_max} slots are busy")
+
+    def start(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Slot:
+        """Queue a generation. Raises ValueError on bad input; nothing changes then."""
+        params.validate()
+        params.spec.types = parse_types(params.spec.types)
+        if not prompt:
+            raise ValueError("empty prompt")
+        limit = self.ctx.n_ctx if self.n_pos_max is None else min(self.ctx.n_ctx, self.n_pos_max)
+        if len(prompt) + 1 > limit:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {limit} tokens")
+        if params.spec.types and not self.probe.can_speculate:
+            raise ValueError(f"speculation is off for this model: {self.probe.reason}")
+        for name in params.spec.types:
+            self.drafter(name)
+        if "draft-simple" in params.spec.types:
+            self.pool["draft-simple"].retune(params.sampling.temp, params.sampling.seed)
+        seq = self.free_seq() if seq is None else seq
+        if not 0 <= seq < self.ctx.n_seq_max:
+            raise ValueError(f"slot {seq} out of range [0, {self.ctx.n_seq_max})")
+        old = self.slots.get(seq)
+        if old is not None and old.state != "done":
+            raise ValueError(f"slot {seq} is busy")
+        kept = self._reuse_prefix(old, prompt) if old is not None else 0
+        if old is None or kept == 0:
+            self.ctx.seq_rm(seq, -1, -1)
+        self.chain.seq_rm(seq)
+        slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
+                    tokens=list(prompt[:kept]))
+        self.slots[seq] = slot
+        self.chain.begin(seq, slot.prompt, params.spec.types)
+        return slot
+
+    def _reuse_prefix(self, old: Slot, prompt: list[int]) -> int:
+        """Keep the cached prefix shared with the new prompt (llama-server's cache_prompt); return its length."""
+        n = 0
+        limit = min(len(old.tokens), len(prompt) - 1)  # the last prompt token is always forwarded for its logits
+        while n < limit and old.tokens[n] == prompt[n]:
+            n += 1
+        self.ctx.seq_rm(old.seq, n, -1)
+        return n
+
+    def stop(self, seq: int) -> None:
+        """Ask a slot to stop; it ends at the next round boundary, its cells stay for reuse."""
+        if seq in self.slots:
+            self.slots[seq].stop_requested = True
+
+    def release(self, seq: int) -> None:
+        """Forget a slot and free its cells."""
+        self.slots.pop(seq, None)
+        self.chain.seq_rm(seq)
+        self.ctx.seq_rm(seq, -1, -1)
+
+    def active(self) -> list[Slot]:
+        return [s for s in self.slots.values() if s.state != "done"]
+
+    # ---- the round --------------------------------------------------------------------------------------
+
+    def step(self) -> list[RoundEvent]:
+        """One round for every active slot; returns one event per slot that ran."""
+        events = []
+        for slot in self.active():
+            if slot.stop_requested:
+                events.append(self._finish(slot, "stopped", RoundEvent(seq=slot.seq, round=slot.round,
+                              kind="plain", drafter=None, pos_sampled=len(slot.tokens), p0=len(slot.tokens) + 1)))
+        for slot in [s for s in self.active() if s.state == "prefill"]:
+            events.append(self._prefill(slot))
+        generating = [s for s in self.active() if s.state == "generating"]
+        if generating:
+            events.extend(self._spec_round(generating))
+        return events
+
+    def _prefill(self, slot: Slot) -> RoundEvent:
+        t0 = time.perf_counter()
+        todo = slot.prompt[len(slot.tokens):]
+        logits = None
+        for start in range(0, len(todo), N_BATCH):
+            batch = Batch()
+            chunk = todo[start:start + N_BATCH]
+            for i, tok in enumerate(chunk):
+                batch.add(tok, len(slot.tokens) + i, slot.seq, start + i == len(todo) - 1)
+            logits = self.ctx.decode(batch).logits
+            slot.tokens.extend(chunk)
+        tok = slot.sampler.sample(logits[-1])
+        p = float(slot.sampler.probs(logits[-1])[tok])
+        slot.id_last = tok
+        slot.state = "generating"
+        ev = RoundEvent(seq=slot.seq, round=0, kind="prefill", drafter=None, pos_sampled=len(slot.tokens) - 1,
+                        p0=len(slot.tokens), bonus=tok, p_target=[p], batch_rows=len(todo),
+                        t_verify_ms=(time.perf_counter() - t0) * 1e3)
+        slot.round = 1
+        return self._emit(slot, [tok], ev)
+
+    def _n_draft_max(self, slot: Slot, n_free: int) -> int:
+        """llama-server's get_n_draft_max: fit the context (leave room) and the tokens still wanted."""
+        n = min(slot.params.spec.n_max, slot.n_remaining - 1, n_free - 2)
+        if self.n_pos_max is not None:
+            n = min(n, self.n_pos_max - len(slot.tokens) - 2)
+        return max(0, n) if slot.params.spec.types else 0
+
+    def _spec_round(self, slots: list[Slot]) -> list[RoundEvent]:
+        n_free = self.ctx.n_ctx - self.ctx.cache.n_used() - len(slots)
+        requests = []
+        for slot in slots:
+            k_max = self._n_draft_max(slot, n_free)
+            requests.append(DraftRequest(seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=k_max,
+                                         n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min,
+                                         want_q=slot.params.sampling.temp > 0))
+        t0 = time.perf_counter()
+        self.chain.policy = self.policy if all(s.params.spec.adaptive for s in slots) else None
+        winners = self.chain.draft(requests) if any(r.n_max > 0 for r in requests) else {}
+        t_draft = (time.perf_counter() - t0) * 1e3
+        batch = Batch()
+        rows: dict[int, list[int]] = {}
+        for slot, r in zip(slots, requests):
+            p = len(slot.tokens)
+            if n_free <= 0 or (self.n_pos_max is not None and p >= self.n_pos_max):
+                continue
+            rows[slot.seq] = [batch.add(slot.id_last, p, slot.seq, True)]
+            for i, d in enumerate(r.result):
+                rows[slot.seq].append(batch.add(d, p + 1 + i, slot.seq, True))
+        events = []
+        for slot in slots:
+            if slot.seq not in rows:
+                events.append(self._finish(slot, "context", RoundEvent(seq=slot.seq, round=slot.round,
+                              kind="plain", drafter=None, pos_sampled=len(slot.tokens), p0=len(slot.tokens) + 1)))
+        if not rows:
+            return events
+        res = self.ctx.decode(batch)
+        out_index = {row: i for i, row in enumerate(batch.output_rows())}
+        for slot, r in zip(slots, requests):
+            if slot.seq not in rows:
+                continue
+            t1 = time.perf_counter()
+            logits = res.logits[[out_index[i] for i in rows[slot.seq]]]
+            use_rejection = r.result_q is not None and slot.params.sampling.temp > 0 and len(r.result) > 0
+            if use_rejection:
+                verdict = verify.rejection(slot.sampler, logits, r.result, r.result_q)
+            else:
+                verdict = verify.sample_and_match(slot.sampler, logits, r.result)
+            t_verify = res.seconds * 1e3 + (time.perf_counter() - t1) * 1e3
+            t2 = time.perf_counter()
+            p_sampled = len(slot.tokens)
+            p0 = p_sampled + 1
+            k, m = len(r.result), verdict.n_accepted
+            rollback, rm_range = "none", None
+            if m < k:
+                self.ctx.seq_rm(slot.seq, p0 + m, -1)
+                rollback, rm_range = "seq_rm", (p0 + m, p0 + k)
+            t_rollback = (time.perf_counter() - t2) * 1e3
+            slot.tokens.append(slot.id_last)
+            slot.tokens.extend(r.result[:m])
+            slot.id_last = verdict.tokens[-1]
+            if k > 0:
+                self.chain.accept(slot.seq, m)
+            q_draft = None
+            if r.result_q is not None and k > 0:
+                q_draft = [float(q[d]) for q, d in zip(r.result_q, r.result)]
+            elif r.result_p is not None and k > 0:
+                q_draft = list(r.result_p)
+            ev = RoundEvent(
+                seq=slot.seq, round=slot.round, kind="spec" if k > 0 else "plain", drafter=winners.get(slot.seq),
+                pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
+                p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=q_draft,
+                verify_mode="rejection" if use_rejection else "match", rollback=rollback, rm_range=rm_range,
+                t_draft_ms=t_draft / len(slots), t_verify_ms=t_verify, t_rollback_ms=t_rollback,
+                batch_rows=len(batch),
+            )
+            slot.round += 1
+            events.append(self._emit(slot, verdict.tokens, ev))
+        return events
+
+    def _emit(self, slot: Slot, tokens: list[int], ev: RoundEvent) -> RoundEvent:
+        """Give tokens to the user, cut at end-of-sequence or the token limit; fill text and cache figures."""
+        out = []
+        reason = None
+        for tok in tokens:
+            out.append(tok)
+            if tok in self.eos and not slot.params.ignore_eos:
+                reason = "eos"
+                break
+            if len(slot.generated) + len(out) >= slot.params.max_new_tokens:
+                reason = "length"
+                break
+        slot.generated.extend(out)
+        ev.emitted = out
+        text = self.target.decode(slot.generated)
+        stable = text.rstrip("\ufffd") if reason is None else text  # hold back a half-decoded character
+        if stable.startswith(slot.text):
+            ev.text_delta = stable[len(slot.text):]
+            slot.text = stable
+        if reason is not None:
+            self._finish(slot, reason, ev)
+        ev.n_cells_used = self.ctx.cache.n_used()
+        ev.seq_cells = len(slot.tokens)
+        return ev
+
+    def _finish(self, slot: Slot, reason: str, ev: RoundEvent) -> RoundEvent:
+        slot.state = "done"
+        slot.stop_reason = reason
+        ev.done = True
+        ev.stop_reason = reason
+        return ev
+
+    # ---- convenience ------------------------------------------------------------------------------------
+
+    def generate(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Iterator[RoundEvent]:
+        """Run one slot to completion, yielding each round's event (other slots advance too)."""
+        slot = self.start(prompt, params, seq=seq)
+        while slot.state != "done":
+            for ev in self.step():
+                if ev.seq == slot.seq:
+                    yield ev

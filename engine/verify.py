@@ -1,0 +1,103 @@
+"""Deciding how much of a draft the target keeps.
+
+Notation, used everywhere in this project: p = the target's distribution, q = the draft's distribution.
+
+The target ran one forward over [sampled, d1..dk]; row i of `logits` is p for the token after row i's token,
+so row i judges d(i+1) and row k gives the bonus token. Every function returns the emitted tokens: the m
+accepted draft tokens followed by exactly one token chosen by the target (the correction or the bonus), so a
+round always makes progress.
+
+* sample-and-match: draw from p row by row (one uniform per emitted token, as plain sampling does) and keep the
+  draft token while it equals the draw. At temp 0 this is argmax matching. Same seed, same text as plain decoding.
+* rejection sampling: accept d with probability min(1, p(d)/q(d)); on rejection draw from norm(max(0, p - q)).
+  The output is distributed exactly as p (Leviathan et al. 2023), and accepts more than matching when the
+  draft samples.
+* replay: after a checkpoint restore, re-run the sampler over already decided tokens so its stream advances
+  exactly as it did the first time, deciding nothing new.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling import Sampler
+
+
+@dataclass
+class Verdict:
+    tokens: list[int]  # emitted: accepted draft tokens then the target's token
+    n_accepted: int  # draft tokens kept (len(tokens) - 1)
+    p_target: list[float]  # p of each emitted token under the target (for display)
+    p_draft_rows: list[float]  # p of each draft token under the target, rows 0..k-1 (for display)
+    n_draws: int = 0  # uniforms taken from the sampler's stream (a replay takes as many)
+
+
+def _row_probs(sampler: Sampler, logits: torch.Tensor) -> torch.Tensor:
+    return sampler.probs(logits)
+
+
+def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int]) -> Verdict:
+    """logits: [k+1, V]; draft: k tokens."""
+    assert logits.shape[0] == len(draft) + 1, "need one logits row per draft token plus the bonus row"
+    probs = _row_probs(sampler, logits)  # [k+1, V]
+    n_draws0 = sampler.n_draws
+    tokens: list[int] = []
+    p_target: list[float] = []
+    for i in range(len(draft) + 1):
+        tok = int(probs[i].argmax()) if sampler.greedy else sampler.sample_probs(probs[i])
+        tokens.append(tok)
+        p_target.append(float(probs[i, tok]))
+        if i == len(draft) or tok != draft[i]:
+            break
+    p_draft_rows = [float(probs[i, d]) for i, d in enumerate(draft)]
+    return Verdict(tokens=tokens, n_accepted=len(tokens) - 1, p_target=p_target, p_draft_rows=p_draft_rows,
+                   n_draws=sampler.n_draws - n_draws0)
+
+
+def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[torch.Tensor]) -> Verdict:
+    """Speculative sampling. logits: [k+1, V]; q: k distributions [V] the draft tokens were sampled from."""
+    assert logits.shape[0] == len(draft) + 1 and len(q) == len(draft)
+    if sampler.greedy:
+        # at temp 0, p and q are point masses: min(1, p/q) is 0 or 1, i.e. matching
+        return sample_and_match(sampler, logits, draft)
+    probs = _row_probs(sampler, logits)
+    n_draws0 = sampler.n_draws
+    tokens: list[int] = []
+    p_target: list[float] = []
+    for i, d in enumerate(draft):
+        p_i, q_i = probs[i], q[i].to(probs.dtype)
+        q_d = float(q_i[d])
+        p_d = float(p_i[d])
+        # the uniform comes from the target sampler's own stream: independent of how the draft was drawn
+        u = sampler.uniform()
+        if q_d > 0 and u * q_d <= p_d:
+            tokens.append(d)
+            p_target.append(p_d)
+            continue
+        residual = torch.clamp(p_i - q_i, min=0.0)
+        if float(residual.sum()) <= 0.0:
+            residual = p_i  # p == q where it matters: the residual is undefined, p itself is right
+        tok = sampler.sample_probs(residual)
+        tokens.append(tok)
+        p_target.append(float(p_i[tok]))
+        break
+    else:
+        tok = sampler.sample_probs(probs[len(draft)])
+        tokens.append(tok)
+        p_target.append(float(probs[len(draft), tok]))
+    p_draft_rows = [float(probs[i, d]) for i, d in enumerate(draft)]
+    return Verdict(tokens=tokens, n_accepted=len(tokens) - 1, p_target=p_target, p_draft_rows=p_draft_rows,
+                   n_draws=sampler.n_draws - n_draws0)
+
+
+def replay(sampler: Sampler, decided: list[int], n_draws: int) -> list[int]:
+    """Advance a restored sampler past `decided` tokens without choosing anything: the checkpoint path.
+
+    The first verification took `n_draws` uniforms from the stream; taking as many again leaves the sampler
+    exactly where it was after that verification, so the next round draws what it would have drawn.
+    """
+    for _ in range(n_draws):
+        sampler.uniform()
+    return list(decided)
