@@ -19,6 +19,7 @@ class RoundEvent:
     emitted: list[int] = field(default_factory=list)  # tokens given to the user (accepted + bonus, cut at stop)
     p_target: list[float] = field(default_factory=list)  # target p of each emitted token
     p_draft_rows: list[float] = field(default_factory=list)  # target p of each drafted token (row i judges d_i+1)
+    target_top: list[int] = field(default_factory=list)  # the target's most likely token at each batch row
     q_draft: list[float] | None = None  # draft q of each drafted token, when the drafter has a distribution
     verify_mode: str = "match"  # "match" (sample-and-match, argmax at temp 0) | "rejection"
     rollback: str = "none"  # "none" | "seq_rm" | "checkpoint"

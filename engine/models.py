@@ -164,6 +164,8 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
                 raise ModelLoadError(f"model directory not found or has no config.json: {name}")
             source = str(path) if looks_local else name
             kwargs = dict(trust_remote_code=trust_remote_code)
+            if not looks_local:
+                kwargs["local_files_only"] = _use_local_only(name)
             tok = AutoTokenizer.from_pretrained(source, **kwargs)
             extra = {}
             if device == "cuda" and importlib.util.find_spec("accelerate") is not None:
@@ -180,6 +182,38 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
     n_params = sum(p.numel() for p in model.parameters())
     return LoadedModel(model=model, tokenizer=tok, name=name, quant_bits=quant_bits, n_params=n_params,
                        device=device)
+
+
+def _in_local_cache(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except (ImportError, ValueError):
+        return False
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick look for the hub, so a machine without network gets an answer in seconds, not after retries."""
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE", "") in ("1", "true", "True"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _use_local_only(name: str) -> bool:
+    """Load a hub id from the local cache when it is there; refuse at once when it is not and there is no hub."""
+    if _in_local_cache(name):
+        return True
+    if not _hub_reachable():
+        raise ModelLoadError(f"cannot load model '{name}': not in the local cache and the hub cannot be reached "
+                             f"(no network?); pass a local directory or .gguf file instead")
+    return False
 
 
 def _vocab_type(tok) -> str:

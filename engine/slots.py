@@ -50,7 +50,7 @@ class Slot:
 
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
-                 n_seq_max: int = 4, calibrate: bool = True):
+                 n_seq_max: int = 4, calibrate: bool = True, drafter_params: dict | None = None):
         if draft is not None:
             check_vocab_compatible(target, draft)
         self.target = target
@@ -60,6 +60,7 @@ class Engine:
         self.probe: ProbeResult = probe_context(self.ctx)
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
         self.policy = DraftLengthPolicy(self.cost)
+        self.drafter_params = dict(drafter_params or {})  # type name -> its params dataclass (defaults if absent)
         self.pool: dict[str, Drafter] = {}
         self.chain = DrafterChain(self.pool, self.policy)
         self.slots: dict[int, Slot] = {}
@@ -99,6 +100,8 @@ class Engine:
                 from engine.drafters.draft_model import DraftModelParams
                 kwargs = dict(model=self.draft_model.model,
                               params=DraftModelParams(n_ctx=self.ctx.n_ctx, n_seq_max=self.ctx.n_seq_max))
+            elif name in self.drafter_params:
+                kwargs = dict(params=self.drafter_params[name])
             self.pool[name] = make_drafter(name, **kwargs)
         return self.pool[name]
 
@@ -107,6 +110,9 @@ class Engine:
     def free_seq(self) -> int:
         for seq in range(self.ctx.n_seq_max):
             if seq not in self.slots:
+                return seq
+        for seq in range(self.ctx.n_seq_max):
+            if self.slots[seq].state == "done":
                 return seq
         raise RuntimeError(f"all {self.ctx.n_seq_max} slots are busy")
 
@@ -119,6 +125,8 @@ class Engine:
         limit = self.ctx.n_ctx if self.n_pos_max is None else min(self.ctx.n_ctx, self.n_pos_max)
         if len(prompt) + 1 > limit:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {limit} tokens")
+        if params.spec.types and params.spec.rollback == "checkpoint":
+            raise ValueError("checkpoint rollback is not implemented yet: use rollback 'auto'")
         if params.spec.types and not self.probe.can_speculate:
             raise ValueError(f"speculation is off for this model: {self.probe.reason}")
         for name in params.spec.types:
@@ -161,21 +169,21 @@ class Engine:
         self.chain.seq_rm(seq)
         self.ctx.seq_rm(seq, -1, -1)
 
-    def active(self) -> list[Slot]:
-        return [s for s in self.slots.values() if s.state != "done"]
+    def active(self, only: set[int] | None = None) -> list[Slot]:
+        return [s for s in self.slots.values() if s.state != "done" and (only is None or s.seq in only)]
 
     # ---- the round --------------------------------------------------------------------------------------
 
-    def step(self) -> list[RoundEvent]:
-        """One round for every active slot; returns one event per slot that ran."""
+    def step(self, only: set[int] | None = None) -> list[RoundEvent]:
+        """One round for every active slot (or those in `only`); returns one event per slot that ran."""
         events = []
-        for slot in self.active():
+        for slot in self.active(only):
             if slot.stop_requested:
                 events.append(self._finish(slot, "stopped", RoundEvent(seq=slot.seq, round=slot.round,
                               kind="plain", drafter=None, pos_sampled=len(slot.tokens), p0=len(slot.tokens) + 1)))
-        for slot in [s for s in self.active() if s.state == "prefill"]:
+        for slot in [s for s in self.active(only) if s.state == "prefill"]:
             events.append(self._prefill(slot))
-        generating = [s for s in self.active() if s.state == "generating"]
+        generating = [s for s in self.active(only) if s.state == "generating"]
         if generating:
             events.extend(self._spec_round(generating))
         return events
@@ -272,6 +280,7 @@ class Engine:
                 seq=slot.seq, round=slot.round, kind="spec" if k > 0 else "plain", drafter=winners.get(slot.seq),
                 pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
                 p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=q_draft,
+                target_top=[int(t) for t in logits.argmax(dim=-1)],
                 verify_mode="rejection" if use_rejection else "match", rollback=rollback, rm_range=rm_range,
                 t_draft_ms=t_draft / len(slots), t_verify_ms=t_verify, t_rollback_ms=t_rollback,
                 batch_rows=len(batch),

@@ -1,0 +1,65 @@
+"""Speculative-decoding playground: python app.py [--target MODEL] [--draft MODEL] [--port N] ...
+
+Loads the models, starts the engine and its scheduler, and serves the Gradio UI. Heavy imports (torch,
+transformers, gradio) happen inside main(), so `import app` and `--help` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Watch speculative decoding happen, round by round, in a browser.")
+    p.add_argument("--target", default="embedded",
+                   help="target model: 'embedded' (SmolLM2-135M-Instruct), a HF hub id, a local directory or a .gguf")
+    p.add_argument("--draft", default=None, help="draft model (same vocabulary as the target); default none")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    p.add_argument("--n-ctx", type=int, default=4096, help="KV cache cells shared by all sessions (default 4096)")
+    p.add_argument("--parallel", type=int, default=4, help="slots: sessions generating at once (default 4)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow models whose code lives in their repository (off by default)")
+    args = p.parse_args(argv)
+    if args.n_ctx < 16 or args.parallel < 1:
+        p.error("--n-ctx must be >= 16 and --parallel >= 1")
+    return args
+
+
+def load_state(args: argparse.Namespace):
+    """Models, engine, scheduler -> the app state. Raises ModelLoadError / ValueError with a one-line reason."""
+    from engine.models import load_model
+    from ui.loader import make_runtime
+    from ui.state import AppOptions, AppState
+
+    options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code)
+
+    def loader(name: str):
+        return load_model(name, trust_remote_code=options.trust_remote_code)
+
+    target = loader(args.target)
+    draft = loader(args.draft) if args.draft and args.draft.lower() != "none" else None
+    return AppState(runtime=make_runtime(target, draft, options), options=options, loader=loader)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from engine.models import ModelLoadError
+
+    try:
+        state = load_state(args)
+    except (ModelLoadError, ValueError, RuntimeError, OSError) as e:
+        print(f"app.py: cannot start: {e}", file=sys.stderr)
+        return 2
+    from ui.app import build, launch_options
+
+    print(f"ready: {state.runtime.describe()}", flush=True)
+    demo = build(state)
+    demo.queue(default_concurrency_limit=None)
+    demo.launch(server_name=args.host, server_port=args.port, **launch_options())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

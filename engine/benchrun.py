@@ -1,0 +1,206 @@
+"""One benchmark run: a group of prompts through our engine (plain or speculative) or through HF generate."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine.events import RoundEvent
+from engine.params import GenParams, SpecParams
+from engine.sampling import SamplerParams
+
+FILLER = ("The archive holds letters, ledgers and maps from the harbour town, sorted by year and by the family "
+          "that kept them. Each box has a label, a short summary and a list of the people named inside. ")
+
+
+@dataclass
+class BenchConfig:
+    target: str  # model to load
+    draft: str | None  # draft model, for draft-simple
+    spec: SpecParams  # speculation settings of the spec runs
+    sampling: SamplerParams  # sampler of every run (same seed for plain and spec)
+    max_new_tokens: int  # per prompt
+    parallel: int  # prompts run at once (slots)
+    ctx_len: int  # filler tokens put before each prompt
+    n_ctx: int  # KV cells
+    trust_remote_code: bool
+    quant_bits: int = 0  # filled once the target is loaded
+
+    @classmethod
+    def from_args(cls, a) -> "BenchConfig":
+        from engine.drafters.chain import parse_types
+
+        spec = SpecParams(types=parse_types(a.spec), n_max=a.n_max, n_min=a.n_min, p_min=a.p_min,
+                          adaptive=not a.no_adaptive, rollback=a.rollback)
+        sampling = SamplerParams(temp=a.temp, seed=a.seed)
+        cfg = cls(target=a.target, draft=a.draft, spec=spec, sampling=sampling, max_new_tokens=a.max_new_tokens,
+                  parallel=a.parallel, ctx_len=a.ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code)
+        if a.parallel < 1 or a.repeat < 1 or a.max_new_tokens < 1 or a.ctx_len < 0:
+            raise ValueError("--parallel, --repeat and --max-new-tokens must be >= 1, --ctx-len >= 0")
+        GenParams(max_new_tokens=a.max_new_tokens, sampling=sampling, spec=spec).validate()
+        return cfg
+
+    def build(self):
+        from engine.models import load_model
+        from engine.slots import Engine
+
+        target = load_model(self.target, trust_remote_code=self.trust_remote_code)
+        draft = load_model(self.draft, trust_remote_code=self.trust_remote_code) if self.draft else None
+        self.quant_bits = target.quant_bits
+        engine = Engine(target, draft=draft, n_ctx=self.n_ctx, n_seq_max=max(self.parallel, 1))
+        if self.spec.types and not engine.probe.can_speculate:
+            raise RuntimeError(f"speculation is off for this model: {engine.probe.reason}")
+        return engine
+
+
+@dataclass
+class RunResult:
+    tokens: list[int]
+    seconds: float  # wall time of the group this prompt ran in
+    spec_on: bool
+    lossless_ok: bool | str = True  # identical to the plain run ("" when not checkable)
+    events: list[RoundEvent] = field(default_factory=list)
+    rollback_mode: str = "seq_rm"
+    t_plain_step_ms: float = 0.0  # mean time of one plain decoding step (from the plain run)
+
+    @property
+    def tps(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+
+    def _spec(self) -> list[RoundEvent]:
+        return [e for e in self.events if e.kind == "spec"]
+
+    @property
+    def n_rounds(self) -> int:
+        return len([e for e in self.events if e.kind != "prefill"])
+
+    @property
+    def n_drafted(self) -> int:
+        return sum(len(e.drafted) for e in self._spec())
+
+    @property
+    def n_accepted(self) -> int:
+        return sum(e.n_accepted for e in self._spec())
+
+    @property
+    def mean_acc_len(self) -> float:
+        """llama.cpp's #mean acc len: 1 + accepted tokens per verified draft."""
+        n = len(self._spec())
+        return 1.0 + self.n_accepted / n if n else (1.0 if self.events else 0.0)
+
+    @property
+    def accept_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def acc_rate_pos(self) -> list[float]:
+        reach, acc = [], []
+        for e in self._spec():
+            for i in range(len(e.drafted)):
+                if i >= len(reach):
+                    reach.append(0)
+                    acc.append(0)
+                reach[i] += 1
+                acc[i] += i < e.n_accepted
+        return [a / r for a, r in zip(acc, reach)]
+
+    def _mean(self, attr: str, kinds: tuple[str, ...]) -> float:
+        xs = [getattr(e, attr) for e in self.events if e.kind in kinds]
+        return sum(xs) / len(xs) if xs else 0.0
+
+    @property
+    def t_draft_ms(self) -> float:
+        return self._mean("t_draft_ms", ("spec", "plain"))
+
+    @property
+    def t_verify_ms(self) -> float:
+        return self._mean("t_verify_ms", ("spec", "plain"))
+
+    @property
+    def t_rollback_ms(self) -> float:
+        return self._mean("t_rollback_ms", ("spec",))
+
+    @property
+    def t_round_ms(self) -> float:
+        """Mean wall time of a round that verified a draft: draft + verify + rollback."""
+        xs = [e.t_draft_ms + e.t_verify_ms + e.t_rollback_ms for e in self._spec()]
+        return sum(xs) / len(xs) if xs else 0.0
+
+    @property
+    def verify_cost_c(self) -> float:
+        """Seed 004's c: a speculative round costs (c + 1) plain steps."""
+        if not self._spec() or self.t_plain_step_ms <= 0:
+            return 0.0
+        return self.t_round_ms / self.t_plain_step_ms - 1.0
+
+
+def prompt_ids(engine, p: dict, ctx_len: int) -> list[int]:
+    tm = engine.target
+    filler = ""
+    if ctx_len > 0:
+        per = max(1, len(tm.encode(FILLER)))
+        filler = FILLER * (ctx_len // per + 1)
+        filler = tm.decode(tm.encode(filler)[:ctx_len])
+    if "messages" in p:
+        msgs = list(p["messages"])
+        if filler:
+            msgs = [{"role": "system", "content": filler}] + msgs
+        return tm.encode_chat(msgs)
+    return tm.encode(filler + p["prompt"])
+
+
+def run_ours(cfg: BenchConfig, engine, group: list[dict], spec: bool, reference: list[RunResult] | None = None,
+             warmup: bool = False) -> list[RunResult]:
+    spec_params = cfg.spec if spec else SpecParams(types=[])
+    n_new = min(16, cfg.max_new_tokens) if warmup else cfg.max_new_tokens
+    seqs = []
+    ids = [prompt_ids(engine, p, cfg.ctx_len) for p in group]
+    t0 = time.perf_counter()
+    for i, toks in enumerate(ids):
+        params = GenParams(max_new_tokens=n_new, sampling=SamplerParams(**vars(cfg.sampling)),
+                           spec=SpecParams(**{**vars(spec_params), "types": list(spec_params.types)}))
+        seqs.append(engine.start(toks, params, seq=i).seq)
+    events: dict[int, list[RoundEvent]] = {s: [] for s in seqs}
+    while engine.active():
+        for ev in engine.step():
+            events[ev.seq].append(ev)
+    seconds = time.perf_counter() - t0
+    out = []
+    for i, seq in enumerate(seqs):
+        evs = events[seq]
+        toks = [t for e in evs for t in e.emitted]
+        res = RunResult(tokens=toks, seconds=seconds, spec_on=spec, events=evs,
+                        rollback_mode=cfg.spec.rollback if spec else "none")
+        if reference is not None:
+            res.lossless_ok = toks == reference[i].tokens
+            res.t_plain_step_ms = reference[i].t_verify_ms + reference[i].t_draft_ms
+        else:
+            res.t_plain_step_ms = res.t_verify_ms
+        out.append(res)
+    for seq in seqs:
+        engine.release(seq)
+    return out
+
+
+def run_hf(cfg: BenchConfig, engine, p: dict, kind: str, reference: RunResult) -> RunResult:
+    import torch
+
+    tm = engine.target
+    ids = torch.tensor([prompt_ids(engine, p, cfg.ctx_len)], device=tm.device)
+    kwargs = dict(max_new_tokens=cfg.max_new_tokens, attention_mask=torch.ones_like(ids))
+    greedy = cfg.sampling.temp <= 0
+    if greedy:
+        kwargs.update(do_sample=False)
+    else:
+        kwargs.update(do_sample=True, temperature=cfg.sampling.temp, top_k=0)
+    if kind == "hf-prompt-lookup":
+        kwargs["prompt_lookup_num_tokens"] = 10
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = tm.model.generate(ids, **kwargs)
+    seconds = time.perf_counter() - t0
+    toks = [int(t) for t in out[0, ids.shape[1]:]]
+    res = RunResult(tokens=toks, seconds=seconds, spec_on=kind != "hf-generate",
+                    rollback_mode="hf")
+    res.lossless_ok = toks == reference.tokens if greedy else ""
+    return res

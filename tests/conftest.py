@@ -1,0 +1,37 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tiny import load_tiny, save_tiny  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": save_tiny(root / "target", seed=0),
+        "draft": save_tiny(root / "draft", seed=1),
+        "other_vocab": save_tiny(root / "other", seed=2, words=["<unk>", "<s>", "</s>", "<pad>", "<sep>"]
+                                 + [f"v{i}" for i in range(59)]),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_dirs):
+    return load_tiny(tiny_dirs["target"])
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_dirs):
+    return load_tiny(tiny_dirs["draft"])
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    from engine.models import load_model
+
+    return load_model("embedded")

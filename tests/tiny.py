@@ -1,0 +1,49 @@
+"""Tiny models built from configs, saved to a directory and loaded back through the real loading code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+WORDS = ["<unk>", "<s>", "</s>", "<pad>", "<sep>"] + [f"w{i}" for i in range(59)]  # 64 tokens
+
+
+def make_tokenizer(words: list[str]):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
+
+
+def make_llama(seed: int, vocab_size: int = 64, layers: int = 2, hidden: int = 64, **extra):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+                      tie_word_embeddings=False, **extra)
+    model = LlamaForCausalLM(cfg).eval()
+    # sharper logits than a fresh init so greedy text has structure (repeats) and ties are rare
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def save_tiny(path: Path, seed: int, words: list[str] | None = None, **extra) -> Path:
+    words = words or WORDS
+    model = make_llama(seed, vocab_size=len(words), **extra)
+    model.save_pretrained(path)
+    make_tokenizer(words).save_pretrained(path)
+    return path
+
+
+def load_tiny(path: Path):
+    from engine.models import load_model
+
+    return load_model(str(path), device="cpu")

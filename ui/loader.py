@@ -1,0 +1,66 @@
+"""Loading models from the UI: a new target (or draft) means a new Engine and Scheduler, built beside the old
+ones; the old scheduler is closed only once the new one runs, and a failed load keeps what was loaded."""
+
+from __future__ import annotations
+
+from ui.session import UserError
+from ui.state import AppOptions, AppState, Runtime
+from ui.tokens import Vocab
+
+NO_DRAFT = ("", "none")
+
+
+def make_runtime(target, draft, options: AppOptions) -> Runtime:
+    """Engine + Scheduler for these models. Raises VocabMismatchError (a ValueError) for an unusable draft."""
+    from engine.scheduler import Scheduler
+    from engine.slots import Engine
+
+    engine = Engine(target, draft, n_ctx=options.n_ctx, n_seq_max=options.parallel)
+    return Runtime(target=target, draft=draft, engine=engine, scheduler=Scheduler(engine),
+                   vocab=Vocab.of(target.tokenizer))
+
+
+def clean_name(name: str | None) -> str | None:
+    name = (name or "").strip()
+    return None if name.lower() in NO_DRAFT else name
+
+
+def _get(app: AppState, name: str, loaded: list) -> object:
+    """A model by name: reuse one already loaded under that name, else load it (slow: seconds to minutes)."""
+    for model in loaded:
+        if model is not None and model.name == name:
+            return model
+    return app.loader(name)
+
+
+def load_models(app: AppState, target_name: str | None, draft_name: str | None) -> str:
+    """Load target and draft as named and switch the app to them. Returns a status line; raises UserError
+    with the reason when a model does not load or the draft's vocabulary differs (nothing changes then)."""
+    from engine.models import ModelLoadError, VocabMismatchError
+
+    target_name = clean_name(target_name) or "embedded"
+    draft_name = clean_name(draft_name)
+    if not app.load_lock.acquire(blocking=False):
+        raise UserError("Another model load is in progress; wait for it to finish.")
+    try:
+        old = app.runtime
+        loaded = [old.target, old.draft] if old is not None else []
+        if old is not None and old.target.name == target_name and \
+                (old.draft.name if old.draft is not None else None) == draft_name:
+            return f"Already loaded: {old.describe()}"
+        try:
+            target = _get(app, target_name, loaded)
+            draft = _get(app, draft_name, loaded + [target]) if draft_name else None
+            runtime = make_runtime(target, draft, app.options)
+        except VocabMismatchError as e:
+            raise UserError(f"The draft model cannot draft for this target: {e}", "error") from e
+        except ModelLoadError as e:
+            raise UserError(f"Load failed: {e}", "error") from e
+        except (RuntimeError, ValueError, OSError) as e:
+            raise UserError(f"Load failed: {type(e).__name__}: {e}", "error") from e
+        app.runtime = runtime
+        if old is not None:
+            old.scheduler.close()  # its sessions see the closed scheduler and end their answers with a note
+        return f"Loaded: {runtime.describe()}"
+    finally:
+        app.load_lock.release()

@@ -1,0 +1,175 @@
+"""The answer as the reader sees it: every token marked by what happened to it, plus the chat around it.
+
+Pure functions of RoundEvents (and the target vocabulary) to HTML strings. CSS classes are a contract with
+assets/style.css and the browser test: .tok-acc accepted draft, .tok-bonus the target's own token after a
+verified draft (bonus or correction), .tok-rej rejected draft (struck through, where it was proposed),
+.tok-tgt the target's token in a round without a draft, .tok-special a special token such as end-of-turn.
+"""
+
+from __future__ import annotations
+
+import html
+
+from ui.tokens import Vocab, tip, visible
+
+KIND_LABEL = {
+    "acc": "accepted draft",
+    "bonus": "bonus: the target's own token after the whole draft was accepted",
+    "fix": "correction: the target's own token where the draft was rejected",
+    "rej": "rejected draft (removed from the cache)",
+    "tgt": "target token (no draft this round)",
+    "first": "first token, sampled after the prompt (prefill)",
+}
+CLASS = {"acc": "tok-acc", "bonus": "tok-bonus", "fix": "tok-bonus", "rej": "tok-rej", "tgt": "tok-tgt",
+         "first": "tok-tgt"}
+
+
+def drafter_tag(name: str | None) -> str:
+    """A short drafter name for inline tags: 'ngram-map-k' -> 'map-k', 'draft-simple' -> 'draft'."""
+    if not name:
+        return ""
+    if name == "draft-simple":
+        return "draft"
+    return name.removeprefix("ngram-")
+
+
+def fmt_prob(label: str, values: list[float] | None, i: int) -> str:
+    if values is None or i >= len(values) or values[i] is None:
+        return ""
+    return f"{label} {float(values[i]):.3f}"
+
+
+def token_span(kind: str, piece: str, tok: int, pos: int, vocab: Vocab, ev, p: str, q: str) -> str:
+    """One token as a span; hovering shows position, what happened, drafter, p and q."""
+    classes = ["tok", CLASS[kind]]
+    shown = visible(piece, inline=kind == "rej")
+    if vocab.is_special(tok):
+        classes.append("tok-special")
+        shown = html.escape(vocab.raw(tok))
+    drafter = f"drafter {ev.drafter}" if kind in ("acc", "rej") and ev.drafter else ""
+    probs = "   ".join(x for x in (p, q) if x)
+    data = tip([f"position {pos}   round {ev.round}", KIND_LABEL[kind], drafter, probs, f"token {tok} {vocab.raw(tok)!r}"])
+    return f'<span class="{" ".join(classes)}" data-tip="{data}">{shown}</span>'
+
+
+def emitted_kind(ev, i: int) -> str:
+    if i < ev.n_accepted:
+        return "acc"
+    if ev.kind == "prefill":
+        return "first"
+    if not ev.drafted:
+        return "tgt"
+    return "fix" if ev.n_accepted < len(ev.drafted) else "bonus"
+
+
+def round_html(ev, vocab: Vocab, context: list[int]) -> str:
+    """One round of the answer: accepted drafts, rejected drafts struck through, then the target's token.
+
+    `context` is the answer so far (ids before this round), for decoding pieces. The rejected tokens sit
+    between the accepted ones and the target's correction because that is where they were proposed.
+    """
+    m = ev.n_accepted
+    emitted = list(ev.emitted)
+    pieces = vocab.pieces(context, emitted)
+    parts = []
+    for i, tok in enumerate(emitted[:m]):
+        parts.append(token_span("acc", pieces[i], tok, ev.p0 + i, vocab, ev, fmt_prob("p", ev.p_target, i),
+                                fmt_prob("q", ev.q_draft, i)))
+    if len(emitted) > m and ev.rejected:  # cut at a stop inside the accepted run: the rest was never shown
+        rej_pieces = vocab.pieces(context + emitted[:m], ev.rejected)
+        spans = []
+        for j, tok in enumerate(ev.rejected, start=m):
+            spans.append(token_span("rej", rej_pieces[j - m], tok, ev.p0 + j, vocab, ev,
+                                    fmt_prob("p", ev.p_draft_rows, j), fmt_prob("q", ev.q_draft, j)))
+        tag = html.escape(drafter_tag(ev.drafter))
+        parts.append(f'<span class="rej-group"><span class="rej-tag">{tag}</span>{"".join(spans)}</span>')
+    for i in range(m, len(emitted)):
+        parts.append(token_span(emitted_kind(ev, i), pieces[i], emitted[i], ev.p0 + i, vocab, ev,
+                                fmt_prob("p", ev.p_target, i), ""))
+    return f'<span class="rnd" data-round="{ev.round}" data-kind="{html.escape(ev.kind)}">{"".join(parts)}</span>'
+
+
+def legend_html() -> str:
+    items = [
+        ("tok-acc", "accepted", "a drafted token the target agreed with"),
+        ("tok-bonus", "target's token", "the bonus (all accepted) or the correction (after a rejection)"),
+        ("tok-rej", "rejected", "drafted, refused by the target, removed from the cache (tag: drafter)"),
+        ("tok-tgt", "plain", "the target's token in a round without a draft"),
+    ]
+    spans = "".join(f'<span class="legend-item"><span class="tok {cls}">{html.escape(name)}</span>'
+                    f'<span class="legend-text">{html.escape(text)}</span></span>' for cls, name, text in items)
+    return f'<div class="legend">{spans}<span class="legend-hint">hover a token for p, q and its position</span></div>'
+
+
+def user_bubble(text: str) -> str:
+    return f'<div class="msg msg-user"><div class="who">you</div><div class="bubble">{html.escape(text)}</div></div>'
+
+
+def answer_bubble(body: str, meta: str = "", live: bool = False) -> str:
+    """The assistant's turn: the marked tokens and a one-line footer (speed, stop reason)."""
+    cursor = '<span class="cursor"></span>' if live else ""
+    foot = f'<div class="meta">{meta}</div>' if meta else ""
+    return (f'<div class="msg msg-bot"><div class="who">assistant</div>'
+            f'<div class="bubble answer">{body}{cursor}</div>{foot}</div>')
+
+
+def transcript_html(turns: list[str], empty_hint: str = "") -> str:
+    """The whole chat: cached HTML of finished turns plus the live one, newest at the bottom."""
+    if not turns:
+        return f'<div class="chat chat-empty">{html.escape(empty_hint)}</div>'
+    return f'<div class="chat">{"".join(turns)}</div>'
+
+
+def tps(n_tokens: int, seconds: float) -> float | None:
+    return n_tokens / seconds if seconds > 0 and n_tokens > 0 else None
+
+
+def speed_line(n_tokens: int, seconds: float, n_rounds: int, stop_reason: str | None = None) -> str:
+    """'48 tokens · 1.52 s · 31.6 tok/s · 20 rounds · 2.40 tokens/round': speed measured from the events."""
+    rate = tps(n_tokens, seconds)
+    parts = [f"{n_tokens} tokens", f"{seconds:.2f} s"]
+    parts.append(f"<b>{rate:.1f} tok/s</b>" if rate else "– tok/s")
+    if n_rounds:
+        parts.append(f"{n_rounds} rounds")
+        parts.append(f"{n_tokens / n_rounds:.2f} tokens/round")
+    if stop_reason:
+        parts.append(f"stop: {html.escape(stop_reason)}")
+    return " · ".join(parts)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two outputs differ (a length difference counts), None if identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_html(spec_ids: list[int], plain_ids: list[int], tps_spec: float | None, tps_plain: float | None,
+                 vocab: Vocab, sampled: bool = False) -> str:
+    """Speedup of speculative over plain decoding and the lossless badge (same seed, same prompt)."""
+    if tps_spec and tps_plain:
+        ratio = tps_spec / tps_plain
+        cls = "speedup-up" if ratio >= 1.0 else "speedup-down"
+        speed = (f'<span class="speedup {cls}">{ratio:.2f}&times;</span> '
+                 f'<span class="cmp-detail">{tps_spec:.1f} tok/s speculative vs {tps_plain:.1f} tok/s plain</span>')
+    else:
+        speed = '<span class="cmp-detail">speedup: too few tokens to measure</span>'
+    diff = first_difference(spec_ids, plain_ids)
+    if diff is None:
+        badge = f'<span class="badge lossless-ok">lossless &#10003; identical {len(spec_ids)} tokens</span>'
+    else:
+        a = html.escape(repr(vocab.raw(spec_ids[diff]))) if diff < len(spec_ids) else "end"
+        b = html.escape(repr(vocab.raw(plain_ids[diff]))) if diff < len(plain_ids) else "end"
+        why = " (expected with rejection sampling at temperature &gt; 0: same distribution, other draws)" \
+            if sampled else ""
+        badge = (f'<span class="badge lossless-diff">differs at token {diff}: speculative {a}, plain {b}</span>'
+                 f'<span class="cmp-detail">{why}</span>')
+    return f'<div class="compare">{speed} {badge}</div>'
+
+
+def notice_html(text: str, level: str = "info") -> str:
+    """A visible message box (level: info | warn | error) for bad input, busy slots, load results."""
+    if not text:
+        return ""
+    return f'<div class="notice notice-{html.escape(level)}">{html.escape(text)}</div>'

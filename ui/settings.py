@@ -1,0 +1,59 @@
+"""The controls' values as one dataclass, turned into the engine's GenParams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.drafters.chain import NGRAM_CHAIN, PRIORITY
+from engine.params import GenParams, SpecParams
+from engine.sampling import SamplerParams
+
+DEFAULT_CHAIN = list(NGRAM_CHAIN)
+DRAFT_MODEL_TYPE = "draft-simple"
+ALL_TYPES = list(PRIORITY)
+
+
+@dataclass
+class Settings:
+    """Everything the sidebar sets, in the order app.py lists the control components."""
+
+    types: list[str] = field(default_factory=lambda: list(DEFAULT_CHAIN))  # drafter chain, in relay order
+    n_max: int = 16
+    n_min: int = 0
+    p_min: float = 0.75
+    adaptive: bool = True
+    temp: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+    max_new_tokens: int = 128
+    compare: bool = True  # run plain decoding after the speculative run, for speedup and the lossless check
+
+    def gen_params(self, speculative: bool = True) -> GenParams:
+        """GenParams for the engine; speculative=False is the plain baseline with the same sampler and seed.
+        Raises ValueError with a message for the user (validated here so nothing is submitted on bad input)."""
+        params = GenParams(
+            max_new_tokens=int(self.max_new_tokens),
+            sampling=SamplerParams(temp=float(self.temp), top_k=int(self.top_k), top_p=float(self.top_p),
+                                   min_p=float(self.min_p), seed=int(self.seed)),
+            spec=SpecParams(types=list(self.types or []) if speculative else [], n_max=int(self.n_max),
+                            n_min=int(self.n_min), p_min=float(self.p_min), adaptive=bool(self.adaptive),
+                            rollback="auto"),
+        )
+        params.validate()
+        return params
+
+
+def settings_from(values: list) -> Settings:
+    """Build Settings from the control values in field order (numbers arrive as floats or None)."""
+    names = list(Settings.__dataclass_fields__)
+    s = Settings()
+    for name, value in zip(names, values):
+        if value is None:
+            continue  # a cleared number box: keep the default rather than fail on None
+        setattr(s, name, value)
+    s.types = [t for t in (s.types or []) if t]
+    for name in ("n_max", "n_min", "top_k", "seed", "max_new_tokens"):
+        setattr(s, name, int(getattr(s, name)))
+    return s

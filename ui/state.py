@@ -1,0 +1,82 @@
+"""State objects: the app's shared models and scheduler, and each browser session's own conversation.
+
+The app state is created by app.py and handed to ui.app.build(); nothing lives in module globals. A session's
+state is a gr.State value: one per browser tab, so two people never see each other's text, while every session
+shares the engine through the Scheduler, which batches them.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ui.run import RunRecord
+from ui.tokens import Vocab
+
+
+@dataclass
+class AppOptions:
+    n_ctx: int = 4096
+    parallel: int = 4  # slots: sessions that can generate at the same time
+    trust_remote_code: bool = False
+
+
+@dataclass
+class Runtime:
+    """Models and the engine serving them. Replaced as a whole when the user loads other models."""
+
+    target: object  # engine.models.LoadedModel
+    draft: object | None  # LoadedModel or None
+    engine: object  # engine.slots.Engine
+    scheduler: object  # engine.scheduler.Scheduler
+    vocab: Vocab
+
+    def describe(self) -> str:
+        probe = self.engine.probe
+        draft = self.draft.name if self.draft is not None else "none"
+        return (f"target {self.target.name} ({self.target.n_params / 1e6:.0f}M params, {self.target.device}) · "
+                f"draft {draft} · rollback {probe.kind}: {probe.reason} · {self.engine.ctx.n_seq_max} slots, "
+                f"{self.engine.ctx.n_ctx} cells")
+
+
+@dataclass
+class AppState:
+    runtime: Runtime | None
+    options: AppOptions = field(default_factory=AppOptions)
+    loader: Callable | None = None  # (name, trust_remote_code) -> LoadedModel; app.py passes engine.models.load_model
+    load_lock: threading.Lock = field(default_factory=threading.Lock)  # one model load at a time
+    sessions: dict = field(default_factory=dict)  # session hash -> SessionState, to free slots of closed tabs
+
+
+@dataclass
+class Active:
+    """A generation in flight: which scheduler and slot it runs in, and the queue its events arrive on."""
+
+    scheduler: object
+    seq: int
+    queue: object
+    run: RunRecord
+    manual: bool = False  # step mode: advanced only by scheduler.step_once
+    finished: bool = False  # scheduler.finish(seq) called: the slot is free
+
+
+@dataclass
+class SessionState:
+    """One browser tab: its conversation, the generation being shown, and the comparison run."""
+
+    history: list[dict] = field(default_factory=list)  # chat messages of finished turns (role, content)
+    turns_html: list[str] = field(default_factory=list)  # cached HTML of finished turns
+    pending_user: str = ""  # the message of the turn in progress
+    run: RunRecord | None = None  # the speculative run shown (live or last)
+    plain: RunRecord | None = None  # the plain run of the comparison
+    compare_html: str = ""  # speedup + lossless badge of the last comparison
+    active: Active | None = None  # generation in flight, if any
+    notice: tuple[str, str] = ("", "info")  # (text, level) of the message box
+    seq_stats: dict = field(default_factory=dict)  # engine counters of the last run's sequence (snapshot)
+    plot_due: float = 0.0  # perf_counter time after which the charts may be redrawn
+    charts_key: tuple = ()  # which run (and whether finished) the charts on the page show
+
+    @property
+    def busy(self) -> bool:
+        return self.active is not None and not self.active.finished

@@ -1,0 +1,132 @@
+"""Round timeline (one row per round) and the step-mode view of one verification batch.
+
+Pure functions of RoundEvents to HTML. A row is rendered once, when its round arrives, and cached by the
+caller; the table is then a join of cached rows, so 300 rounds cost a join, not 300 renders.
+"""
+
+from __future__ import annotations
+
+import html
+
+from ui.render import drafter_tag
+from ui.tokens import Vocab, tip, visible
+
+MAX_ROWS = 200  # rows shown live; older ones are summarised in one line (the answer keeps every token)
+
+HEADER = ("<tr><th>#</th><th>drafter</th><th>p0</th><th>drafted (green kept, red rejected)</th>"
+          "<th>m/k</th><th>target token</th><th>rollback</th><th>draft ms</th><th>verify ms</th><th>rollback ms</th></tr>")
+
+
+def chips(ids: list[int], pieces: list[str], n_kept: int, p0: int) -> str:
+    out = []
+    for i, (tok, piece) in enumerate(zip(ids, pieces)):
+        cls = "chip-acc" if i < n_kept else "chip-rej"
+        out.append(f'<span class="chip {cls}" data-tip="{tip([f"d{i + 1} at position {p0 + i}", f"token {tok}"])}">'
+                   f'{visible(piece, inline=True)}</span>')
+    return "".join(out)
+
+
+def rollback_text(ev) -> str:
+    """What the cache lost this round, in llama.cpp terms."""
+    if ev.rm_range is not None:
+        a, b = ev.rm_range
+        verb = "restore + replay" if ev.rollback == "checkpoint" else "seq_rm"
+        return f"{verb} [{a}, {b})"
+    return "–"
+
+
+def timeline_row(ev, vocab: Vocab, context: list[int]) -> str:
+    """One round as a table row; `context` is the answer before this round (to decode the pieces)."""
+    k, m = len(ev.drafted), ev.n_accepted
+    if ev.kind == "prefill":
+        drafter = '<span class="muted">prefill</span>'
+        drafted = f'<span class="muted">{ev.batch_rows} prompt tokens in the batch</span>'
+        ratio = ""
+    elif k == 0:
+        drafter = '<span class="muted">–</span>'
+        drafted = '<span class="muted">no draft</span>'
+        ratio = ""
+    else:
+        drafter = html.escape(ev.drafter or "?")
+        drafted = chips(ev.drafted, vocab.pieces(context, ev.drafted), m, ev.p0)
+        ratio = f"{m}/{k}"
+    target = ""
+    if len(ev.emitted) > m:  # the target's own token; missing when a stop cut the accepted run
+        tok = ev.emitted[-1]
+        piece = vocab.pieces(context + ev.emitted[:-1], [tok])[0]
+        target = f'<span class="chip chip-bonus">{visible(piece, inline=True)}</span>'
+    stop = f' <span class="muted">({html.escape(ev.stop_reason)})</span>' if ev.done and ev.stop_reason else ""
+    cls = "row-rej" if ev.rm_range is not None else "row-acc" if k and m == k else ""
+    return (f'<tr class="{cls}"><td>{ev.round}</td><td>{drafter}</td><td>{ev.p0}</td><td class="drafted">'
+            f'{drafted}</td><td>{ratio}</td><td>{target}{stop}</td><td>{rollback_text(ev)}</td>'
+            f'<td>{ev.t_draft_ms:.1f}</td><td>{ev.t_verify_ms:.1f}</td><td>{ev.t_rollback_ms:.2f}</td></tr>')
+
+
+def timeline_html(rows: list[str], max_rows: int = MAX_ROWS) -> str:
+    """Cached rows, newest first so the live round is always in view."""
+    if not rows:
+        return '<div class="timeline muted">Rounds appear here while the answer streams.</div>'
+    shown = rows[-max_rows:][::-1]
+    more = len(rows) - len(shown)
+    tail = f'<tr><td colspan="10" class="muted">… {more} earlier rounds</td></tr>' if more else ""
+    return f'<div class="timeline"><table>{HEADER}{"".join(shown)}{tail}</table></div>'
+
+
+def step_rows(ev, vocab: Vocab, context: list[int], sampled: int | None) -> list[tuple[str, ...]]:
+    """The batch [sampled, d1..dk] row by row: position, input, the target's top choice, the draft it judges, verdict.
+
+    Row i holds the input at position pos_sampled + i; its logits predict position p0 + i, where d(i+1) was
+    drafted. `sampled` is last round's token (the first row's input), known to the caller.
+    """
+    k, m = len(ev.drafted), ev.n_accepted
+    inputs = ([sampled] if sampled is not None else [None]) + list(ev.drafted)
+    in_pieces = vocab.pieces(context[:-1] if context else [], [t for t in inputs if t is not None])
+    if sampled is None:
+        in_pieces = ["?"] + in_pieces
+    top_pieces = [vocab.pieces(context + ev.drafted[:i], [int(t)])[0] for i, t in enumerate(ev.target_top)]
+    draft_pieces = vocab.pieces(context, ev.drafted)
+    rows = []
+    for i in range(k + 1):
+        top = visible(top_pieces[i], inline=True) if i < len(top_pieces) else "?"
+        judged = visible(draft_pieces[i], inline=True) if i < k else '<span class="muted">(none: bonus row)</span>'
+        if i < m:
+            verdict = f'<span class="v-acc">d{i + 1} accepted</span>'
+        elif i == m:
+            bonus = "correction" if m < k else "bonus"
+            what = f"d{i + 1} rejected; " if m < k else ""
+            verdict = f'<span class="v-bonus">{what}target token = {bonus}</span>'
+        else:
+            verdict = f'<span class="v-rej">discarded (after the first rejection)</span>'
+        rows.append((str(ev.pos_sampled + i), visible(in_pieces[i], inline=True), top, judged, verdict))
+    return rows
+
+
+def step_html(ev, vocab: Vocab, context: list[int], sampled: int | None) -> str:
+    """Step mode: the whole verification batch of the latest round, and what the rollback removes."""
+    if ev is None:
+        return ('<div class="step muted">Tick <b>Step mode</b>, send a message, then press <b>Step</b>: '
+                'each press runs one round and shows its batch here.</div>')
+    if ev.kind == "prefill":
+        return (f'<div class="step"><p><b>Round 0: prefill.</b> {ev.batch_rows} prompt tokens went through the '
+                f'target in one batch; it sampled the first token at position {ev.p0}. Press Step for the first '
+                f'draft round.</p></div>')
+    head = ("<tr><th>pos</th><th>batch input</th><th>target's top choice next</th><th>draft token judged</th>"
+            "<th>verdict</th></tr>")
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
+                   for row in step_rows(ev, vocab, context, sampled))
+    k, m = len(ev.drafted), ev.n_accepted
+    if ev.rm_range is not None:
+        a, b = ev.rm_range
+        removed = (f'<p class="v-rej">Rollback: <code>seq_rm(seq {ev.seq}, {a}, -1)</code> frees cells '
+                   f'[{a}, {b}): the {b - a} rejected draft token(s).</p>')
+    elif k:
+        removed = '<p class="v-acc">Nothing to remove: every drafted token was accepted.</p>'
+    else:
+        removed = '<p class="muted">No draft this round: a plain decoding step.</p>'
+    who = f" by {html.escape(ev.drafter)}" if ev.drafter else ""
+    mode = ("rejection sampling min(1, p/q)" if ev.verify_mode == "rejection"
+            else "sample-and-match (argmax at temperature 0)")
+    intro = (f'<p><b>Round {ev.round}</b>: {k} token(s) drafted{who}, batch of {k + 1} rows at positions '
+             f'{ev.pos_sampled}..{ev.pos_sampled + k}, verified by {mode}: {m} accepted.</p>')
+    done = f'<p class="muted">Finished: {html.escape(ev.stop_reason or "")}.</p>' if ev.done else ""
+    return f'<div class="step">{intro}<table>{head}{body}</table>{removed}{done}</div>'
