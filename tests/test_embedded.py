@@ -1,0 +1,70 @@
+"""The real embedded model (SmolLM2-135M-Instruct, Q4_1 GGUF dequantised): lossless over varied prompts."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.drafters.chain import NGRAM_CHAIN
+from engine.params import GenParams, SpecParams
+from engine.slots import Engine
+
+PROMPTS = [json.loads(line) for line in
+           (Path(__file__).parent.parent / "assets" / "prompts" / "all.jsonl").read_text().splitlines()]
+N_NEW = 48
+
+
+@pytest.fixture(scope="module")
+def engine(embedded):
+    return Engine(embedded, n_ctx=2048, n_seq_max=2)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(embedded):
+    return [embedded.encode_chat(p["messages"]) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def plain(engine, prompt_ids):
+    return [generate(engine, ids, []) for ids in prompt_ids]
+
+
+def generate(engine, ids, types, adaptive=True):
+    params = GenParams(max_new_tokens=N_NEW, spec=SpecParams(types=types, adaptive=adaptive))
+    return [t for ev in engine.generate(ids, params) for t in ev.emitted]
+
+
+def test_prompts_are_varied():
+    kinds = {p["kind"] for p in PROMPTS}
+    assert len(PROMPTS) >= 8 and kinds == {"copy", "open"}
+
+
+def test_probe_and_memory(engine):
+    assert engine.probe.kind == "PART"
+    assert engine.cost.c(8) > engine.cost.c(1) == 1.0
+
+
+def test_plain_decoding_equals_transformers_generate(engine, prompt_ids, plain):
+    model = engine.target.model
+    for ids, ours in zip(prompt_ids, plain):
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=N_NEW, do_sample=False,
+                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+        assert out[0, len(ids):].tolist() == ours
+
+
+@pytest.mark.parametrize("types", [[t] for t in NGRAM_CHAIN] + [NGRAM_CHAIN])
+def test_speculation_is_token_identical_on_the_real_model(engine, prompt_ids, plain, types):
+    n_spec = 0
+    for ids, want in zip(prompt_ids, plain):
+        params = GenParams(max_new_tokens=N_NEW, spec=SpecParams(types=types, adaptive=False))
+        events = list(engine.generate(ids, params))
+        assert [t for ev in events for t in ev.emitted] == want
+        n_spec += sum(ev.kind == "spec" for ev in events)
+    assert n_spec > 0, f"{types} never drafted on {len(PROMPTS)} prompts"
+
+
+def test_chain_with_adaptive_length_is_lossless(engine, prompt_ids, plain):
+    for ids, want in zip(prompt_ids, plain):
+        assert generate(engine, ids, NGRAM_CHAIN, adaptive=True) == want
