@@ -23,7 +23,7 @@ from engine.params import GenParams
 from engine.policy import CostModel, DraftLengthPolicy
 from engine.probe import ProbeResult, probe_context
 from engine.sampling import Sampler
-from engine import verify
+from engine import checkpoint, verify
 
 N_BATCH = 512  # prompt rows per forward during prefill
 
@@ -42,6 +42,7 @@ class Slot:
     text: str = ""  # detokenised text given out so far
     stop_reason: str | None = None
     stop_requested: bool = False
+    replay: "checkpoint.Replay | None" = None  # decided tokens to re-run after a checkpoint restore
 
     @property
     def n_remaining(self) -> int:
@@ -125,8 +126,6 @@ class Engine:
         limit = self.ctx.n_ctx if self.n_pos_max is None else min(self.ctx.n_ctx, self.n_pos_max)
         if len(prompt) + 1 > limit:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {limit} tokens")
-        if params.spec.types and params.spec.rollback == "checkpoint":
-            raise ValueError("checkpoint rollback is not implemented yet: use rollback 'auto'")
         if params.spec.types and not self.probe.can_speculate:
             raise ValueError(f"speculation is off for this model: {self.probe.reason}")
         for name in params.spec.types:
@@ -218,25 +217,29 @@ class Engine:
 
     def _spec_round(self, slots: list[Slot]) -> list[RoundEvent]:
         n_free = self.ctx.n_ctx - self.ctx.cache.n_used() - len(slots)
-        requests = []
+        requests: dict[int, DraftRequest] = {}
+        ckpts: dict[int, checkpoint.Checkpoint] = {}
         for slot in slots:
-            k_max = self._n_draft_max(slot, n_free)
-            requests.append(DraftRequest(seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=k_max,
-                                         n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min,
-                                         want_q=slot.params.sampling.temp > 0))
+            if slot.replay is not None:
+                continue  # a replay round re-runs decided tokens and drafts nothing
+            if slot.params.spec.rollback == "checkpoint" and slot.params.spec.types:
+                ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache, self._slot_drafters(slot))
+            requests[slot.seq] = DraftRequest(
+                seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=self._n_draft_max(slot, n_free),
+                n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min, want_q=slot.params.sampling.temp > 0)
         t0 = time.perf_counter()
         self.chain.policy = self.policy if all(s.params.spec.adaptive for s in slots) else None
-        winners = self.chain.draft(requests) if any(r.n_max > 0 for r in requests) else {}
+        todo = list(requests.values())
+        winners = self.chain.draft(todo) if any(r.n_max > 0 for r in todo) else {}
         t_draft = (time.perf_counter() - t0) * 1e3
         batch = Batch()
         rows: dict[int, list[int]] = {}
-        for slot, r in zip(slots, requests):
+        for slot in slots:
             p = len(slot.tokens)
-            if n_free <= 0 or (self.n_pos_max is not None and p >= self.n_pos_max):
+            toks = slot.replay.tokens if slot.replay is not None else [slot.id_last] + requests[slot.seq].result
+            if n_free < len(toks) - 1 or (self.n_pos_max is not None and p + len(toks) > self.n_pos_max):
                 continue
-            rows[slot.seq] = [batch.add(slot.id_last, p, slot.seq, True)]
-            for i, d in enumerate(r.result):
-                rows[slot.seq].append(batch.add(d, p + 1 + i, slot.seq, True))
+            rows[slot.seq] = [batch.add(t, p + i, slot.seq, True) for i, t in enumerate(toks)]
         events = []
         for slot in slots:
             if slot.seq not in rows:
@@ -246,48 +249,87 @@ class Engine:
             return events
         res = self.ctx.decode(batch)
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
-        for slot, r in zip(slots, requests):
+        for slot in slots:
             if slot.seq not in rows:
                 continue
-            t1 = time.perf_counter()
             logits = res.logits[[out_index[i] for i in rows[slot.seq]]]
-            use_rejection = r.result_q is not None and slot.params.sampling.temp > 0 and len(r.result) > 0
-            if use_rejection:
-                verdict = verify.rejection(slot.sampler, logits, r.result, r.result_q)
-            else:
-                verdict = verify.sample_and_match(slot.sampler, logits, r.result)
-            t_verify = res.seconds * 1e3 + (time.perf_counter() - t1) * 1e3
-            t2 = time.perf_counter()
-            p_sampled = len(slot.tokens)
-            p0 = p_sampled + 1
-            k, m = len(r.result), verdict.n_accepted
-            rollback, rm_range = "none", None
-            if m < k:
-                self.ctx.seq_rm(slot.seq, p0 + m, -1)
-                rollback, rm_range = "seq_rm", (p0 + m, p0 + k)
-            t_rollback = (time.perf_counter() - t2) * 1e3
+            if slot.replay is not None:
+                events.append(self._replay_round(slot, logits, res.seconds * 1e3, len(batch)))
+                continue
+            events.append(self._verify_slot(slot, requests[slot.seq], logits, ckpts.get(slot.seq),
+                                            winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
+                                            len(batch)))
+        return events
+
+    def _slot_drafters(self, slot: Slot) -> dict[str, Drafter]:
+        return {name: self.pool[name] for name in slot.params.spec.types}
+
+    def _verify_slot(self, slot: Slot, r: DraftRequest, logits, ckpt, drafter: str | None, t_draft: float,
+                     t_forward: float, batch_rows: int) -> RoundEvent:
+        t1 = time.perf_counter()
+        use_rejection = r.result_q is not None and slot.params.sampling.temp > 0 and len(r.result) > 0
+        if use_rejection:
+            verdict = verify.rejection(slot.sampler, logits, r.result, r.result_q)
+        else:
+            verdict = verify.sample_and_match(slot.sampler, logits, r.result)
+        t_verify = t_forward + (time.perf_counter() - t1) * 1e3
+        t2 = time.perf_counter()
+        p_sampled = len(slot.tokens)
+        p0 = p_sampled + 1
+        k, m = len(r.result), verdict.n_accepted
+        rollback, rm_range = "none", None
+        if m < k and ckpt is not None:
+            # FULL path: back to the checkpoint, the whole batch leaves the cache, a replay round follows
+            restore_s = checkpoint.restore(slot, self.ctx.cache, self._slot_drafters(slot), ckpt)
+            slot.replay = checkpoint.Replay(tokens=[slot.id_last] + r.result[:m] + [verdict.tokens[-1]],
+                                            n_draws=verdict.n_draws, cost_ms=(ckpt.seconds + restore_s) * 1e3)
+            rollback, rm_range = "checkpoint", (p_sampled, p0 + k)
+        elif m < k:
+            self.ctx.seq_rm(slot.seq, p0 + m, -1)
+            rollback, rm_range = "seq_rm", (p0 + m, p0 + k)
+        t_rollback = (time.perf_counter() - t2) * 1e3
+        if slot.replay is None:
             slot.tokens.append(slot.id_last)
             slot.tokens.extend(r.result[:m])
             slot.id_last = verdict.tokens[-1]
-            if k > 0:
-                self.chain.accept(slot.seq, m)
-            q_draft = None
-            if r.result_q is not None and k > 0:
-                q_draft = [float(q[d]) for q, d in zip(r.result_q, r.result)]
-            elif r.result_p is not None and k > 0:
-                q_draft = list(r.result_p)
-            ev = RoundEvent(
-                seq=slot.seq, round=slot.round, kind="spec" if k > 0 else "plain", drafter=winners.get(slot.seq),
-                pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
-                p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=q_draft,
-                target_top=[int(t) for t in logits.argmax(dim=-1)],
-                verify_mode="rejection" if use_rejection else "match", rollback=rollback, rm_range=rm_range,
-                t_draft_ms=t_draft / len(slots), t_verify_ms=t_verify, t_rollback_ms=t_rollback,
-                batch_rows=len(batch),
-            )
-            slot.round += 1
-            events.append(self._emit(slot, verdict.tokens, ev))
-        return events
+        if k > 0:
+            self.chain.accept(slot.seq, m)
+        q_draft = None
+        if r.result_q is not None and k > 0:
+            q_draft = [float(q[d]) for q, d in zip(r.result_q, r.result)]
+        elif r.result_p is not None and k > 0:
+            q_draft = list(r.result_p)
+        ev = RoundEvent(
+            seq=slot.seq, round=slot.round, kind="spec" if k > 0 else "plain", drafter=drafter,
+            pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
+            p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=q_draft,
+            target_top=[int(t) for t in logits.argmax(dim=-1)],
+            verify_mode="rejection" if use_rejection else "match", rollback=rollback, rm_range=rm_range,
+            t_draft_ms=t_draft, t_verify_ms=t_verify, t_rollback_ms=t_rollback, batch_rows=batch_rows,
+        )
+        slot.round += 1
+        ev = self._emit(slot, verdict.tokens, ev)
+        if slot.state == "done":
+            slot.replay = None  # nothing follows: the decided tokens were all given out
+        return ev
+
+    def _replay_round(self, slot: Slot, logits, t_forward: float, batch_rows: int) -> RoundEvent:
+        """Re-run the decided tokens: the sampler re-draws what the verification drew, then picks one new token."""
+        replay = slot.replay
+        t1 = time.perf_counter()
+        verify.replay(slot.sampler, replay.tokens[1:], replay.n_draws)
+        tok = slot.sampler.sample(logits[-1])
+        p = float(slot.sampler.probs(logits[-1])[tok])
+        p_sampled = len(slot.tokens)
+        slot.tokens.extend(replay.tokens)  # every row of the replay batch is now in the cache
+        slot.id_last = tok
+        slot.replay = None
+        ev = RoundEvent(seq=slot.seq, round=slot.round, kind="replay", drafter=None, pos_sampled=p_sampled,
+                        p0=p_sampled + 1, bonus=tok, p_target=[p], rollback="checkpoint",
+                        t_verify_ms=t_forward + (time.perf_counter() - t1) * 1e3, t_rollback_ms=replay.cost_ms,
+                        batch_rows=batch_rows, target_top=[int(t) for t in logits.argmax(dim=-1)])
+        slot.round += 1
+        return self._emit(slot, [tok], ev)
 
     def _emit(self, slot: Slot, tokens: list[int], ev: RoundEvent) -> RoundEvent:
         """Give tokens to the user, cut at end-of-sequence or the token limit; fill text and cache figures."""

@@ -229,3 +229,25 @@ def test_hub_id_without_network_fails_fast(monkeypatch):
 
 def test_probe_reports_part_for_llama(engine):
     assert engine.probe.kind == "PART"
+
+
+@pytest.mark.parametrize("types,temp", [(["ngram-simple"], 0.0), (["draft-simple"], 0.0), (NGRAM_CHAIN, 0.8),
+                                        (["ngram-simple", "draft-simple"], 0.8)])
+def test_forced_checkpoint_rollback_is_identical_to_range_removal(engine, types, temp):
+    """The FULL path (checkpoint, restore, replay) on a model that could cut the tail: same text, more work."""
+    n_replays = 0
+    for seed, prompt in enumerate(PROMPTS):
+        want = tokens(run(engine, prompt, [], temp=temp, seed=seed, n=50))
+        params = GenParams(max_new_tokens=50, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=seed),
+                           spec=SpecParams(types=types, n_max=6, adaptive=False, p_min=0.0, rollback="checkpoint"))
+        if temp > 0 and "draft-simple" in types:
+            params.spec.types = [t for t in types if t != "draft-simple"]  # rejection sampling draws differently
+        events = list(engine.generate(prompt, params))
+        assert tokens(events) == want
+        replays = [e for e in events if e.kind == "replay"]
+        n_replays += len(replays)
+        for e in events:
+            if e.kind == "spec" and e.n_accepted < len(e.drafted) and not e.done:
+                assert e.rollback == "checkpoint" and e.rm_range == (e.pos_sampled, e.p0 + len(e.drafted))
+        assert engine.ctx.cache.seq_pos_max(events[-1].seq) == len(engine.slots[events[-1].seq].tokens) - 1
+    assert n_replays > 0, "no partial acceptance: the checkpoint path was never taken"
