@@ -33,6 +33,7 @@ class RoundEvent:
     text_delta: str = ""  # new text for the user
     done: bool = False  # generation finished
     stop_reason: str | None = None  # "eos" | "length" | "context" | "stopped"
+    t_end: float = 0.0  # time.perf_counter() when the round finished, for tokens/s measured at the source
 
     @property
     def accepted(self) -> list[int]:

@@ -180,11 +180,17 @@ class Engine:
             if slot.stop_requested:
                 events.append(self._finish(slot, "stopped", RoundEvent(seq=slot.seq, round=slot.round,
                               kind="plain", drafter=None, pos_sampled=len(slot.tokens), p0=len(slot.tokens) + 1)))
+        prefilled = set()
         for slot in [s for s in self.active(only) if s.state == "prefill"]:
             events.append(self._prefill(slot))
-        generating = [s for s in self.active(only) if s.state == "generating"]
+            prefilled.add(slot.seq)
+        # a slot prefilled in this step drafts from the next one on: round 0 stands alone, as in step mode
+        generating = [s for s in self.active(only) if s.state == "generating" and s.seq not in prefilled]
         if generating:
             events.extend(self._spec_round(generating))
+        now = time.perf_counter()
+        for ev in events:
+            ev.t_end = now
         return events
 
     def _prefill(self, slot: Slot) -> RoundEvent:

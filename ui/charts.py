@@ -12,7 +12,8 @@ import html
 from engine.stats import DrafterStats
 
 COLORS = ["#1b7f3b", "#1f5fbf", "#b35900", "#7a3db8", "#00838f", "#a0004f"]
-FONT = dict(family="Inter, Segoe UI, Helvetica, Arial, sans-serif", size=14)
+FONT = dict(family="Inter, Segoe UI, Helvetica, Arial, sans-serif", size=14, color="#1f2937")
+GRID = "#e5e7eb"
 
 
 def stats_from_events(events) -> dict[str, DrafterStats]:
@@ -27,40 +28,45 @@ def stats_from_events(events) -> dict[str, DrafterStats]:
     return out
 
 
-def _layout(fig, title: str, height: int = 300) -> None:
-    fig.update_layout(title=dict(text=title, x=0.01, font=dict(size=16)), template="plotly_white", height=height,
-                      margin=dict(l=55, r=20, t=45, b=45), font=FONT,
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1))
+def axis(title: str, **extra) -> dict:
+    return dict(title=dict(text=title), gridcolor=GRID, linecolor="#9ca3af", zeroline=False, **extra)
 
 
-def acceptance_figure(stats: dict[str, DrafterStats]):
+def layout(title: str, xaxis: dict, yaxis: dict, height: int = 360, **extra) -> dict:
+    """Title top left, legend under the x axis (long drafter names must not cover the bars), white plot."""
+    return dict(title=dict(text=title, x=0.01, y=0.97, font=dict(size=17)), height=height, font=FONT,
+                margin=dict(l=60, r=20, t=40, b=100), paper_bgcolor="white", plot_bgcolor="white",
+                legend=dict(orientation="h", yanchor="top", y=-0.32, xanchor="left", x=0, font=dict(size=12)),
+                xaxis=xaxis, yaxis=yaxis, **extra)
+
+
+def message(text: str) -> dict:
+    return dict(text=text, showarrow=False, font=dict(size=16, color="#777"), xref="paper", yref="paper",
+                x=0.5, y=0.5)
+
+
+def acceptance_figure(stats: dict[str, DrafterStats]) -> dict:
     """Bars: accepted / reached at each draft position (how far a drafter sees); markers: llama.cpp's
-    #acc rate/pos (accepted at position i over all its verified drafts)."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
+    #acc rate/pos (accepted at position i over all its verified drafts). A plotly figure as a dict."""
+    data = []
     for i, (name, s) in enumerate(sorted(stats.items())):
         cond = s.acc_rate_pos_conditional()
         if not cond:
             continue
         color = COLORS[i % len(COLORS)]
         xs = list(range(1, len(cond) + 1))
-        reached = s.n_gen_tokens_per_pos
-        fig.add_bar(x=xs, y=cond, name=f"{name} (mean acc len {s.mean_acc_len:.2f})", marker_color=color,
-                    customdata=reached, hovertemplate="d%{x}: %{y:.0%} of %{customdata} drafts that reached it"
-                    "<extra>" + html.escape(name) + "</extra>")
+        data.append(dict(type="bar", x=xs, y=cond, name=f"{name} (mean acc len {s.mean_acc_len:.2f})",
+                         marker=dict(color=color), customdata=list(s.n_gen_tokens_per_pos),
+                         hovertemplate="d%{x}: %{y:.0%} of %{customdata} drafts that reached it"
+                                       "<extra>" + html.escape(name) + "</extra>"))
         rate = s.acc_rate_pos()
-        fig.add_scatter(x=xs[: len(rate)], y=rate, mode="markers", name=f"{name}: #acc rate/pos",
-                        marker=dict(color=color, symbol="diamond-open", size=11, line=dict(width=2)),
-                        hovertemplate="d%{x}: %{y:.0%} of all verified drafts<extra>llama.cpp</extra>")
-    _layout(fig, "Acceptance rate per draft position")
-    fig.update_layout(barmode="group", bargap=0.25)
-    fig.update_xaxes(title_text="draft position", dtick=1)
-    fig.update_yaxes(title_text="accepted", range=[0, 1.05], tickformat=".0%")
-    if not fig.data:
-        fig.add_annotation(text="no verified drafts yet", showarrow=False, font=dict(size=16, color="#777"),
-                           xref="paper", yref="paper", x=0.5, y=0.5)
-    return fig
+        data.append(dict(type="scatter", x=xs[: len(rate)], y=rate, mode="markers", name=f"{name}: #acc rate/pos",
+                         marker=dict(color=color, symbol="diamond-open", size=11, line=dict(width=2, color=color)),
+                         hovertemplate="d%{x}: %{y:.0%} of all verified drafts<extra>llama.cpp</extra>"))
+    xaxis = axis("draft position", dtick=1, range=None if data else [0.5, 8.5])
+    fig_layout = layout("Acceptance rate per draft position", xaxis, axis("accepted", range=[0, 1.05], tickformat=".0%"),
+                        barmode="group", bargap=0.25, annotations=[] if data else [message("no verified drafts yet")])
+    return dict(data=data, layout=fig_layout)
 
 
 def speed_series(rounds: list[int], emitted: list[int], seconds: list[float]) -> tuple[list[float], list[float]]:
@@ -72,25 +78,33 @@ def speed_series(rounds: list[int], emitted: list[int], seconds: list[float]) ->
     return running, [float(n) for n in emitted]
 
 
-def speed_figure(rounds: list[int], emitted: list[int], seconds: list[float], plain_tps: float | None = None):
+def speed_figure(rounds: list[int], emitted: list[int], seconds: list[float], plain_tps: float | None = None) -> dict:
     """Tokens per round (bars) and running tokens/s (line); the plain run's tokens/s as a reference line."""
+    running, per_round = speed_series(rounds, emitted, seconds)
+    data = [dict(type="bar", x=list(rounds), y=per_round, name="tokens this round", marker=dict(color="#9ec5f8"),
+                 yaxis="y2", hovertemplate="round %{x}: %{y} token(s)<extra></extra>"),
+            dict(type="scatter", x=list(rounds), y=running, mode="lines", name="tokens/s so far",
+                 line=dict(color="#1f5fbf", width=3), hovertemplate="round %{x}: %{y:.1f} tok/s<extra></extra>")]
+    shapes, notes = [], []
+    if plain_tps:
+        shapes.append(dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=plain_tps, y1=plain_tps,
+                           line=dict(color="#b35900", dash="dash", width=2)))
+        notes.append(dict(text=f"plain {plain_tps:.1f} tok/s", showarrow=False, xref="paper", x=1, xanchor="right",
+                          yref="y", y=plain_tps, yanchor="bottom", font=dict(color="#b35900", size=13)))
+    empty = not rounds
+    yaxis = axis("tokens/s", rangemode="tozero", range=[0, 10] if empty else None)
+    yaxis2 = axis("tokens/round", overlaying="y", side="right", rangemode="tozero", showgrid=False)
+    fig_layout = layout("Speed over rounds", axis("round", range=[0, 10] if empty else None), yaxis,
+                        yaxis2=yaxis2, shapes=shapes, annotations=notes)
+    return dict(data=data, layout=fig_layout)
+
+
+def plotly_figure(fig: dict):
+    """The dict as a plotly Figure for gr.Plot. Validation is skipped: it costs ~40 ms a chart in pure Python,
+    holding the GIL the engine's round loop needs, and these dicts are built here from known keys."""
     import plotly.graph_objects as go
 
-    running, per_round = speed_series(rounds, emitted, seconds)
-    fig = go.Figure()
-    fig.add_bar(x=rounds, y=per_round, name="tokens this round", marker_color="#9ec5f8", yaxis="y2",
-                hovertemplate="round %{x}: %{y} token(s)<extra></extra>")
-    fig.add_scatter(x=rounds, y=running, mode="lines", name="tokens/s so far", line=dict(color="#1f5fbf", width=3),
-                    hovertemplate="round %{x}: %{y:.1f} tok/s<extra></extra>")
-    if plain_tps:
-        fig.add_hline(y=plain_tps, line=dict(color="#b35900", dash="dash", width=2),
-                      annotation_text=f"plain {plain_tps:.1f} tok/s", annotation_position="bottom right")
-    _layout(fig, "Speed over rounds")
-    fig.update_layout(yaxis=dict(title="tokens/s", rangemode="tozero"),
-                      yaxis2=dict(title="tokens/round", overlaying="y", side="right", rangemode="tozero",
-                                  showgrid=False))
-    fig.update_xaxes(title_text="round")
-    return fig
+    return go.Figure(fig, _validate=False)
 
 
 def kpi_html(stats: dict[str, DrafterStats], n_tokens: int, n_rounds: int) -> str:

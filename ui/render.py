@@ -12,16 +12,10 @@ import html
 
 from ui.tokens import Vocab, tip, visible
 
-KIND_LABEL = {
-    "acc": "accepted draft",
-    "bonus": "bonus: the target's own token after the whole draft was accepted",
-    "fix": "correction: the target's own token where the draft was rejected",
-    "rej": "rejected draft (removed from the cache)",
-    "tgt": "target token (no draft this round)",
-    "first": "first token, sampled after the prompt (prefill)",
-}
-CLASS = {"acc": "tok-acc", "bonus": "tok-bonus", "fix": "tok-bonus", "rej": "tok-rej", "tgt": "tok-tgt",
-         "first": "tok-tgt"}
+# kind -> CSS classes. The tooltip's first line (what happened) comes from the class in assets/style.css, so
+# each of the thousands of token spans carries only its own numbers: the answer's HTML stays small.
+CLASSES = {"acc": "tok tok-acc", "bonus": "tok tok-bonus", "fix": "tok tok-bonus tok-fix", "rej": "tok tok-rej",
+           "tgt": "tok tok-tgt", "first": "tok tok-tgt tok-first"}
 
 
 def drafter_tag(name: str | None) -> str:
@@ -40,16 +34,16 @@ def fmt_prob(label: str, values: list[float] | None, i: int) -> str:
 
 
 def token_span(kind: str, piece: str, tok: int, pos: int, vocab: Vocab, ev, p: str, q: str) -> str:
-    """One token as a span; hovering shows position, what happened, drafter, p and q."""
-    classes = ["tok", CLASS[kind]]
+    """One token as a span; hovering shows what happened (from its class), position, drafter, p and q."""
+    classes = CLASSES[kind]
     shown = visible(piece, inline=kind == "rej")
     if vocab.is_special(tok):
-        classes.append("tok-special")
+        classes += " tok-special"
         shown = html.escape(vocab.raw(tok))
     drafter = f"drafter {ev.drafter}" if kind in ("acc", "rej") and ev.drafter else ""
-    probs = "   ".join(x for x in (p, q) if x)
-    data = tip([f"position {pos}   round {ev.round}", KIND_LABEL[kind], drafter, probs, f"token {tok} {vocab.raw(tok)!r}"])
-    return f'<span class="{" ".join(classes)}" data-tip="{data}">{shown}</span>'
+    probs = "  ".join(x for x in (p, q) if x)
+    data = tip([f"pos {pos} · round {ev.round}", drafter, probs, f"#{tok} {vocab.raw(tok)!r}"])
+    return f'<span class="{classes}" data-tip="{data}">{shown}</span>'
 
 
 def emitted_kind(ev, i: int) -> str:
@@ -79,8 +73,12 @@ def round_html(ev, vocab: Vocab, context: list[int]) -> str:
         rej_pieces = vocab.pieces(context + emitted[:m], ev.rejected)
         spans = []
         for j, tok in enumerate(ev.rejected, start=m):
-            spans.append(token_span("rej", rej_pieces[j - m], tok, ev.p0 + j, vocab, ev,
-                                    fmt_prob("p", ev.p_draft_rows, j), fmt_prob("q", ev.q_draft, j)))
+            # after the first rejected token the target's p is conditioned on a prefix it refused: say so
+            p = fmt_prob("p", ev.p_draft_rows, j)
+            if p and j > m:
+                p += " (after a rejected token)"
+            spans.append(token_span("rej", rej_pieces[j - m], tok, ev.p0 + j, vocab, ev, p,
+                                    fmt_prob("q", ev.q_draft, j)))
         tag = html.escape(drafter_tag(ev.drafter))
         parts.append(f'<span class="rej-group"><span class="rej-tag">{tag}</span>{"".join(spans)}</span>')
     for i in range(m, len(emitted)):
@@ -124,14 +122,17 @@ def tps(n_tokens: int, seconds: float) -> float | None:
     return n_tokens / seconds if seconds > 0 and n_tokens > 0 else None
 
 
-def speed_line(n_tokens: int, seconds: float, n_rounds: int, stop_reason: str | None = None) -> str:
-    """'48 tokens · 1.52 s · 31.6 tok/s · 20 rounds · 2.40 tokens/round': speed measured from the events."""
-    rate = tps(n_tokens, seconds)
-    parts = [f"{n_tokens} tokens", f"{seconds:.2f} s"]
+def speed_line(n_tokens: int, n_decode: int, seconds: float, n_rounds: int, stop_reason: str | None = None) -> str:
+    """'31 tokens · 20.3 tok/s · 7 rounds · 4.29 tokens/round': speed measured from the events.
+
+    tokens/s counts the tokens after the first over the time from the first token to the last: the first
+    token's cost is the prompt's (prefill), which the plain baseline may skip through prefix reuse."""
+    rate = tps(n_decode, seconds)
+    parts = [f"{n_tokens} tokens"]
     parts.append(f"<b>{rate:.1f} tok/s</b>" if rate else "– tok/s")
     if n_rounds:
         parts.append(f"{n_rounds} rounds")
-        parts.append(f"{n_tokens / n_rounds:.2f} tokens/round")
+        parts.append(f"{n_decode / n_rounds:.2f} tokens/round")
     if stop_reason:
         parts.append(f"stop: {html.escape(stop_reason)}")
     return " · ".join(parts)

@@ -6,6 +6,7 @@ costs the UI O(1) renders per round instead of re-rendering every token each tim
 
 from __future__ import annotations
 
+import html
 import time
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ CONTEXT_TAIL = 8  # answer tokens handed to renderers as decoding context
 class RunRecord:
     vocab: Vocab
     prompt_ids: list[int]  # what was submitted (the whole conversation, chat template applied)
+    manual: bool = False  # step mode: rounds run when the user clicks, so there is no speed to measure
     t_submit: float = field(default_factory=time.perf_counter)
     events: list = field(default_factory=list)  # every RoundEvent, in order
     ids: list[int] = field(default_factory=list)  # the answer: emitted token ids
@@ -89,8 +91,10 @@ class RunRecord:
         return len(self.rounds)
 
     def cache_ids(self) -> list[int]:
-        """Tokens in the sequence's cells after the latest round: the target's newest token is not cached yet."""
-        return self.prompt_ids + self.ids[:-1]
+        """Tokens in the sequence's cells after the latest round, in position order: prompt, then the answer
+        up to the cache size the engine reports (the target's newest token is not cached until next round)."""
+        n = self.last.seq_cells if self.last is not None and self.last.seq_cells else len(self.prompt_ids)
+        return (self.prompt_ids + self.ids)[:n]
 
     def sampled_last(self) -> int | None:
         """The first row of the latest batch: the token the round before it emitted last."""
@@ -105,8 +109,10 @@ class RunRecord:
     # ---- views -----------------------------------------------------------------------------------------
 
     def meta_html(self) -> str:
-        reason = self.error or self.stop_reason if self.done else None
-        return speed_line(self.n_decode, self.decode_seconds, self.n_rounds, reason)
+        reason = (self.error or self.stop_reason) if self.done else None
+        if self.manual:
+            return f"{len(self.ids)} tokens · {self.n_rounds} rounds · step mode" + (f" · stop: {html.escape(reason)}" if reason else "")
+        return speed_line(len(self.ids), self.n_decode, self.decode_seconds, self.n_rounds, reason)
 
     def answer_html(self, live: bool) -> str:
         return answer_bubble("".join(self.answer_parts), self.meta_html(), live=live and not self.done)

@@ -17,7 +17,6 @@ from ui.settings import Settings
 from ui.state import Active, AppState, SessionState
 
 POLL_S = 0.5  # how long a reader waits for an event before checking that its scheduler still runs
-DRAIN_S = 10.0  # how long a stopped generation may take to deliver its last event when nobody watches
 COMPARE_REFRESH_S = 0.5  # progress refresh while the plain run of the comparison runs
 
 
@@ -50,7 +49,7 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
         raise UserError(f"The engine is busy: {e}. Other sessions are generating.", "error") from e
     except ValueError as e:  # the engine refused the request (prompt too long, drafter needs a draft model...)
         raise UserError(f"Cannot start: {e}", "error") from e
-    run = RunRecord(vocab=runtime.vocab, prompt_ids=list(ids))
+    run = RunRecord(vocab=runtime.vocab, prompt_ids=list(ids), manual=manual)
     return Active(scheduler=runtime.scheduler, seq=seq, queue=events, run=run, manual=manual)
 
 
@@ -121,12 +120,12 @@ def follow(session: SessionState, active: Active) -> Iterator[None]:
             yield
 
 
-def end_turn(app: AppState, session: SessionState) -> None:
+def end_turn(session: SessionState) -> None:
     """Move the finished turn into the history (the partial text too, if it was stopped)."""
     run = session.run
     if run is None or not session.pending_user:
         return
-    text = app.runtime.target.decode(run.ids) if app.runtime is not None else ""
+    text = run.vocab.tokenizer.decode(run.ids, skip_special_tokens=True)  # the model that wrote it, even if replaced
     session.history += [{"role": "user", "content": session.pending_user}, {"role": "assistant", "content": text}]
     session.turns_html += [user_bubble(session.pending_user), run.answer_html(live=False)]
     session.pending_user = ""
@@ -165,7 +164,7 @@ def stop(session: SessionState) -> None:
     active = session.active
     if active is None or active.finished:
         return
-    active.scheduler.stop(active.seq)
+    active.scheduler.stop(active.seq)  # lock-free: sets the slot's flag, the next round delivers the stop
     if active.manual:  # nobody else advances a step-mode generation: run the round that delivers the stop
         active.scheduler.step_once(active.seq)
         take(session, active, read_events(active, 0))
@@ -181,18 +180,13 @@ def step(session: SessionState) -> None:
 
 
 def release(session: SessionState) -> None:
-    """Free the slot of an abandoned generation (closed tab, cancelled stream): stop it, wait for its last
-    event, then finish it, so the slot never stays busy with nobody reading."""
+    """Free the slot of an abandoned generation (closed tab, cancelled stream): the scheduler stops it and
+    frees the slot once it has stopped, with nobody needing to read to the end."""
     active = session.active
     if active is None or active.finished:
         return
-    stop(session)
-    deadline = time.perf_counter() + DRAIN_S
-    while not active.finished and time.perf_counter() < deadline and not scheduler_gone(active):
-        take(session, active, read_events(active, POLL_S))
-    if not active.finished:
-        active.scheduler.finish(active.seq)
-        active.finished = True
+    active.scheduler.cancel(active.seq)
+    active.finished = True
 
 
 def converse(app: AppState, session: SessionState, text: str, settings: Settings, manual: bool) -> Iterator[None]:
@@ -207,7 +201,7 @@ def converse(app: AppState, session: SessionState, text: str, settings: Settings
         yield
         for _ in follow(session, active):
             yield
-        end_turn(app, session)
+        end_turn(session)
         yield
         run = session.run
         if settings.compare and settings.types and run.error is None and run.stop_reason != "stopped":
@@ -220,11 +214,26 @@ def step_turn(app: AppState, session: SessionState) -> None:
     """One Step click: a round, and the turn's end when it was the last."""
     step(session)
     if session.active is not None and session.active.finished:
-        end_turn(app, session)
+        end_turn(session)
 
 
 def stop_turn(app: AppState, session: SessionState) -> None:
     """The Stop button: a streaming answer ends through its reader; a step-mode answer ends here."""
     stop(session)
     if session.active is not None and session.active.manual and session.active.finished:
-        end_turn(app, session)
+        end_turn(session)
+
+
+def counters(session: SessionState) -> dict:
+    """The engine's counters for the shown run: a live copy while it generates, the final snapshot after.
+
+    Read without the scheduler lock so the UI never holds up a round; a copy that races a round (a drafter
+    added to the dict mid-copy) is skipped and the last good one stays on screen."""
+    active = session.active
+    if active is not None and not active.finished and active.run is session.run:
+        try:
+            live = dict(active.scheduler.engine.chain.seq_stats.get(active.seq, {}))
+            session.seq_stats = copy.deepcopy(live)
+        except RuntimeError:
+            pass
+    return session.seq_stats

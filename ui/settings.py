@@ -29,6 +29,7 @@ class Settings:
     seed: int = 0
     max_new_tokens: int = 128
     compare: bool = True  # run plain decoding after the speculative run, for speedup and the lossless check
+    rollback: str = "auto"  # "auto": seq_rm; "checkpoint": checkpoint, restore and replay on every rejection
 
     def gen_params(self, speculative: bool = True) -> GenParams:
         """GenParams for the engine; speculative=False is the plain baseline with the same sampler and seed.
@@ -39,7 +40,7 @@ class Settings:
                                    min_p=float(self.min_p), seed=int(self.seed)),
             spec=SpecParams(types=list(self.types or []) if speculative else [], n_max=int(self.n_max),
                             n_min=int(self.n_min), p_min=float(self.p_min), adaptive=bool(self.adaptive),
-                            rollback="auto"),
+                            rollback=str(self.rollback or "auto")),
         )
         params.validate()
         return params

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import html
 
-from ui.render import drafter_tag
 from ui.tokens import Vocab, tip, visible
 
-MAX_ROWS = 200  # rows shown live; older ones are summarised in one line (the answer keeps every token)
+MAX_ROWS = 120  # rows shown live; older ones are summarised in one line (the answer keeps every token)
 
 HEADER = ("<tr><th>#</th><th>drafter</th><th>p0</th><th>drafted (green kept, red rejected)</th>"
           "<th>m/k</th><th>target token</th><th>rollback</th><th>draft ms</th><th>verify ms</th><th>rollback ms</th></tr>")
@@ -96,7 +95,7 @@ def step_rows(ev, vocab: Vocab, context: list[int], sampled: int | None) -> list
             what = f"d{i + 1} rejected; " if m < k else ""
             verdict = f'<span class="v-bonus">{what}target token = {bonus}</span>'
         else:
-            verdict = f'<span class="v-rej">discarded (after the first rejection)</span>'
+            verdict = '<span class="v-rej">discarded (after the first rejection)</span>'
         rows.append((str(ev.pos_sampled + i), visible(in_pieces[i], inline=True), top, judged, verdict))
     return rows
 

@@ -72,11 +72,11 @@ def visible(piece: str, inline: bool = False) -> str:
     if piece == "":
         return '<span class="ws">&#8203;</span>'  # half a character: an empty but hoverable token
     text = html.escape(piece, quote=False)
+    if inline and piece.strip() == "":  # a bare space would be invisible in a chip or a struck-through draft
+        text = text.replace(" ", '<span class="ws">&middot;</span>')
     text = text.replace("\t", '<span class="ws">&rarr;</span>\t')
     if inline:
         text = text.replace("\n", '<span class="ws">&crarr;</span>')
-        if piece.strip() == "":
-            text = text.replace(" ", '<span class="ws">&middot;</span>')
     else:
         text = text.replace("\n", '<span class="ws">&crarr;</span>\n')
     return text

@@ -1,7 +1,7 @@
 """A session's state -> the value of every view on the page (HTML strings and plotly figures).
 
 Views are named; ui.app maps names to components. Charts are the costly views (plotly JSON, a browser
-redraw), so they are redrawn at most once a second while an answer streams, and always at its end.
+redraw), so they are redrawn at most every 1.5 s while an answer streams, and always at its end.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import time
 from ui import charts
 from ui.kvview import kv_html
 from ui.render import notice_html, transcript_html, user_bubble
+from ui.session import counters
 from ui.state import AppState, SessionState
 from ui.timeline import step_html, timeline_html
 
 TEXT_VIEWS = ("chat", "timeline", "kv", "step", "summary", "notice")
 CHART_VIEWS = ("kpis", "acc_plot", "speed_plot", "counters")
-PLOT_EVERY_S = 1.0
+PLOT_EVERY_S = 1.5
 EMPTY_HINT = ("Ask something, or click an example. Each token of the answer is coloured by what speculative "
               "decoding did with it.")
 
@@ -57,21 +58,21 @@ def text_views(app: AppState, session: SessionState) -> dict[str, str]:
 def chart_views(session: SessionState) -> dict[str, object]:
     run = session.run
     if run is None:
-        return {"kpis": charts.kpi_html({}, 0, 0), "acc_plot": charts.acceptance_figure({}),
-                "speed_plot": charts.speed_figure([], [], []), "counters": counters_view({})}
+        return {"kpis": charts.kpi_html({}, 0, 0), "acc_plot": charts.plotly_figure(charts.acceptance_figure({})),
+                "speed_plot": charts.plotly_figure(charts.speed_figure([], [], [])), "counters": counters_view({})}
     stats = run.stats()
     plain_tps = session.plain.tps if session.plain is not None and session.plain.done else None
     return {
         "kpis": charts.kpi_html(stats, run.n_decode, run.n_rounds),
-        "acc_plot": charts.acceptance_figure(stats),
-        "speed_plot": charts.speed_figure(run.rounds, run.emitted, run.elapsed, plain_tps),
-        "counters": counters_view(session.seq_stats, live=not run.done),
+        "acc_plot": charts.plotly_figure(charts.acceptance_figure(stats)),
+        "speed_plot": charts.plotly_figure(charts.speed_figure(run.rounds, run.emitted, run.elapsed, plain_tps)),
+        "counters": counters_view(counters(session)),
     }
 
 
-def counters_view(seq_stats: dict, live: bool = False) -> str:
-    note = "(shown when the answer is finished)" if live else charts.counters_text(seq_stats)
-    return f'<pre class="counters">{html.escape(note)}</pre>'
+def counters_view(seq_stats: dict) -> str:
+    """llama.cpp's statistics lines for this session's sequence, live while it generates."""
+    return f'<pre class="counters">{html.escape(charts.counters_text(seq_stats))}</pre>'
 
 
 def all_views(app: AppState, session: SessionState, force_charts: bool = False) -> dict[str, object]:

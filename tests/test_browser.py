@@ -1,0 +1,166 @@
+"""The app in a real browser: python app.py (embedded model) driven by Debian's Chromium through Playwright.
+
+Sends a copy prompt and checks the marks of accepted, bonus and rejected tokens, the acceptance chart and the
+lossless badge; stops a long answer and sends another prompt that then works. Saves assets/screenshot.png.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOT = ROOT / "assets" / "screenshot.png"
+START_TIMEOUT_S = 300  # model load + calibration on a busy 2-core machine
+ANSWER_TIMEOUT_MS = 180_000
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)", allow_module_level=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"app.py exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    pytest.fail(f"app.py did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--n-ctx", "2048", "--parallel", "2"],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        wait_http(url, proc, log, START_TIMEOUT_S)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        pg = browser.new_page(viewport={"width": 1600, "height": 1000})
+        pg.set_default_timeout(60_000)
+        pg.goto(server, wait_until="domcontentloaded")
+        pg.wait_for_selector("#msg textarea")
+        yield pg
+        browser.close()
+
+
+def set_number(page, elem_id: str, value: int) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def save_screenshot(page) -> None:
+    """The whole page in one viewport (a fixed sidebar would end halfway down a full-page capture), with a
+    tooltip open on a rejected token."""
+    height = page.evaluate("() => document.documentElement.scrollHeight")
+    page.set_viewport_size({"width": 1600, "height": min(int(height), 2400)})
+    page.evaluate("() => { const s = document.querySelector('.sidebar-content'); if (s) s.scrollTop = 0; }")
+    page.locator("#chat .tok-rej").nth(1).hover()
+    time.sleep(0.5)  # let the plots settle after the resize
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT))
+    page.set_viewport_size({"width": 1600, "height": 1000})
+
+
+def answers(page):
+    return page.locator("#chat .msg-bot")
+
+
+def wait_answer_done(page, n: int) -> None:
+    """The n-th answer has its footer with a stop reason (a finished answer)."""
+    try:
+        page.wait_for_function(
+            "n => { const a = document.querySelectorAll('#chat .msg-bot'); "
+            "return a.length >= n && a[n - 1].querySelector('.meta') && "
+            "a[n - 1].querySelector('.meta').textContent.includes('stop:'); }", arg=n, timeout=ANSWER_TIMEOUT_MS)
+    except sync_api.TimeoutError:
+        pytest.fail(f"answer {n} did not finish; chat: {page.locator('#chat').inner_text()[-600:]!r}; "
+                    f"notice: {page.locator('#notice').inner_text()!r}")
+
+
+def test_chat_marks_rounds_compares_and_stops(page):
+    t0 = time.monotonic()
+    page.locator("#adaptive input").uncheck()  # verify every draft: rejections are sure to happen
+    set_number(page, "max-new", 48)
+    page.get_by_role("button", name="Quote the key sentence").click()
+    wait_answer_done(page, 1)
+    first = answers(page).nth(0)
+    for cls in ("tok-acc", "tok-bonus", "tok-rej"):
+        assert first.locator(f".{cls}").count() > 0, f"no .{cls} token in the answer"
+    page.wait_for_selector("#summary .badge", timeout=ANSWER_TIMEOUT_MS)
+    badge = page.locator("#summary .badge").inner_text()
+    assert "lossless" in badge, f"temperature 0 must be lossless, got: {badge}"
+    page.wait_for_selector("#acc-plot .js-plotly-plot .bars path")
+    assert "tok/s" in page.locator("#summary").inner_text()
+    page.locator("#timeline tr.row-rej").first.wait_for()  # the timeline shows a seq_rm rollback
+    assert "seq_rm [" in page.locator("#timeline").inner_text()
+    save_screenshot(page)
+
+    page.locator("#send-btn").click()  # empty message: a visible warning, nothing submitted
+    page.wait_for_selector("#notice .notice-warn")
+    assert answers(page).count() == 1
+
+    set_number(page, "max-new", 600)  # a long answer, stopped after its first tokens
+    page.locator("#msg textarea").fill("Write a long story about a lighthouse keeper and a storm.")
+    page.locator("#send-btn").click()
+    page.wait_for_function("() => document.querySelectorAll('#chat .msg-bot').length >= 2 && "
+                           "document.querySelectorAll('#chat .msg-bot')[1].querySelectorAll('.tok').length >= 3")
+    page.locator("#stop-btn").click()
+    wait_answer_done(page, 2)
+    assert "stop: stopped" in answers(page).nth(1).locator(".meta").inner_text()
+
+    set_number(page, "max-new", 24)
+    page.locator("#msg textarea").fill("Name three colours.")
+    page.locator("#send-btn").click()
+    wait_answer_done(page, 3)
+    meta = answers(page).nth(2).locator(".meta").inner_text()
+    assert "stop: eos" in meta or "stop: length" in meta, meta
+    assert answers(page).nth(2).locator(".tok").count() > 0
+    print(f"browser test: {time.monotonic() - t0:.1f} s after the page loaded")
+
+
+def test_sessions_are_separate(page, server):
+    """Another tab is another session: it starts with an empty chat while the first keeps its answers."""
+    other = page.context.browser.new_page()
+    other.goto(server, wait_until="domcontentloaded")
+    other.wait_for_selector("#chat .chat-empty")
+    assert other.locator("#chat .msg-bot").count() == 0
+    assert answers(page).count() == 3
+    other.close()

@@ -1,0 +1,415 @@
+"""The UI's pure pieces on hand-made RoundEvents and a fake tokenizer: no model, no browser."""
+
+from __future__ import annotations
+
+import queue
+import re
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from engine.events import RoundEvent
+from engine.stats import DrafterStats
+from ui import charts
+from ui.kvview import kv_html
+from ui.render import compare_html, first_difference, legend_html, round_html, speed_line
+from ui.run import RunRecord
+from ui.settings import Settings, settings_from
+from ui.timeline import step_html, timeline_html, timeline_row
+from ui.tokens import Vocab, token_pieces, visible
+
+WORDS = ["</s>", "Hello", " world", ",", " the", " cat", " sat", " dog", " ran", "\n", "<b>", " on", " mat", "."]
+EOS = 0
+
+
+class FakeTokenizer:
+    """Words joined on decode, like a byte-level BPE; id 0 is a special end-of-sequence token."""
+
+    all_special_ids = [EOS]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(WORDS[i] for i in ids if not (skip_special_tokens and i == EOS))
+
+    def convert_ids_to_tokens(self, ids):
+        return [WORDS[i].replace(" ", "\u0120") for i in ids]
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte: a lone byte of a multi-byte character decodes to U+FFFD."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def convert_ids_to_tokens(self, ids):
+        return [f"<0x{i:02X}>" for i in ids]
+
+
+@pytest.fixture
+def vocab():
+    return Vocab.of(FakeTokenizer())
+
+
+def spec_event(**kw) -> RoundEvent:
+    """Round 3: after ' the' (pos 10), ngram-simple drafted ' cat sat dog ran'; the target kept 2 and said ' on'."""
+    base = dict(seq=0, round=3, kind="spec", drafter="ngram-simple", pos_sampled=10, p0=11, drafted=[5, 6, 7, 8],
+                n_accepted=2, bonus=11, emitted=[5, 6, 11], p_target=[0.91, 0.8, 0.55],
+                p_draft_rows=[0.91, 0.8, 0.1, 0.05], target_top=[5, 6, 11, 12], q_draft=[0.7, 0.6, 0.5, 0.4],
+                rollback="seq_rm", rm_range=(13, 15), t_draft_ms=0.4, t_verify_ms=61.2, t_rollback_ms=0.03,
+                batch_rows=5, n_cells_used=40, seq_cells=13)
+    base.update(kw)
+    return RoundEvent(**base)
+
+
+def classes(html_text: str, cls: str) -> int:
+    return len(re.findall(rf'class="tok {cls}[ "]', html_text))
+
+
+# ---- tokens ------------------------------------------------------------------------------------------------
+
+def test_pieces_keep_leading_spaces_and_whole_characters():
+    assert token_pieces(FakeTokenizer(), [1], [2, 3]) == [" world", ","]
+    euro = list("€".encode())  # three bytes: the first two decode to U+FFFD alone
+    pieces = token_pieces(ByteTokenizer(), list(b"a "), euro + [ord("!")])
+    assert pieces == ["", "", "€", "!"]
+
+
+def test_visible_escapes_html_and_marks_newlines():
+    assert visible("<b>") == "&lt;b&gt;"
+    assert "&crarr;" in visible("\n") and visible("\n").endswith("\n")
+    assert "\n" not in visible("\n", inline=True)
+    assert "&middot;" in visible(" ", inline=True)
+
+
+# ---- the answer -------------------------------------------------------------------------------------------
+
+def test_round_marks_accepted_rejected_and_correction_in_proposal_order(vocab):
+    out = round_html(spec_event(), vocab, context=[1, 4])
+    assert classes(out, "tok-acc") == 2 and classes(out, "tok-rej") == 2 and classes(out, "tok-bonus") == 1
+    order = [m.group(1) for m in re.finditer(r'class="tok (tok-\w+)', out)]
+    assert order == ["tok-acc", "tok-acc", "tok-rej", "tok-rej", "tok-bonus"]  # rejected sit where proposed
+    assert "rej-tag" in out and ">simple<" in out  # the drafter that proposed the rejected tokens
+    assert "tok-fix" in out  # the target's token is a correction, not a bonus
+
+
+def test_token_tooltip_has_position_drafter_p_and_q(vocab):
+    out = round_html(spec_event(), vocab, context=[1, 4])
+    first_rej, second_rej = re.findall(r'class="tok tok-rej" data-tip="([^"]*)"', out)
+    assert "pos 13" in first_rej and "drafter ngram-simple" in first_rej
+    assert "p 0.100" in first_rej and "q 0.500" in first_rej and "after a rejected" in second_rej
+    bonus = re.findall(r'class="tok tok-bonus tok-fix" data-tip="([^"]*)"', out)[0]
+    assert "pos 13" in bonus and "p 0.550" in bonus  # the correction takes the first rejected position
+
+
+def test_full_accept_is_a_bonus_and_plain_rounds_are_target_tokens(vocab):
+    full = round_html(spec_event(drafted=[5, 6], n_accepted=2, rm_range=None, emitted=[5, 6, 11]), vocab, [])
+    assert classes(full, "tok-rej") == 0 and classes(full, "tok-bonus") == 1 and "tok-fix" not in full
+    plain = round_html(RoundEvent(seq=0, round=4, kind="plain", drafter=None, pos_sampled=13, p0=14,
+                                  bonus=12, emitted=[12], p_target=[0.4]), vocab, [])
+    assert classes(plain, "tok-tgt") == 1 and classes(plain, "tok-bonus") == 0
+    first = round_html(RoundEvent(seq=0, round=0, kind="prefill", drafter=None, pos_sampled=6, p0=7, bonus=1,
+                                  emitted=[1]), vocab, [])
+    assert "tok-first" in first
+
+
+def test_stop_inside_accepted_run_hides_the_rest_and_specials_show_raw(vocab):
+    cut = round_html(spec_event(emitted=[5], done=True, stop_reason="length"), vocab, [4])
+    assert classes(cut, "tok-acc") == 1 and "tok-rej" not in cut and "tok-bonus" not in cut
+    eos = round_html(spec_event(drafted=[], n_accepted=0, kind="plain", emitted=[EOS], rm_range=None), vocab, [])
+    assert "tok-special" in eos and "&lt;/s&gt;" in eos
+
+
+def test_html_in_tokens_is_escaped(vocab):
+    out = round_html(spec_event(drafted=[10], n_accepted=1, emitted=[10, 9], rm_range=None), vocab, [])
+    assert "&lt;b&gt;" in out and ">&lt;b&gt;<" in out
+
+
+def test_legend_names_every_mark():
+    out = legend_html()
+    for cls in ("tok-acc", "tok-bonus", "tok-rej", "tok-tgt"):
+        assert cls in out
+
+
+# ---- timeline, step mode, cache -------------------------------------------------------------------------
+
+def test_timeline_row_shows_rollback_range_and_timings(vocab):
+    row = timeline_row(spec_event(), vocab, [1, 4])
+    assert "seq_rm [13, 15)" in row and ">2/4<" in row and "61.2" in row and "ngram-simple" in row
+    assert row.count("chip-acc") == 2 and row.count("chip-rej") == 2 and "chip-bonus" in row
+
+
+def test_timeline_newest_first_and_capped():
+    rows = [f"<tr><td>{i}</td></tr>" for i in range(250)]
+    out = timeline_html(rows, max_rows=200)
+    assert out.index("<td>249</td>") < out.index("<td>248</td>")
+    assert "<td>49</td>" not in out and "50 earlier rounds" in out
+
+
+def test_step_view_lists_the_batch_row_by_row(vocab):
+    out = step_html(spec_event(), vocab, context=[1, 4], sampled=4)
+    assert out.count("<tr>") == 1 + 5  # header + [sampled, d1..d4]
+    assert "d1 accepted" in out and "d3 rejected" in out and "discarded" in out
+    assert "seq_rm(seq 0, 13, -1)" in out and "[13, 15)" in out
+
+
+def test_kv_strip_marks_sampled_kept_freed_and_next(vocab):
+    cache = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 4, 5, 6]  # 13 cells: prompt of 8, answer, then the kept drafts
+    out = kv_html(spec_event(), cache, prompt_len=8, vocab=vocab, n_ctx=64)
+    assert out.count('class="kv kv-sampled"') == 1 and out.count('class="kv kv-acc"') == 2
+    assert out.count('class="kv kv-freed"') == 2 and out.count('class="kv kv-next"') == 1
+    assert "seq_rm [13, 15)" in out and "40/64" in out
+    long = kv_html(spec_event(seq_cells=300, pos_sampled=297, p0=298, rm_range=(300, 302)), list(range(1, 14)) * 24,
+                   prompt_len=100, vocab=vocab, window=20)
+    assert "kv-fold" in long and long.count('class="kv kv-') < 40
+
+
+# ---- statistics and comparison --------------------------------------------------------------------------
+
+def test_stats_from_events_follow_llama_cpp_counters():
+    evs = [spec_event(), spec_event(drafted=[5, 6], n_accepted=2, emitted=[5, 6, 7]),
+           spec_event(drafter="ngram-mod", drafted=[7], n_accepted=0, emitted=[8])]
+    stats = charts.stats_from_events(evs)
+    s = stats["ngram-simple"]
+    assert (s.n_gen_drafts, s.n_gen_tokens, s.n_acc_tokens, s.n_acc_drafts) == (2, 6, 4, 2)
+    assert s.acc_rate_pos_conditional() == [1.0, 1.0, 0.0, 0.0]
+    assert s.acc_rate_pos() == [1.0, 1.0, 0.0, 0.0]
+    assert s.mean_acc_len == pytest.approx(3.0)
+    assert stats["ngram-mod"].mean_acc_len == 1.0
+
+
+def test_acceptance_and_speed_figures():
+    stats = charts.stats_from_events([spec_event()])
+    fig = charts.acceptance_figure(stats)
+    bars = [t for t in fig["data"] if t["type"] == "bar"]
+    assert len(bars) == 1 and bars[0]["y"] == [1.0, 1.0, 0.0, 0.0] and "mean acc len 3.00" in bars[0]["name"]
+    assert [t["y"] for t in fig["data"] if t["type"] == "scatter"] == [[1.0, 1.0, 0.0, 0.0]]
+    assert charts.acceptance_figure({})["layout"]["annotations"]  # "no verified drafts yet"
+    running, per_round = charts.speed_series([1, 2, 3], [3, 1, 2], [0.1, 0.2, 0.3])
+    assert running == pytest.approx([30.0, 20.0, 20.0]) and per_round == [3.0, 1.0, 2.0]
+    speed = charts.speed_figure([1, 2], [3, 1], [0.1, 0.2], plain_tps=9.0)
+    assert len(speed["data"]) == 2 and speed["layout"]["shapes"][0]["y0"] == 9.0
+    figure = charts.plotly_figure(speed)  # what gr.Plot gets: a plotly Figure that serialises
+    assert "so far" in figure.to_json() and figure.layout.shapes[0].y0 == 9.0
+    line = charts.counters_text({"ngram-simple": DrafterStats("ngram-simple", n_call_accept=1, n_acc_tokens=2)})
+    assert line.startswith("statistics") and "#mean acc len = 3.000" in line
+
+
+def test_compare_badge_lossless_and_first_difference(vocab):
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1 and first_difference([1, 2], [1, 2, 3]) == 2
+    ok = compare_html([1, 2, 3], [1, 2, 3], 40.0, 20.0, vocab)
+    assert "lossless-ok" in ok and "2.00&times;" in ok
+    bad = compare_html([1, 2, 3], [1, 5, 3], 10.0, 20.0, vocab)
+    assert "lossless-diff" in bad and "token 1" in bad and "speedup-down" in bad
+    assert "speed" in compare_html([1], [1], None, 20.0, vocab)
+
+
+def test_speed_line_reports_measured_tokens_per_second():
+    line = speed_line(41, 40, 2.0, 10, "eos")
+    assert line.startswith("41 tokens") and "<b>20.0 tok/s</b>" in line and "4.00 tokens/round" in line
+    assert "stop: eos" in line
+
+
+# ---- the run record: incremental and linear ------------------------------------------------------------
+
+def make_round(i: int, pos: int) -> RoundEvent:
+    if i == 0:
+        return RoundEvent(seq=0, round=0, kind="prefill", drafter=None, pos_sampled=pos - 1, p0=pos, bonus=4,
+                          emitted=[4], p_target=[1.0], batch_rows=pos)
+    return spec_event(round=i, pos_sampled=pos, p0=pos + 1, rm_range=(pos + 3, pos + 5), seq_cells=pos + 3)
+
+
+def test_run_record_renders_each_round_once_and_stays_linear(vocab, monkeypatch):
+    import ui.run
+
+    calls = []
+    real = ui.run.round_html
+    monkeypatch.setattr(ui.run, "round_html", lambda *a: calls.append(1) or real(*a))
+    run = RunRecord(vocab=vocab, prompt_ids=[1, 2, 3])
+    t0 = time.perf_counter()
+    pos = 3
+    for i in range(300):
+        ev = make_round(i, pos)
+        run.add(ev, t_recv=t0 + 0.05 * i)
+        pos += len(ev.emitted)
+        run.answer_html(live=True)  # what each streamed update costs
+        timeline_html(run.timeline_rows)
+    elapsed = time.perf_counter() - t0
+    assert len(calls) == 300  # one render per round, never re-rendered
+    assert elapsed < 3.0, f"300 rounds took {elapsed:.2f} s"
+    assert run.n_decode == 299 * 3 and run.tps == pytest.approx(299 * 3 / (0.05 * 299))
+    assert run.cache_ids()[:3] == [1, 2, 3] and len(run.cache_ids()) == run.last.seq_cells
+
+
+# ---- settings and the session flow with a fake scheduler -------------------------------------------------
+
+def test_settings_validation_messages():
+    with pytest.raises(ValueError, match="n_min"):
+        Settings(n_max=2, n_min=5).gen_params()
+    s = settings_from([["ngram-simple"], 8.0, None, 0.5, True, 0.0, 0, 1.0, 0.0, 7.0, 32.0, True])
+    assert s.n_max == 8 and s.n_min == 0 and s.seed == 7 and s.max_new_tokens == 32
+    assert s.gen_params(speculative=False).spec.types == []
+
+
+@dataclass
+class FakeChain:
+    seq_stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class FakeEngine:
+    chain: FakeChain = field(default_factory=FakeChain)
+    stopped: set = field(default_factory=set)
+    probe: object = field(default_factory=lambda: SimpleNamespace(kind="PART", reason="range removal works"))
+    ctx: object = field(default_factory=lambda: SimpleNamespace(n_seq_max=1, n_ctx=64))
+
+    def stop(self, seq):
+        self.stopped.add(seq)
+
+
+class FakeScheduler:
+    """Plays back prepared events: the speculative answer first, then the plain one."""
+
+    def __init__(self, scripts, busy=False):
+        self.scripts, self.busy, self.engine, self.closed = list(scripts), busy, FakeEngine(), False
+        self.finished, self.submitted = [], []
+
+    def submit(self, prompt, params, manual=False):
+        if self.busy:
+            raise RuntimeError("all 1 slots are busy; try again in a moment")
+        params.validate()
+        self.submitted.append(params)
+        q = queue.Queue()
+        self.held = self.scripts.pop(0)
+        if not manual:
+            for ev in self.held:
+                q.put(ev)
+        self.queue = q
+        self.engine.chain.seq_stats[0] = {"ngram-simple": DrafterStats("ngram-simple")}
+        return 0, q
+
+    def step_once(self, seq):
+        """Step mode: release the next prepared event, or the stop event once a stop was asked for."""
+        if seq in self.engine.stopped:
+            ev = RoundEvent(seq=seq, round=9, kind="plain", drafter=None, pos_sampled=9, p0=10, done=True,
+                            stop_reason="stopped")
+        else:
+            ev = self.held.pop(0)
+        self.queue.put(ev)
+        return [ev]
+
+    def finish(self, seq):
+        self.finished.append(seq)
+
+    def stop(self, seq):
+        self.engine.stop(seq)
+
+    def cancel(self, seq):
+        self.engine.stop(seq)
+        self.finished.append(seq)
+
+
+@dataclass
+class FakeTarget:
+    name: str = "fake"
+    n_params: int = 1_000_000
+    device: str = "cpu"
+
+    def encode_chat(self, messages):
+        return [1, 2, 3]
+
+    def decode(self, ids):
+        return FakeTokenizer().decode(ids, skip_special_tokens=True)
+
+
+def fake_app(scripts, busy=False):
+    from ui.state import AppState, Runtime
+
+    sched = FakeScheduler(scripts, busy)
+    rt = Runtime(target=FakeTarget(), draft=None, engine=sched.engine, scheduler=sched, vocab=Vocab.of(FakeTokenizer()))
+    return AppState(runtime=rt)
+
+
+def answer(done_kind="eos"):
+    last = spec_event(round=2, pos_sampled=4, p0=5, emitted=[5, 6, EOS], done=True, stop_reason=done_kind,
+                      rm_range=(7, 9), seq_cells=7)
+    return [make_round(0, 3), last]
+
+
+def test_converse_streams_then_compares_and_keeps_history():
+    from ui.session import converse
+    from ui.state import SessionState
+    from ui.views import all_views
+
+    app, session = fake_app([answer(), answer()]), SessionState()
+    drawn = []
+    for _ in converse(app, session, "hi", Settings(max_new_tokens=8), manual=False):
+        drawn.append("acc_plot" in all_views(app, session))
+    assert drawn[:2] == [True, True] and not all(drawn)  # throttled, but redrawn when a run ends
+    views = all_views(app, session, force_charts=True)
+    assert "lossless-ok" in session.compare_html
+    assert [p.spec.types for p in app.runtime.scheduler.submitted][1] == []  # the baseline is plain decoding
+    assert app.runtime.scheduler.finished == [0, 0] and not session.busy
+    assert session.history[-1]["role"] == "assistant" and session.history[-1]["content"].startswith(" the")
+    assert "tok-acc" in views["chat"] and "statistics" in views["counters"]
+
+
+def test_bad_input_and_busy_slots_are_user_errors():
+    from ui.session import UserError, converse
+    from ui.state import SessionState
+
+    app = fake_app([answer()])
+    with pytest.raises(UserError, match="empty"):
+        next(converse(app, SessionState(), "   ", Settings(), manual=False))
+    with pytest.raises(UserError, match="n_min"):
+        next(converse(app, SessionState(), "hi", Settings(n_max=1, n_min=3), manual=False))
+    busy = fake_app([answer()], busy=True)
+    with pytest.raises(UserError, match="busy") as e:
+        next(converse(busy, SessionState(), "hi", Settings(), manual=False))
+    assert e.value.level == "error"
+
+
+def test_step_mode_runs_one_round_per_click_and_stop_ends_the_turn():
+    from ui.session import converse, step_turn, stop_turn
+    from ui.state import SessionState
+    from ui.views import all_views
+
+    script = [make_round(0, 3), spec_event(round=1, pos_sampled=3, p0=4, rm_range=(6, 8), seq_cells=6)]
+    app, session = fake_app([script]), SessionState()
+    list(converse(app, session, "hi", Settings(), manual=True))
+    assert session.busy and session.run.ids == [] and "Step" in session.notice[0]
+    step_turn(app, session)
+    assert session.run.ids == [4] and "prefill" in all_views(app, session)["step"]
+    step_turn(app, session)
+    assert "d1 accepted" in all_views(app, session)["step"]
+    stop_turn(app, session)
+    assert not session.busy and session.run.stop_reason == "stopped" and len(session.history) == 2
+    assert "step mode" in session.turns_html[-1]
+
+
+def test_failed_loads_keep_the_models_that_were_loaded(monkeypatch):
+    import ui.loader
+    from engine.models import ModelLoadError, VocabMismatchError
+    from ui.loader import load_models
+    from ui.session import UserError
+
+    app = fake_app([])
+    before = app.runtime
+
+    def loader(name):
+        if name == "missing/model":
+            raise ModelLoadError("cannot load model 'missing/model': not in the local cache")
+        return FakeTarget(name=name)
+
+    def no_vocab_match(target, draft, options):
+        raise VocabMismatchError("vocab types differ: target BPE, draft WordLevel")
+
+    app.loader = loader
+    with pytest.raises(UserError, match="Load failed: cannot load model 'missing/model'"):
+        load_models(app, "missing/model", "")
+    monkeypatch.setattr(ui.loader, "make_runtime", no_vocab_match)
+    with pytest.raises(UserError, match="cannot draft for this target: vocab types differ") as e:
+        load_models(app, "fake", "other-vocab")
+    assert e.value.level == "error" and app.runtime is before and not before.scheduler.closed
+    assert "Already loaded" in load_models(app, "fake", "none")

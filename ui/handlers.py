@@ -1,0 +1,87 @@
+"""What each button does, as plain functions of (app state, session state, control values) -> page updates.
+
+ui.app binds them to components; here they return a tuple of view values in VIEWS order plus the message
+box, with gr.skip() for what stays as it is. Bad input becomes a toast and a message box, never an exception.
+"""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from ui.loader import load_models
+from ui.render import notice_html
+from ui.session import UserError, converse, step_turn, stop_turn
+from ui.settings import DRAFT_MODEL_TYPE, settings_from
+from ui.state import AppState, SessionState
+from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views
+
+VIEWS = TEXT_VIEWS + CHART_VIEWS
+CLEARED = ("history", "turns_html", "pending_user", "run", "plain", "compare_html", "notice", "seq_stats",
+           "charts_key")
+
+
+def pack(views: dict, msg_value: str | None = None) -> tuple:
+    """Views in output order, then the message box; a view not given is left as the page shows it."""
+    tail = gr.skip() if msg_value is None else msg_value
+    return tuple(views.get(name, gr.skip()) for name in VIEWS) + (tail,)
+
+
+def warn(app: AppState, s: SessionState, e: UserError) -> tuple:
+    gr.Warning(str(e))
+    s.notice = (str(e), e.level)
+    return pack(all_views(app, s))
+
+
+def send(app: AppState, s: SessionState, text: str, stepping: bool, values) -> object:
+    """Stream a chat turn; the message box empties once the turn is accepted."""
+    settings = settings_from(list(values))
+    first = True
+    try:
+        for _ in converse(app, s, text, settings, bool(stepping)):
+            yield pack(all_views(app, s), "" if first else None)
+            first = False
+    except UserError as e:
+        yield warn(app, s, e)
+
+
+def stop(app: AppState, s: SessionState) -> tuple:
+    stop_turn(app, s)
+    return pack(all_views(app, s))
+
+
+def step(app: AppState, s: SessionState) -> tuple:
+    try:
+        step_turn(app, s)
+    except UserError as e:
+        return warn(app, s, e)
+    return pack(all_views(app, s, force_charts=True))
+
+
+def clear(app: AppState, s: SessionState) -> tuple:
+    """A new chat in the same session (the slot's cells stay for whoever needs them)."""
+    if s.busy:
+        return warn(app, s, UserError("Stop the answer first, then start a new chat."))
+    fresh = SessionState()
+    for name in CLEARED:
+        setattr(s, name, getattr(fresh, name))
+    return pack(all_views(app, s, force_charts=True), "")
+
+
+def model_status(app: AppState, extra: str = "", level: str = "info") -> str:
+    current = app.runtime.describe() if app.runtime is not None else "no model loaded"
+    return f'<div class="model-status">{html.escape(current)}</div>' + notice_html(extra, level)
+
+
+def load(app: AppState, target: str, draft: str, types: list | None) -> tuple:
+    """Load models; on failure say why and keep what was loaded. A draft model joins the chain as draft-simple."""
+    try:
+        status = load_models(app, target, draft)
+    except UserError as e:
+        gr.Warning(str(e))
+        return model_status(app, f"{e} (kept the models that were loaded)", "error"), gr.skip()
+    types = list(types or [])
+    if app.runtime.draft is not None and DRAFT_MODEL_TYPE not in types:
+        types.append(DRAFT_MODEL_TYPE)  # a draft model drafts only through draft-simple
+    return model_status(app, status, "info"), types
