@@ -23,7 +23,7 @@ COLUMNS = [
     "prompt_id", "spec_decode", "spec_types", "n_max", "temp", "seed", "concurrency", "ctx_len", "quant_bits",
     "n_gen", "tps", "tps_baseline", "speedup", "lossless_ok", "mean_acc_len", "draft_accept_rate",
     "acc_rate_pos", "verify_cost_c", "rollback_mode", "n_rounds", "n_drafted", "n_accepted", "t_draft_ms",
-    "t_verify_ms", "t_rollback_ms", "t_round_ms", "t_plain_step_ms", "model",
+    "t_verify_ms", "t_rollback_ms", "t_round_ms", "t_plain_step_ms", "model", "prompt_kind",
 ]
 
 
@@ -77,8 +77,9 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
-def make_row(cfg: BenchConfig, pid: str, res: list[RunResult], base: list[RunResult] | None,
+def make_row(cfg: BenchConfig, prompt: dict, res: list[RunResult], base: list[RunResult] | None,
              spec_types: str, model: str) -> dict:
+    pid = prompt["id"]
     r0 = res[0]
     tps = _median([r.tps for r in res])
     tps_base = _median([b.tps for b in base]) if base else tps
@@ -94,7 +95,7 @@ def make_row(cfg: BenchConfig, pid: str, res: list[RunResult], base: list[RunRes
         "rollback_mode": r0.rollback_mode, "n_rounds": r0.n_rounds, "n_drafted": r0.n_drafted,
         "n_accepted": r0.n_accepted, "t_draft_ms": round(r0.t_draft_ms, 2), "t_verify_ms": round(r0.t_verify_ms, 2),
         "t_rollback_ms": round(r0.t_rollback_ms, 3), "t_round_ms": round(r0.t_round_ms, 2),
-        "t_plain_step_ms": round(r0.t_plain_step_ms, 2), "model": model,
+        "t_plain_step_ms": round(r0.t_plain_step_ms, 2), "model": model, "prompt_kind": prompt.get("kind", ""),
     }
 
 
@@ -112,12 +113,13 @@ def print_summary(rows: list[dict]) -> None:
         print(f"{str(r['prompt_id'])[:22]:<22} {cfg[:18]:<18} {r['n_gen']:>5} {r['tps']:>7.2f} "
               f"{float(r['speedup'] or 0):>7.3f} {r['mean_acc_len']:>7.2f} {r['draft_accept_rate']:>5.2f} "
               f"{r['verify_cost_c']:>5.2f} {r['lossless_ok']}")
-    by_cfg: dict[str, list[float]] = {}
+    by_cfg: dict[tuple[str, str], list[float]] = {}
     for r in rows:
         if r["spec_decode"] == "on" or r["spec_types"].startswith("hf-"):
-            by_cfg.setdefault(r["spec_types"], []).append(float(r["speedup"] or 0))
-    for name, xs in by_cfg.items():
-        print(f"geomean speedup {name}: {geomean(xs):.3f}x over our plain decoding ({len(xs)} prompts)")
+            for kind in {"all", r["prompt_kind"]} - {""}:
+                by_cfg.setdefault((r["spec_types"], kind), []).append(float(r["speedup"] or 0))
+    for (name, kind), xs in by_cfg.items():
+        print(f"geomean speedup {name} [{kind}]: {geomean(xs):.3f}x over our plain decoding ({len(xs)} prompts)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,13 +164,13 @@ def run_all(cfg: BenchConfig, ctx, prompts: list[dict], args) -> list[dict]:
                     spec_runs[i].append(r)
             bar.update(1)
         for i, p in enumerate(group):
-            rows.append(make_row(cfg, p["id"], base_runs[i], None, "", model))
+            rows.append(make_row(cfg, p, base_runs[i], None, "", model))
             if cfg.spec.types:
-                rows.append(make_row(cfg, p["id"], spec_runs[i], base_runs[i], spec_name, model))
+                rows.append(make_row(cfg, p, spec_runs[i], base_runs[i], spec_name, model))
             if args.compare == "hf":
                 for kind in ("hf-generate", "hf-prompt-lookup"):
                     hf = [run_hf(cfg, ctx, p, kind, base_runs[i][0]) for _ in range(args.repeat)]
-                    rows.append(make_row(cfg, p["id"], hf, base_runs[i], kind, model))
+                    rows.append(make_row(cfg, p, hf, base_runs[i], kind, model))
     bar.close()
     return rows
 

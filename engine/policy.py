@@ -5,7 +5,10 @@ On a CPU, verifying k tokens is not free (the embedded model: 1, 2, 4, 8, 16 row
 E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i tokens and costs c(k+1) single-token forwards, so the policy keeps the k
 that maximises E(k) / c(k+1), and drafts nothing when no k beats plain decoding (E = 1, c = 1). The a_i are
 exponential moving averages per (sequence, drafter), so one prompt that copies well does not make another
-prompt pay. A suppressed drafter still gets a 1-token probe every `probe_every` rounds so it can recover.
+prompt pay. Acceptance is conditional per position: once the first draft token is right, a copy tends to go
+on (n-gram drafts are right or wrong in runs), so unseen deeper positions start from a higher prior than the
+first; without that the policy never verifies deep enough to learn that deep drafts pay. A suppressed drafter
+still gets a 1-token probe every `probe_every` rounds so it can recover.
 This is seed 004's formula speedup ~ (1 - a^(k+1)) / ((1 - a)(c + 1)) turned into a per-round decision.
 """
 
@@ -41,8 +44,9 @@ class CostModel:
 
 @dataclass
 class PolicyParams:
-    prior: float = 0.6  # a_i assumed before any evidence
-    decay: float = 0.7  # weight of the old estimate in each update
+    prior: float = 0.6  # a_1 assumed before any evidence
+    prior_deep: float = 0.85  # a_i, i > 1, assumed before evidence: a draft that starts right tends to go on
+    decay: float = 0.6  # weight of the old estimate in each update
     probe_every: int = 4  # a suppressed drafter gets a 1-token probe this often
 
 
@@ -56,7 +60,8 @@ class DraftLengthPolicy:
     def _rates(self, seq: int, drafter: str, k: int) -> list[float]:
         rates = self.rates.setdefault((seq, drafter), [])
         while len(rates) < k:
-            rates.append(rates[-1] if rates else self.params.prior)
+            # deeper positions start from the deep prior, never below what the last known position shows
+            rates.append(self.params.prior if not rates else max(rates[-1], self.params.prior_deep))
         return rates
 
     def expected_tokens(self, rates: list[float], k: int) -> float:

@@ -16,7 +16,7 @@ from typing import Iterator
 from engine.batch import Batch
 from engine.context import ModelContext
 from engine.drafters.base import Drafter, DraftRequest
-from engine.drafters.chain import DrafterChain, make_drafter, parse_types
+from engine.drafters.chain import DrafterChain, default_params, make_drafter, parse_types
 from engine.events import RoundEvent
 from engine.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
@@ -61,7 +61,8 @@ class Engine:
         self.probe: ProbeResult = probe_context(self.ctx)
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
         self.policy = DraftLengthPolicy(self.cost)
-        self.drafter_params = dict(drafter_params or {})  # type name -> its params dataclass (defaults if absent)
+        # type name -> its params dataclass; ours by default (see chain.default_params), overridable per type
+        self.drafter_params = {**default_params(), **(drafter_params or {})}
         self.pool: dict[str, Drafter] = {}
         self.chain = DrafterChain(self.pool, self.policy)
         self.slots: dict[int, Slot] = {}

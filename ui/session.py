@@ -17,6 +17,7 @@ from ui.settings import Settings
 from ui.state import Active, AppState, SessionState
 
 POLL_S = 0.5  # how long a reader waits for an event before checking that its scheduler still runs
+REFRESH_S = 0.3  # the page is updated at most this often while an answer streams
 COMPARE_REFRESH_S = 0.5  # progress refresh while the plain run of the comparison runs
 
 
@@ -108,12 +109,18 @@ def scheduler_gone(active: Active) -> bool:
 
 
 def follow(session: SessionState, active: Active) -> Iterator[None]:
-    """Yield after each batch of events until the generation ends (its done event, or its scheduler closed)."""
+    """Yield after each batch of events until the generation ends (its done event, or its scheduler closed).
+
+    Updates are sent at most every REFRESH_S: the browser shares the CPU with the engine, and re-rendering the
+    page on every round would slow the very decoding it shows. Every round still appears, a few at a time."""
+    due = 0.0
     while not active.finished:
         events = read_events(active, POLL_S)
         if events:
             take(session, active, events)
-            yield
+            if active.finished or active.manual or time.perf_counter() >= due:
+                due = time.perf_counter() + REFRESH_S
+                yield
         elif scheduler_gone(active):
             active.run.fail("the model was replaced while this answer was generating")
             active.finished = True
