@@ -68,3 +68,15 @@ def test_speculation_is_token_identical_on_the_real_model(engine, prompt_ids, pl
 def test_chain_with_adaptive_length_is_lossless(engine, prompt_ids, plain):
     for ids, want in zip(prompt_ids, plain):
         assert generate(engine, ids, NGRAM_CHAIN, adaptive=True) == want
+
+
+def test_draft_model_drafter_is_token_identical_on_the_real_model(embedded, prompt_ids, plain):
+    """draft-simple with the embedded model as its own draft (the only same-vocabulary model offline)."""
+    engine = Engine(embedded, draft=embedded, n_ctx=2048, n_seq_max=1, calibrate=False)
+    n_acc = 0
+    for ids, want in zip(prompt_ids, plain):
+        params = GenParams(max_new_tokens=N_NEW, spec=SpecParams(types=["draft-simple"], n_max=4, adaptive=False))
+        events = list(engine.generate(ids, params))
+        assert [t for ev in events for t in ev.emitted] == want
+        n_acc += sum(ev.n_accepted for ev in events)
+    assert n_acc > 0
