@@ -42,7 +42,9 @@ class RunRecord:
 
     def add(self, ev, t_recv: float | None = None) -> None:
         """Take one event: render its round once, extend the answer and the speed series."""
-        t = time.perf_counter() if t_recv is None else t_recv
+        # the engine stamps each round when it ends; arrival time lags when the page is slow to read events
+        stamp = getattr(ev, "t_end", 0.0) or 0.0
+        t = stamp if stamp > 0 else (time.perf_counter() if t_recv is None else t_recv)
         context = self.ids[-CONTEXT_TAIL:]
         self.events.append(ev)
         if ev.emitted or ev.drafted:
@@ -83,7 +85,7 @@ class RunRecord:
 
     @property
     def tps(self) -> float | None:
-        """Tokens per second of the decoding rounds, from event arrival times (sum emitted / wall time)."""
+        """Tokens per second of the decoding rounds (sum emitted / wall time between the engine's round stamps)."""
         return tps(self.n_decode, self.decode_seconds)
 
     @property
