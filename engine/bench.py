@@ -109,7 +109,7 @@ def print_summary(rows: list[dict]) -> None:
     print(head)
     print("-" * len(head))
     for r in rows:
-        cfg = r["spec_types"] if r["spec_decode"] == "on" else ("plain" if r["spec_types"] == "" else r["spec_types"])
+        cfg = r["spec_types"] or "plain"
         print(f"{str(r['prompt_id'])[:22]:<22} {cfg[:18]:<18} {r['n_gen']:>5} {r['tps']:>7.2f} "
               f"{float(r['speedup'] or 0):>7.3f} {r['mean_acc_len']:>7.2f} {r['draft_accept_rate']:>5.2f} "
               f"{r['verify_cost_c']:>5.2f} {r['lossless_ok']}")

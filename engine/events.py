@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -42,9 +42,3 @@ class RoundEvent:
     @property
     def rejected(self) -> list[int]:
         return self.drafted[self.n_accepted:]
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["accepted"] = self.accepted
-        d["rejected"] = self.rejected
-        return d

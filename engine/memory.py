@@ -184,6 +184,3 @@ class CellCache(Cache):
     @property
     def is_compileable(self) -> bool:
         return False
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)

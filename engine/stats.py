@@ -85,17 +85,6 @@ class DrafterStats:
         )
         return line
 
-    def merge(self, other: "DrafterStats") -> None:
-        for name in ("n_call_begin", "n_call_draft", "n_call_accept", "n_gen_drafts", "n_acc_drafts",
-                     "n_gen_tokens", "n_acc_tokens", "t_begin_us", "t_draft_us", "t_accept_us"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for attr in ("n_acc_tokens_per_pos", "n_gen_tokens_per_pos"):
-            mine, theirs = getattr(self, attr), getattr(other, attr)
-            if len(mine) < len(theirs):
-                mine.extend([0] * (len(theirs) - len(mine)))
-            for i, v in enumerate(theirs):
-                mine[i] += v
-
 
 @contextmanager
 def timed(stats: DrafterStats, attr: str):

@@ -34,14 +34,10 @@ class Verdict:
     n_draws: int = 0  # uniforms taken from the sampler's stream (a replay takes as many)
 
 
-def _row_probs(sampler: Sampler, logits: torch.Tensor) -> torch.Tensor:
-    return sampler.probs(logits)
-
-
 def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int]) -> Verdict:
     """logits: [k+1, V]; draft: k tokens."""
     assert logits.shape[0] == len(draft) + 1, "need one logits row per draft token plus the bonus row"
-    probs = _row_probs(sampler, logits)  # [k+1, V]
+    probs = sampler.probs(logits)  # [k+1, V]
     n_draws0 = sampler.n_draws
     tokens: list[int] = []
     p_target: list[float] = []
@@ -62,7 +58,7 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
     if sampler.greedy:
         # at temp 0, p and q are point masses: min(1, p/q) is 0 or 1, i.e. matching
         return sample_and_match(sampler, logits, draft)
-    probs = _row_probs(sampler, logits)
+    probs = sampler.probs(logits)
     n_draws0 = sampler.n_draws
     tokens: list[int] = []
     p_target: list[float] = []

@@ -68,8 +68,9 @@ class DrafterChain:
 
     def __init__(self, pool: dict[str, Drafter], policy: DraftLengthPolicy | None = None):
         self.pool = pool  # name -> drafter instance, shared by all sequences (each keeps per-seq state)
-        self.policy = policy  # None: verify whatever the drafter offers (up to n_max)
+        self.policy = policy  # None: verify whatever the drafter offers (up to n_max), for every sequence
         self.types: dict[int, list[str]] = {}  # seq -> its drafter types in relay order
+        self.adaptive: dict[int, bool] = {}  # seq -> whether the length policy cuts its drafts
         self.stats: dict[str, DrafterStats] = {}  # name -> counters over all sequences
         self.seq_stats: dict[int, dict[str, DrafterStats]] = {}  # seq -> name -> counters, one user's view
         self.impl_last: dict[int, str | None] = {}  # seq -> drafter whose draft is being verified
@@ -79,18 +80,19 @@ class DrafterChain:
         per = self.seq_stats.setdefault(seq, {})
         return self.stats.setdefault(name, DrafterStats(name)), per.setdefault(name, DrafterStats(name))
 
-    def begin(self, seq: int, prompt: list[int], types: list[str]) -> None:
+    def begin(self, seq: int, prompt: list[int], types: list[str], adaptive: bool = True) -> None:
         unknown = [t for t in types if t not in self.pool]
         if unknown:
             raise ValueError(f"drafter(s) not loaded: {', '.join(unknown)}")
         self.types[seq] = list(types)
+        self.adaptive[seq] = adaptive
         self.impl_last[seq] = None
         self.seq_stats[seq] = {}
         for name in types:
             s, s_seq = self._both(seq, name)
-            with timed(s, "t_begin_us"):
+            with timed(s_seq, "t_begin_us"):
                 self.pool[name].begin(seq, prompt)
-            s_seq.t_begin_us = s.t_begin_us
+            s.t_begin_us += s_seq.t_begin_us
             s.n_call_begin += 1
             s_seq.n_call_begin += 1
 
@@ -135,7 +137,7 @@ class DrafterChain:
         k = min(len(r.result), r.n_max)
         if k < max(r.n_min, 1):
             k = 0
-        if k > 0 and self.policy is not None:
+        if k > 0 and self._uses_policy(r.seq):
             k = self.policy.choose(r.seq, name, k)
             if k < r.n_min:
                 k = 0
@@ -149,6 +151,9 @@ class DrafterChain:
             r.result_p = None
         return k
 
+    def _uses_policy(self, seq: int) -> bool:
+        return self.policy is not None and self.adaptive.get(seq, True)
+
     def accept(self, seq: int, n_accepted: int) -> None:
         name = self.impl_last.get(seq)
         if name is None:
@@ -160,7 +165,7 @@ class DrafterChain:
             s.on_accept(n_accepted)
             s_seq.on_accept(n_accepted)
             impl.accept(seq, n_accepted, False)
-        if self.policy is not None:
+        if self._uses_policy(seq):
             self.policy.update(seq, name, self.k_last.get(seq, n_accepted), n_accepted)
         for other in self.types.get(seq, []):
             if other != name:
@@ -170,11 +175,8 @@ class DrafterChain:
     def seq_rm(self, seq: int) -> None:
         for name in self.types.pop(seq, []):
             self.pool[name].seq_rm(seq)
+        self.adaptive.pop(seq, None)
         self.impl_last.pop(seq, None)
         self.k_last.pop(seq, None)
         if self.policy is not None:
             self.policy.forget(seq)
-
-    def format_stats(self, seq: int | None = None) -> str:
-        stats = self.stats if seq is None else self.seq_stats.get(seq, {})
-        return "\n".join(s.format() for s in stats.values())

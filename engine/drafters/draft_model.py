@@ -27,8 +27,6 @@ DRAFT_SEED_MIX = 0x85EBCA6B
 @dataclass
 class DraftModelParams:
     top_k: int = 10  # candidates kept by the draft sampler (llama.cpp's default)
-    temp: float = 0.0  # target temperature, used to shape q when rejection sampling wants it
-    seed: int = 0  # target seed; the draft stream uses seed ^ 0x85ebca6b
     n_ctx: int = 4096  # cells of the draft cache
     n_seq_max: int = 4  # sequences the draft cache holds
 
@@ -44,18 +42,20 @@ class DraftModelDrafter(Drafter):
         self.ctx = ModelContext(model, n_ctx=self.params.n_ctx, n_seq_max=self.params.n_seq_max)
         self.cached: dict[int, list[int]] = {}  # seq -> tokens in the draft cache, in position order
         self.generators: dict[int, torch.Generator] = {}  # seq -> the draft's own random stream
+        self.tuning: dict[int, tuple[float, int]] = {}  # seq -> (target temperature, target seed)
 
-    def retune(self, temp: float, seed: int) -> None:
-        """llama.cpp's spec_retune: a new target temperature or seed gives the draft a new stream."""
-        if temp == self.params.temp and seed == self.params.seed:
+    def retune(self, seq: int, temp: float, seed: int) -> None:
+        """llama.cpp's spec_retune, per sequence: the target's temperature shapes q, and a new seed gives the
+        draft a new stream (seed ^ 0x85ebca6b, so it differs from the target's)."""
+        if self.tuning.get(seq) == (temp, seed):
             return
-        self.params.temp, self.params.seed = temp, seed
-        self.generators.clear()
+        self.tuning[seq] = (temp, seed)
+        self.generators.pop(seq, None)
 
     def _generator(self, seq: int) -> torch.Generator:
         if seq not in self.generators:
             g = torch.Generator(device="cpu")
-            g.manual_seed((self.params.seed ^ DRAFT_SEED_MIX) + seq)
+            g.manual_seed(self.tuning.get(seq, (0.0, 0))[1] ^ DRAFT_SEED_MIX)
             self.generators[seq] = g
         return self.generators[seq]
 
@@ -68,6 +68,7 @@ class DraftModelDrafter(Drafter):
         self.ctx.seq_rm(seq, -1, -1)
         self.cached.pop(seq, None)
         self.generators.pop(seq, None)
+        self.tuning.pop(seq, None)
 
     def get_state(self, seq: int):
         g = self.generators.get(seq)
@@ -123,7 +124,7 @@ class DraftModelDrafter(Drafter):
             batch = Batch()
             still = []
             for row, r in enumerate(live):
-                q = self._q(logits[row], self.params.temp if r.want_q else 0.0)
+                q = self._q(logits[row], self.tuning.get(r.seq, (0.0, 0))[0] if r.want_q else 0.0)
                 p_top, tok = float(q.max()), int(q.argmax())
                 if r.want_q:
                     tok = int(torch.multinomial(q, 1, generator=self._generator(r.seq)))
