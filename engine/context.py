@@ -15,6 +15,7 @@ from engine.memory import CellCache
 class DecodeResult:
     logits: torch.Tensor  # [n_output_rows, vocab], float32, in batch row order of the rows with output=True
     seconds: float  # wall time of the forward
+    hidden: torch.Tensor | None = None  # [n_rows, n_layers_kept * hidden], every batch row; see hidden_layers
 
 
 class ModelContext:
@@ -39,6 +40,9 @@ class ModelContext:
             sliding_window=int(window) if use_window else None,
         )
         self.n_forward = 0  # forwards run, for statistics
+        # indices into transformers' hidden_states tuple (0 = embeddings, i = after layer i) that a drafter reads
+        # from the target (llama_set_embeddings_layer_inp's analog); empty: none are returned
+        self.hidden_layers: tuple[int, ...] = ()
 
     @torch.inference_mode()
     def decode(self, batch: Batch) -> DecodeResult:
@@ -53,14 +57,17 @@ class ModelContext:
             rows = torch.tensor(batch.output_rows(), dtype=torch.long, device=self.device)
             out = self.model(
                 input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache,
-                use_cache=True, logits_to_keep=rows,
+                use_cache=True, logits_to_keep=rows, output_hidden_states=bool(self.hidden_layers),
             )
         except Exception:
             self.cache.rollback_claim()
             raise
         self.n_forward += 1
         logits = out.logits[0].float()
-        return DecodeResult(logits=logits, seconds=time.perf_counter() - t0)
+        hidden = None
+        if self.hidden_layers:
+            hidden = torch.cat([out.hidden_states[i][0] for i in self.hidden_layers], dim=-1).float()
+        return DecodeResult(logits=logits, seconds=time.perf_counter() - t0, hidden=hidden)
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         return self.cache.seq_rm(seq, p0, p1)

@@ -105,6 +105,8 @@ class Engine:
             elif name in self.drafter_params:
                 kwargs = dict(params=self.drafter_params[name])
             self.pool[name] = make_drafter(name, **kwargs)
+            wanted = set(self.ctx.hidden_layers) | set(self.pool[name].hidden_layers)
+            self.ctx.hidden_layers = tuple(sorted(wanted))
         return self.pool[name]
 
     # ---- slots -------------------------------------------------------------------------------------------
@@ -205,7 +207,9 @@ class Engine:
             chunk = todo[start:start + N_BATCH]
             for i, tok in enumerate(chunk):
                 batch.add(tok, len(slot.tokens) + i, slot.seq, start + i == len(todo) - 1)
-            logits = self.ctx.decode(batch).logits
+            res = self.ctx.decode(batch)
+            self.chain.process(batch, res)
+            logits = res.logits
             slot.tokens.extend(chunk)
         tok = slot.sampler.sample(logits[-1])
         p = float(slot.sampler.probs(logits[-1])[tok])
@@ -256,6 +260,7 @@ class Engine:
         if not rows:
             return events
         res = self.ctx.decode(batch)
+        self.chain.process(batch, res)
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
         for slot in slots:
             if slot.seq not in rows:

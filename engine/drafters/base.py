@@ -39,12 +39,17 @@ class Drafter:
 
     name = "none"
     needs_model = False  # True for drafters that run a network (ordered after the n-gram ones)
+    hidden_layers: tuple[int, ...] = ()  # target hidden states this drafter reads in process() (see context.py)
 
     def begin(self, seq: int, prompt: list[int]) -> None:
         """A new prompt for `seq`: index it, reset per-sequence state."""
 
-    def process(self, batch: Batch) -> None:
-        """Mirror of a target forward (prefill or verification batch), for drafters that keep model state."""
+    def process(self, batch: Batch, result: Any = None) -> None:
+        """Mirror of a target forward (prefill, verification or replay batch), for drafters that keep model state.
+
+        `result` is the forward's DecodeResult; its `hidden` holds the layers named in `hidden_layers` for every
+        row. Rows of a verification batch past the accepted prefix are rejected later (see `accept`), so state
+        kept from here should be indexed by position and cut on acceptance."""
 
     def draft(self, requests: list[DraftRequest]) -> None:
         """Fill `result` of the given requests (all have drafting=True) where this drafter has a proposal."""

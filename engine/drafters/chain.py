@@ -96,9 +96,9 @@ class DrafterChain:
             s.n_call_begin += 1
             s_seq.n_call_begin += 1
 
-    def process(self, batch: Batch) -> None:
+    def process(self, batch: Batch, result=None) -> None:
         for impl in self.pool.values():
-            impl.process(batch)
+            impl.process(batch, result)
 
     def draft(self, requests: list[DraftRequest]) -> dict[int, str | None]:
         """Fill the requests; return seq -> name of the drafter that drafted for it (None if nobody)."""
