@@ -25,3 +25,18 @@ class Batch:
 
     def output_rows(self) -> list[int]:
         return [i for i, o in enumerate(self.output) if o]
+
+
+@dataclass
+class OutputLimits:
+    total: int  # logits rows one forward may return, over all sequences (llama.cpp's n_outputs_max)
+    per_seq: int  # logits rows one sequence may ask for in a forward: its sampled token and its draft
+
+
+def output_limits(n_batch: int, n_parallel: int, n_draft: int) -> OutputLimits:
+    """common_speculative_get_output_limits: every slot verifies 1 + n_draft rows, capped by the batch size.
+
+    The logits buffer is sized for concurrency x draft depth; a verification asking for more than this gets
+    its draft shortened rather than failing."""
+    per_seq = 1 + max(0, n_draft)
+    return OutputLimits(total=min(n_batch, n_parallel * per_seq), per_seq=min(n_batch, per_seq))

@@ -21,7 +21,7 @@ class DecodeResult:
 class ModelContext:
     """Runs batches of (token, pos, seq) rows through a causal LM on one shared CellCache."""
 
-    def __init__(self, model, n_ctx: int, n_seq_max: int = 1):
+    def __init__(self, model, n_ctx: int, n_seq_max: int = 1, n_outputs_max: int | None = None):
         cfg = model.config
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
@@ -32,6 +32,7 @@ class ModelContext:
         self.model = model
         self.n_ctx = n_ctx  # cells in the cache, shared by all sequences
         self.n_seq_max = n_seq_max
+        self.n_outputs_max = n_outputs_max  # logits rows a forward may return (None: no limit)
         self.n_vocab = int(text_cfg.vocab_size)
         self.device = param.device
         self.cache = CellCache(
@@ -49,6 +50,9 @@ class ModelContext:
         """One forward over the batch. Cells are claimed for every row; logits come back for output rows."""
         if len(batch) == 0:
             raise ValueError("empty batch")
+        n_out = sum(batch.output)
+        if self.n_outputs_max is not None and n_out > self.n_outputs_max:
+            raise ValueError(f"batch asks for {n_out} logits rows, the context reserves {self.n_outputs_max}")
         t0 = time.perf_counter()
         mask = self.cache.prepare(batch)
         try:

@@ -21,7 +21,7 @@ class RoundEvent:
     p_draft_rows: list[float] = field(default_factory=list)  # target p of each drafted token (row i judges d_i+1)
     target_top: list[int] = field(default_factory=list)  # the target's most likely token at each batch row
     q_draft: list[float] | None = None  # draft q of each drafted token, when the drafter has a distribution
-    verify_mode: str = "match"  # "match" (sample-and-match, argmax at temp 0) | "rejection"
+    verify_mode: str = "match"  # "match" (sample-and-match, argmax at temp 0) | "rejection" | "synthetic"
     rollback: str = "none"  # "none" | "seq_rm" | "checkpoint"
     rm_range: tuple[int, int] | None = None  # [p0 + m, p0 + k) removed from the cache
     t_draft_ms: float = 0.0  # time in the drafters

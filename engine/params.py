@@ -15,6 +15,9 @@ class SpecParams:
     p_min: float = 0.75  # model drafters stop when their top probability falls below this
     adaptive: bool = True  # let the cost/acceptance policy shorten drafts that do not pay
     rollback: str = "auto"  # "auto": seq_rm where the cache can; "checkpoint": always restore + replay
+    # llama.cpp's synthetic acceptance, for measuring speed against acceptance: each draft token is kept with
+    # this probability whatever it is (the output is then NOT the target's); None = real verification
+    synthetic_accept: float | None = None
 
     def validate(self) -> None:
         if self.n_max < 0 or self.n_min < 0:
@@ -23,6 +26,8 @@ class SpecParams:
             raise ValueError(f"n_min ({self.n_min}) must not exceed n_max ({self.n_max})")
         if not 0.0 <= self.p_min <= 1.0:
             raise ValueError(f"p_min must be in [0, 1], got {self.p_min}")
+        if self.synthetic_accept is not None and not 0.0 <= self.synthetic_accept <= 1.0:
+            raise ValueError(f"synthetic_accept must be in [0, 1], got {self.synthetic_accept}")
         if self.rollback not in ("auto", "checkpoint"):
             raise ValueError(f"rollback must be 'auto' or 'checkpoint', got {self.rollback!r}")
 

@@ -13,7 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from engine.batch import Batch
+import torch
+
+from engine.batch import Batch, output_limits
 from engine.context import ModelContext
 from engine.drafters.base import Drafter, DraftRequest
 from engine.drafters.chain import DrafterChain, default_params, make_drafter, parse_types
@@ -25,7 +27,8 @@ from engine.probe import ProbeResult, probe_context
 from engine.sampling import Sampler
 from engine import checkpoint, verify
 
-N_BATCH = 512  # prompt rows per forward during prefill
+N_BATCH = 512  # rows per forward: prompt chunks during prefill, and the cap on logits rows of a verification
+MIN_CELLS_PER_SLOT = 64  # a cache smaller than this per slot could not hold a useful chat in every slot
 
 
 @dataclass
@@ -43,20 +46,40 @@ class Slot:
     stop_reason: str | None = None
     stop_requested: bool = False
     replay: "checkpoint.Replay | None" = None  # decided tokens to re-run after a checkpoint restore
+    coins: torch.Generator | None = None  # synthetic acceptance's own stream (None unless it is on)
 
     @property
     def n_remaining(self) -> int:
         return self.params.max_new_tokens - len(self.generated)
 
 
+def common_prefix(cached: list[int], prompt: list[int]) -> int:
+    """Length of the cached prefix a new prompt can keep (llama-server's cache_prompt). The prompt's last token
+    is always forwarded again, because its logits are needed."""
+    n = 0
+    limit = min(len(cached), len(prompt) - 1)
+    while n < limit and cached[n] == prompt[n]:
+        n += 1
+    return n
+
+
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
-                 n_seq_max: int = 4, calibrate: bool = True, drafter_params: dict | None = None):
+                 n_seq_max: int = 4, calibrate: bool = True, drafter_params: dict | None = None,
+                 n_draft: int = 16):
         if draft is not None:
             check_vocab_compatible(target, draft)
+        if n_seq_max < 1:
+            raise ValueError(f"need at least one slot, got {n_seq_max}")
+        if n_ctx < n_seq_max * MIN_CELLS_PER_SLOT:
+            raise ValueError(f"a cache of {n_ctx} cells cannot hold {n_seq_max} slots (at least "
+                             f"{MIN_CELLS_PER_SLOT} cells each): raise n_ctx to {n_seq_max * MIN_CELLS_PER_SLOT} "
+                             f"or use fewer slots")
         self.target = target
         self.draft_model = draft
-        self.ctx = ModelContext(target.model, n_ctx=n_ctx, n_seq_max=n_seq_max)
+        # logits rows reserved per forward: every slot's sampled token and its longest draft
+        self.limits = output_limits(N_BATCH, n_seq_max, n_draft)
+        self.ctx = ModelContext(target.model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=self.limits.total)
         self.n_pos_max = int(getattr(target.model.config, "max_position_embeddings", 0) or 0) or None
         self.probe: ProbeResult = probe_context(self.ctx)
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
@@ -72,6 +95,7 @@ class Engine:
 
     def calibrate(self, sizes=(1, 2, 3, 4, 6, 8, 12, 16), reps: int = 3) -> CostModel:
         """Time forwards of n rows after a short prefix: the c(n) of the length policy."""
+        sizes = [n for n in sizes if n <= self.limits.total] or [1]
         seq = 0
         batch = Batch()
         for i in range(32):
@@ -139,28 +163,42 @@ class Engine:
         old = self.slots.get(seq)
         if old is not None and old.state != "done":
             raise ValueError(f"slot {seq} is busy")
-        if old is not None:
-            kept = self._reuse_prefix(old, prompt)
-        else:
-            kept = 0
+        n_own = common_prefix(old.tokens, prompt) if old is not None else 0
+        src, n_shared = self._shared_prefix(seq, prompt)
+        n_owned = self.ctx.cache.seq_cells(seq).numel()
+        n_need = len(prompt) + 1 - max(n_own, n_shared)
+        n_free = self.ctx.n_ctx - self.ctx.cache.n_used() + n_owned
+        if n_need > n_free:
+            raise ValueError(f"the cache is full: this prompt needs {n_need} more cells, {n_free} are free "
+                             f"(other slots hold the rest); wait for a slot to finish or raise n_ctx")
+        if n_shared > n_own:
+            # a prefix another slot already holds (a shared system prompt): store it once, for both sequences
             self.ctx.seq_rm(seq, -1, -1)
+            self.ctx.cache.seq_cp(src, seq, 0, n_shared)
+            kept = n_shared
+        else:
+            self.ctx.seq_rm(seq, n_own, -1)
+            kept = n_own
         self.chain.seq_rm(seq)
         slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
                     tokens=list(prompt[:kept]))
+        if params.spec.synthetic_accept is not None:
+            slot.coins = torch.Generator().manual_seed((params.sampling.seed ^ 0x5BD1E995) & 0xFFFFFFFF)
         self.slots[seq] = slot
         self.chain.begin(seq, slot.prompt, params.spec.types, adaptive=params.spec.adaptive)
         if "draft-simple" in params.spec.types:
             self.pool["draft-simple"].retune(seq, params.sampling.temp, params.sampling.seed)
         return slot
 
-    def _reuse_prefix(self, old: Slot, prompt: list[int]) -> int:
-        """Keep the cached prefix shared with the new prompt (llama-server's cache_prompt); return its length."""
-        n = 0
-        limit = min(len(old.tokens), len(prompt) - 1)  # the last prompt token is always forwarded for its logits
-        while n < limit and old.tokens[n] == prompt[n]:
-            n += 1
-        self.ctx.seq_rm(old.seq, n, -1)
-        return n
+    def _shared_prefix(self, seq: int, prompt: list[int]) -> tuple[int, int]:
+        """The other slot whose cached tokens share the longest prefix with `prompt`: (its seq, the length)."""
+        best = (-1, 0)
+        for other in self.slots.values():
+            if other.seq != seq and other.replay is None:
+                n = common_prefix(other.tokens, prompt)
+                if n > best[1]:
+                    best = (other.seq, n)
+        return best
 
     def stop(self, seq: int) -> None:
         """Ask a slot to stop; it ends at the next round boundary, its cells stay for reuse."""
@@ -223,7 +261,7 @@ class Engine:
 
     def _n_draft_max(self, slot: Slot, n_free: int) -> int:
         """llama-server's get_n_draft_max: fit the context (leave room) and the tokens still wanted."""
-        n = min(slot.params.spec.n_max, slot.n_remaining - 1, n_free - 2)
+        n = min(slot.params.spec.n_max, slot.n_remaining - 1, n_free - 2, self.limits.per_seq - 1)
         if self.n_pos_max is not None:
             n = min(n, self.n_pos_max - len(slot.tokens) - 2)
         return max(0, n) if slot.params.spec.types else 0
@@ -232,13 +270,20 @@ class Engine:
         n_free = self.ctx.n_ctx - self.ctx.cache.n_used() - len(slots)
         requests: dict[int, DraftRequest] = {}
         ckpts: dict[int, checkpoint.Checkpoint] = {}
+        # logits rows left for drafts once every slot has its one row (the output limit of the forward)
+        n_out_free = self.limits.total - len(slots)
+        for slot in slots:
+            if slot.replay is not None:
+                n_out_free -= len(slot.replay.tokens) - 1
         for slot in slots:
             if slot.replay is not None:
                 continue  # a replay round re-runs decided tokens and drafts nothing
             if slot.params.spec.rollback == "checkpoint" and slot.params.spec.types:
                 ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache, self._slot_drafters(slot))
+            n_max = max(0, min(self._n_draft_max(slot, n_free), n_out_free))
+            n_out_free -= n_max
             requests[slot.seq] = DraftRequest(
-                seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=self._n_draft_max(slot, n_free),
+                seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max,
                 n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min, want_q=slot.params.sampling.temp > 0)
         t0 = time.perf_counter()
         todo = list(requests.values())
@@ -281,7 +326,9 @@ class Engine:
                      t_forward: float, batch_rows: int) -> RoundEvent:
         t1 = time.perf_counter()
         use_rejection = r.result_q is not None and slot.params.sampling.temp > 0 and len(r.result) > 0
-        if use_rejection:
+        if slot.coins is not None:
+            verdict = verify.synthetic(slot.sampler, logits, r.result, slot.params.spec.synthetic_accept, slot.coins)
+        elif use_rejection:
             verdict = verify.rejection(slot.sampler, logits, r.result, r.result_q)
         else:
             verdict = verify.sample_and_match(slot.sampler, logits, r.result)
@@ -317,7 +364,7 @@ class Engine:
             pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
             p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=q_draft,
             target_top=[int(t) for t in logits.argmax(dim=-1)],
-            verify_mode="rejection" if use_rejection else "match", rollback=rollback, rm_range=rm_range,
+            verify_mode="synthetic" if slot.coins is not None else "rejection" if use_rejection else "match", rollback=rollback, rm_range=rm_range,
             t_draft_ms=t_draft, t_verify_ms=t_verify, t_rollback_ms=t_rollback, batch_rows=batch_rows,
         )
         slot.round += 1

@@ -88,6 +88,26 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
                    n_draws=sampler.n_draws - n_draws0)
 
 
+def synthetic(sampler: Sampler, logits: torch.Tensor, draft: list[int], p_accept: float,
+              gen: torch.Generator) -> Verdict:
+    """Keep each draft token with probability `p_accept` whatever it is, then one token of the target.
+
+    Only for measuring how speed depends on acceptance (llama.cpp's synthetic acceptance): the text is not the
+    target's. The coins come from `gen`, not the sampler, so the sampler still draws once per target token."""
+    assert logits.shape[0] == len(draft) + 1
+    coins = torch.rand(len(draft), generator=gen).tolist()
+    m = 0
+    while m < len(draft) and coins[m] < p_accept:
+        m += 1
+    probs = sampler.probs(logits)
+    n_draws0 = sampler.n_draws
+    tok = int(probs[m].argmax()) if sampler.greedy else sampler.sample_probs(probs[m])
+    p_target = [float(probs[i, d]) for i, d in enumerate(draft[:m])] + [float(probs[m, tok])]
+    return Verdict(tokens=draft[:m] + [tok], n_accepted=m, p_target=p_target,
+                   p_draft_rows=[float(probs[i, d]) for i, d in enumerate(draft)],
+                   n_draws=sampler.n_draws - n_draws0)
+
+
 def replay(sampler: Sampler, decided: list[int], n_draws: int) -> list[int]:
     """Advance a restored sampler past `decided` tokens without choosing anything: the checkpoint path.
 

@@ -23,8 +23,10 @@ DRAFTER_TYPES: dict[str, tuple[str, str]] = {
     "ngram-mod": ("engine.drafters.ngram_mod", "NgramMod"),
     "ngram-cache": ("engine.drafters.ngram_cache", "NgramCache"),
     "draft-simple": ("engine.drafters.draft_model", "DraftModelDrafter"),
+    # not a real drafter: full-length drafts for synthetic-acceptance measurements (SpecParams.synthetic_accept)
+    "synthetic": ("engine.drafters.synthetic", "SyntheticDrafter"),
 }
-PRIORITY = list(DRAFTER_TYPES)
+PRIORITY = [t for t in DRAFTER_TYPES if t != "synthetic"]  # what a user picks from
 
 
 def default_params() -> dict:
