@@ -7,8 +7,10 @@ whole verification batch from the cache, and runs a *replay* round next: the acc
 target again in one forward while the sampler re-draws exactly what the verification drew, so the replay
 decides nothing new and the text is the same as on the range-removal path, only slower.
 
-On the cell cache every range can be removed, so this path runs only when forced (`rollback="checkpoint"`),
-for a learner to compare the two paths on the same prompt.
+The target's part comes from its memory: nothing on the cell cache, where every range can be removed (this path
+then runs only when forced, `rollback="checkpoint"`, for a learner to compare the two paths on the same
+prompt); recurrent/conv states and sliding K/V on a stateful model's own cache (engine/stateful.py), where it
+is the only way back.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def take(slot, cache, drafters: dict) -> Checkpoint:
         pos_max=cache.seq_pos_max(slot.seq),
         sampler=slot.sampler.clone(),
         data_spec={name: d.get_state(slot.seq) for name, d in drafters.items()},
+        data_tgt=cache.state_save(slot.seq),
     )
     ckpt.seconds = time.perf_counter() - t0
     return ckpt
@@ -52,7 +55,7 @@ def take(slot, cache, drafters: dict) -> Checkpoint:
 def restore(slot, cache, drafters: dict, ckpt: Checkpoint) -> float:
     """Put the slot back where the checkpoint was taken; return the seconds it took."""
     t0 = time.perf_counter()
-    cache.seq_rm(slot.seq, ckpt.pos_max + 1, -1)
+    cache.state_restore(slot.seq, ckpt.data_tgt, ckpt.pos_max + 1)
     del slot.tokens[ckpt.n_tokens:]
     slot.sampler.copy_from(ckpt.sampler)
     for name, state in ckpt.data_spec.items():

@@ -43,6 +43,8 @@ class CellCache(Cache):
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------
 
+    can_share = True  # cells can hold several sequences: a common prefix is stored once (seq_cp)
+
     def n_used(self) -> int:
         return int((self.cell_pos >= 0).sum())
 
@@ -97,6 +99,14 @@ class CellCache(Cache):
         self.cell_seq[:, seq] = keep
         self.cell_pos[~keep] = -1
         self._refresh_live()
+
+    def state_save(self, seq: int):
+        """A checkpoint's target part: nothing, since every range of cells can be removed."""
+        return None
+
+    def state_restore(self, seq: int, saved, n_tokens: int) -> None:
+        """Back to a checkpoint of `n_tokens` tokens: remove everything after them."""
+        self.seq_rm(seq, n_tokens, -1)
 
     def seq_pos_min(self, seq: int) -> int:
         pos = self.cell_pos[self._select(seq, -1, -1)]

@@ -1,13 +1,15 @@
 """What rollback a model's memory supports, found by trying it (llama.cpp's common_context_can_seq_rm).
 
-RS   : bounded removal of the last positions is reserved up front (not used by this engine yet).
-PART : any range [p0, p1) of a sequence can be removed: a rejected draft is cut with seq_rm.
-FULL : only whole sequences can be removed: checkpoint before drafting, restore + replay on rejection.
+RS   : the tokens of the last forward can be given back (conv / sliding-window layers recording their past on
+       the model's own cache, engine/stateful.py): a rejected draft is cut directly, one round deep.
+PART : any range [p0, p1) of a sequence can be removed (the cell cache): a rejected draft is cut with seq_rm.
+FULL : only whole sequences can be removed (a recurrent state): checkpoint before drafting, restore + replay.
 NO   : the model cannot run on this memory, or a multi-token forward on a non-empty memory does not reproduce
        a plain forward: speculation is refused (it would be lossy), plain decoding still works if possible.
 
-The probe runs real forwards on a scratch sequence: 2 tokens, remove position 1 onward, then re-add two
-tokens in one forward and compare their logits with a plain forward of the same 3 tokens.
+The probe runs real forwards on a scratch sequence: a 2-token forward, then an attempt to remove position 1
+onward; then, on whatever memory is left (the first token, or nothing after a whole-sequence removal), a
+multi-token forward whose logits must match a plain forward of the same tokens.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.batch import Batch
-from engine.context import ModelContext
 
 RS, PART, FULL, NO = "RS", "PART", "FULL", "NO"
 PROBE_TOLERANCE = 1e-3  # max |logit difference| allowed between cached and plain forwards
+PROBE_TOKENS = [1, 2, 3, 4, 5, 6, 7]  # scratch sequence (mod vocab): a prefix, then a multi-token forward
 
 
 @dataclass
@@ -33,31 +35,43 @@ class ProbeResult:
         return self.kind != NO
 
 
-def probe_context(ctx: ModelContext, seq: int = 0) -> ProbeResult:
-    tokens = [1, 2, 3]
-    vocab = ctx.n_vocab
-    tokens = [t % vocab for t in tokens]
+def _forward(ctx, tokens: list[int], p0: int, seq: int) -> torch.Tensor:
+    batch = Batch()
+    for i, t in enumerate(tokens):
+        batch.add(t, p0 + i, seq, True)
+    return ctx.decode(batch).logits
+
+
+def probe_context(ctx, seq: int = 0) -> ProbeResult:
+    """`ctx` is a ModelContext (cells) or a StatefulContext (the model's own cache)."""
+    tokens = [t % ctx.n_vocab for t in PROBE_TOKENS]
+    rs_memory = hasattr(ctx.cache, "n_rs")
     try:
-        batch = Batch()
-        batch.add(tokens[0], 0, seq, False)
-        batch.add(tokens[1], 1, seq, True)
-        ctx.decode(batch)
-        if not ctx.seq_rm(seq, 1, -1):
+        _forward(ctx, tokens[:2], 0, seq)
+        if ctx.seq_rm(seq, 1, -1):
+            kind = RS if rs_memory else PART
+            n_kept = 1
+        else:
             ctx.seq_rm(seq, -1, -1)
-            return ProbeResult(FULL, "the memory cannot remove a tail: checkpoints with replay")
-        batch = Batch()
-        batch.add(tokens[1], 1, seq, True)
-        batch.add(tokens[2], 2, seq, True)
-        cached = ctx.decode(batch).logits
+            kind, n_kept = FULL, 0
+        # grow the memory to a prefix of 4, then verify 3 tokens at once on it, as a draft would be verified
+        _forward(ctx, tokens[n_kept:4], n_kept, seq)
+        cached = _forward(ctx, tokens[4:], 4, seq)
         with torch.inference_mode():
             ids = torch.tensor([tokens], device=ctx.device)
-            plain = ctx.model(input_ids=ids).logits[0, 1:].float()
-    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError) as e:
+            plain = ctx.model(input_ids=ids).logits[0, 4:].float()
+    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError, KeyError) as e:
         ctx.seq_rm(seq, -1, -1)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return ProbeResult(NO, f"the model does not run on the cell cache ({type(e).__name__}: {first})")
+        return ProbeResult(NO, f"the model does not run on this memory ({type(e).__name__}: {first})")
     ctx.seq_rm(seq, -1, -1)
     err = float((cached - plain).abs().max())
     if err > PROBE_TOLERANCE:
-        return ProbeResult(NO, f"a 2-token forward on a non-empty cache differs from a plain forward by {err:.3g}")
-    return ProbeResult(PART, f"range removal works (cached vs plain forward: max error {err:.1e})")
+        return ProbeResult(NO, f"a 3-token forward on a non-empty memory differs from a plain forward by {err:.3g}: "
+                               "a draft cannot be verified in one forward, speculation is off")
+    where = f"cached vs plain forward: max error {err:.1e}"
+    if kind == RS:
+        return ProbeResult(RS, f"the model's own cache gives back the last forward's tokens ({where})")
+    if kind == FULL:
+        return ProbeResult(FULL, f"a recurrent state cannot drop a tail: checkpoint, restore and replay ({where})")
+    return ProbeResult(PART, f"range removal works ({where})")

@@ -23,7 +23,8 @@ from engine.events import RoundEvent
 from engine.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
 from engine.policy import CostModel, DraftLengthPolicy
-from engine.probe import ProbeResult, probe_context
+from engine.probe import FULL, ProbeResult, probe_context
+from engine.stateful import StatefulContext, has_own_state
 from engine.sampling import Sampler
 from engine import checkpoint, verify
 
@@ -53,6 +54,12 @@ class Slot:
         return self.params.max_new_tokens - len(self.generated)
 
 
+def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int):
+    """The cell cache for attention models; the model's own per-sequence cache where layers keep a state."""
+    cls = StatefulContext if has_own_state(model) else ModelContext
+    return cls(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max)
+
+
 def common_prefix(cached: list[int], prompt: list[int]) -> int:
     """Length of the cached prefix a new prompt can keep (llama-server's cache_prompt). The prompt's last token
     is always forwarded again, because its logits are needed."""
@@ -79,7 +86,7 @@ class Engine:
         self.draft_model = draft
         # logits rows reserved per forward: every slot's sampled token and its longest draft
         self.limits = output_limits(N_BATCH, n_seq_max, n_draft)
-        self.ctx = ModelContext(target.model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=self.limits.total)
+        self.ctx = make_context(target.model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=self.limits.total)
         self.n_pos_max = int(getattr(target.model.config, "max_position_embeddings", 0) or 0) or None
         self.probe: ProbeResult = probe_context(self.ctx)
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
@@ -102,6 +109,7 @@ class Engine:
             batch.add((i + 10) % self.ctx.n_vocab, i, seq, False)
         batch.output[-1] = True
         self.ctx.decode(batch)
+        saved = self.ctx.cache.state_save(seq)
         seconds = []
         for n in sizes:
             runs = []
@@ -110,7 +118,7 @@ class Engine:
                 for i in range(n):
                     b.add((100 + i) % self.ctx.n_vocab, 32 + i, seq, True)
                 runs.append(self.ctx.decode(b).seconds)
-                self.ctx.seq_rm(seq, 32, -1)
+                self.ctx.cache.state_restore(seq, saved, 32)
             seconds.append(sorted(runs[1:])[len(runs[1:]) // 2])
         self.ctx.seq_rm(seq, -1, -1)
         for i in range(1, len(seconds)):  # noise must not make a bigger batch look cheaper
@@ -126,6 +134,11 @@ class Engine:
                 from engine.drafters.draft_model import DraftModelParams
                 kwargs = dict(model=self.draft_model.model,
                               params=DraftModelParams(n_ctx=self.ctx.n_ctx, n_seq_max=self.ctx.n_seq_max))
+            elif name == "draft-head":
+                from engine.drafters.draft_head import DraftHeadParams
+                # the head reads the target's embeddings and hidden states; q follows each slot's sampler
+                kwargs = dict(target=self.target, params=self.drafter_params.get(name) or DraftHeadParams(),
+                              sampling_of=lambda seq: self.slots[seq].params.sampling if seq in self.slots else None)
             elif name in self.drafter_params:
                 kwargs = dict(params=self.drafter_params[name])
             self.pool[name] = make_drafter(name, **kwargs)
@@ -164,7 +177,7 @@ class Engine:
         if old is not None and old.state != "done":
             raise ValueError(f"slot {seq} is busy")
         n_own = common_prefix(old.tokens, prompt) if old is not None else 0
-        src, n_shared = self._shared_prefix(seq, prompt)
+        src, n_shared = self._shared_prefix(seq, prompt) if self.ctx.cache.can_share else (-1, 0)
         n_owned = self.ctx.cache.seq_cells(seq).numel()
         n_need = len(prompt) + 1 - max(n_own, n_shared)
         n_free = self.ctx.n_ctx - self.ctx.cache.n_used() + n_owned
@@ -176,9 +189,11 @@ class Engine:
             self.ctx.seq_rm(seq, -1, -1)
             self.ctx.cache.seq_cp(src, seq, 0, n_shared)
             kept = n_shared
-        else:
-            self.ctx.seq_rm(seq, n_own, -1)
+        elif self.ctx.seq_rm(seq, n_own, -1):
             kept = n_own
+        else:  # a recurrent memory cannot go back to the shared prefix: start the sequence over
+            self.ctx.seq_rm(seq, -1, -1)
+            kept = 0
         self.chain.seq_rm(seq)
         slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
                     tokens=list(prompt[:kept]))
@@ -278,7 +293,7 @@ class Engine:
         for slot in slots:
             if slot.replay is not None:
                 continue  # a replay round re-runs decided tokens and drafts nothing
-            if slot.params.spec.rollback == "checkpoint" and slot.params.spec.types:
+            if slot.params.spec.types and (slot.params.spec.rollback == "checkpoint" or self.probe.kind == FULL):
                 ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache, self._slot_drafters(slot))
             n_max = max(0, min(self._n_draft_max(slot, n_free), n_out_free))
             n_out_free -= n_max
@@ -345,7 +360,9 @@ class Engine:
                                             n_draws=verdict.n_draws, cost_ms=(ckpt.seconds + restore_s) * 1e3)
             rollback, rm_range = "checkpoint", (p_sampled, p0 + k)
         elif m < k:
-            self.ctx.seq_rm(slot.seq, p0 + m, -1)
+            if not self.ctx.seq_rm(slot.seq, p0 + m, -1):
+                raise RuntimeError(f"the memory refused to remove [{p0 + m}, {p0 + k}) of sequence {slot.seq} "
+                                   f"and no checkpoint was taken (probe said {self.probe.kind})")
             rollback, rm_range = "seq_rm", (p0 + m, p0 + k)
         t_rollback = (time.perf_counter() - t2) * 1e3
         if slot.replay is None:

@@ -47,3 +47,41 @@ def load_tiny(path: Path):
     from engine.models import load_model
 
     return load_model(str(path), device="cpu")
+
+
+def make_arch(arch: str, seed: int, vocab_size: int = 64):
+    """A tiny model of another family: recurrent (mamba, mamba2), hybrid (jamba: attention + Mamba layers;
+    lfm2: attention + short convolutions) or sliding-window attention (mistral, window 6)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, hidden_size=64, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+                  tie_word_embeddings=False)
+    attn = dict(intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+    if arch == "mamba":
+        model = tf.MambaForCausalLM(tf.MambaConfig(num_hidden_layers=2, state_size=8, **common))
+    elif arch == "mamba2":
+        model = tf.Mamba2ForCausalLM(tf.Mamba2Config(num_hidden_layers=2, state_size=16, expand=2, n_groups=1,
+                                                     head_dim=16, num_heads=8, chunk_size=8, **common))
+    elif arch == "jamba":
+        model = tf.JambaForCausalLM(tf.JambaConfig(
+            num_hidden_layers=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+            expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_expand=2, **attn, **common))
+    elif arch == "lfm2":
+        model = tf.Lfm2ForCausalLM(tf.Lfm2Config(num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+                                                 **attn, **common))
+    elif arch == "mistral":
+        model = tf.MistralForCausalLM(tf.MistralConfig(num_hidden_layers=2, sliding_window=6,
+                                                       max_position_embeddings=1024, **attn, **common))
+    else:
+        raise ValueError(arch)
+    model.eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)  # sharper logits: greedy text with structure, few near-ties
+    return model
+
+
+def save_arch(path: Path, arch: str, seed: int = 0) -> Path:
+    make_arch(arch, seed).save_pretrained(path)
+    make_tokenizer(WORDS).save_pretrained(path)
+    return path
