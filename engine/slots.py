@@ -23,7 +23,7 @@ from engine.events import RoundEvent
 from engine.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
 from engine.policy import CostModel, DraftLengthPolicy
-from engine.probe import FULL, ProbeResult, probe_context
+from engine.probe import FULL, RS, ProbeResult, probe_context
 from engine.stateful import StatefulContext, has_own_state
 from engine.sampling import Sampler
 from engine import checkpoint, verify
@@ -54,10 +54,11 @@ class Slot:
         return self.params.max_new_tokens - len(self.generated)
 
 
-def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int):
+def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int, n_rs: int = 0):
     """The cell cache for attention models; the model's own per-sequence cache where layers keep a state."""
-    cls = StatefulContext if has_own_state(model) else ModelContext
-    return cls(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max)
+    if has_own_state(model):
+        return StatefulContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max, n_rs=n_rs)
+    return ModelContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max)
 
 
 def common_prefix(cached: list[int], prompt: list[int]) -> int:
@@ -73,7 +74,7 @@ def common_prefix(cached: list[int], prompt: list[int]) -> int:
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
                  n_seq_max: int = 4, calibrate: bool = True, drafter_params: dict | None = None,
-                 n_draft: int = 16):
+                 n_draft: int = 16, n_rs: int = 0):
         if draft is not None:
             check_vocab_compatible(target, draft)
         if n_seq_max < 1:
@@ -86,7 +87,9 @@ class Engine:
         self.draft_model = draft
         # logits rows reserved per forward: every slot's sampled token and its longest draft
         self.limits = output_limits(N_BATCH, n_seq_max, n_draft)
-        self.ctx = make_context(target.model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=self.limits.total)
+        # n_rs: on a recurrent model, the tail (in tokens) that reversible state undoes without a checkpoint
+        self.ctx = make_context(target.model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=self.limits.total,
+                                n_rs=n_rs)
         self.n_pos_max = int(getattr(target.model.config, "max_position_embeddings", 0) or 0) or None
         self.probe: ProbeResult = probe_context(self.ctx)
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
@@ -293,9 +296,9 @@ class Engine:
         for slot in slots:
             if slot.replay is not None:
                 continue  # a replay round re-runs decided tokens and drafts nothing
-            if slot.params.spec.types and (slot.params.spec.rollback == "checkpoint" or self.probe.kind == FULL):
-                ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache, self._slot_drafters(slot))
             n_max = max(0, min(self._n_draft_max(slot, n_free), n_out_free))
+            if slot.params.spec.types and self._needs_checkpoint(slot, n_max):
+                ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache, self._slot_drafters(slot))
             n_out_free -= n_max
             requests[slot.seq] = DraftRequest(
                 seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max,
@@ -334,6 +337,13 @@ class Engine:
                                             len(batch)))
         return events
 
+    def _needs_checkpoint(self, slot: Slot, n_max: int) -> bool:
+        """llama.cpp's use_ckpt, decided before drafting: forced, FULL, or RS with a draft longer than it undoes."""
+        if slot.params.spec.rollback == "checkpoint" or self.probe.kind == FULL:
+            return True
+        rs_limit = getattr(self.ctx.cache, "rs_limit", None)
+        return self.probe.kind == RS and rs_limit is not None and n_max > rs_limit
+
     def _slot_drafters(self, slot: Slot) -> dict[str, Drafter]:
         return {name: self.pool[name] for name in slot.params.spec.types}
 
@@ -353,17 +363,19 @@ class Engine:
         p0 = p_sampled + 1
         k, m = len(r.result), verdict.n_accepted
         rollback, rm_range = "none", None
-        if m < k and ckpt is not None:
+        # the tail goes with seq_rm where the memory can (PART, or RS within its reach), else via the checkpoint
+        forced = slot.params.spec.rollback == "checkpoint"
+        if m < k and not forced and self.ctx.seq_rm(slot.seq, p0 + m, -1):
+            rollback, rm_range = "seq_rm", (p0 + m, p0 + k)
+        elif m < k and ckpt is not None:
             # FULL path: back to the checkpoint, the whole batch leaves the cache, a replay round follows
             restore_s = checkpoint.restore(slot, self.ctx.cache, self._slot_drafters(slot), ckpt)
             slot.replay = checkpoint.Replay(tokens=[slot.id_last] + r.result[:m] + [verdict.tokens[-1]],
                                             n_draws=verdict.n_draws, cost_ms=(ckpt.seconds + restore_s) * 1e3)
             rollback, rm_range = "checkpoint", (p_sampled, p0 + k)
         elif m < k:
-            if not self.ctx.seq_rm(slot.seq, p0 + m, -1):
-                raise RuntimeError(f"the memory refused to remove [{p0 + m}, {p0 + k}) of sequence {slot.seq} "
-                                   f"and no checkpoint was taken (probe said {self.probe.kind})")
-            rollback, rm_range = "seq_rm", (p0 + m, p0 + k)
+            raise RuntimeError(f"the memory refused to remove [{p0 + m}, {p0 + k}) of sequence {slot.seq} "
+                               f"and no checkpoint was taken (probe said {self.probe.kind})")
         t_rollback = (time.perf_counter() - t2) * 1e3
         if slot.replay is None:
             slot.tokens.append(slot.id_last)

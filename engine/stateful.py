@@ -26,6 +26,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, Li
 
 from engine.batch import Batch
 from engine.context import DecodeResult
+from engine.rs_steps import StepRecorder
 
 
 class StateMemory:
@@ -40,6 +41,9 @@ class StateMemory:
         self.caches: dict[int, DynamicCache] = {}  # seq -> the model's own cache for it
         self.n_past: dict[int, int] = {}  # seq -> tokens in its cache
         self.n_last: dict[int, int] = {}  # seq -> tokens of its last forward: what RS can still remove
+        # seq -> layer -> recurrent states after the last tokens of its last forward (see rs_steps.py)
+        self.rs_trace: dict[int, dict[int, list[torch.Tensor]]] = {}
+        self.rs_limit: int | None = None  # longest removable tail where a recurrent state must be put back
 
     # ---- the cell cache's interface ------------------------------------------------------------------------
 
@@ -59,6 +63,7 @@ class StateMemory:
         self.caches.clear()
         self.n_past.clear()
         self.n_last.clear()
+        self.rs_trace.clear()
 
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         """Remove [p0, p1). Only a whole sequence or a tail the layers can still give back; False otherwise."""
@@ -74,14 +79,19 @@ class StateMemory:
             self.caches.pop(seq, None)
             self.n_past.pop(seq, None)
             self.n_last.pop(seq, None)
+            self.rs_trace.pop(seq, None)
             return True
         n_remove = n - p0
         if n_remove <= 0:
             return True
         if n_remove > self.n_rs(seq):
             return False
-        for layer in self.caches[seq].layers:
-            layer.crop(-n_remove)
+        trace = self.rs_trace.pop(seq, None) or {}
+        with torch.inference_mode():
+            for idx, layer in enumerate(self.caches[seq].layers):
+                layer.crop(-n_remove)
+                if idx in trace:
+                    layer.recurrent_states[0].copy_(trace[idx][-1 - n_remove])
         self.n_past[seq] = p0
         self.n_last[seq] = 0  # crop also dropped the recorded past: nothing more can be given back
         return True
@@ -96,10 +106,12 @@ class StateMemory:
         cache = self.caches.get(seq)
         if cache is None:
             return 0
-        for layer in cache.layers:
+        n = self.n_last.get(seq, 0)
+        for idx, layer in enumerate(cache.layers):
             if isinstance(layer, LinearAttentionCacheLayerMixin) and any(layer.is_recurrent_states_initialized.values()):
-                return 0
-        return self.n_last.get(seq, 0)
+                states = self.rs_trace.get(seq, {}).get(idx)
+                n = min(n, len(states) - 1 if states else 0)
+        return n
 
     @torch.inference_mode()  # the states are inference tensors: copying into them must happen in this mode too
     def state_save(self, seq: int):
@@ -139,12 +151,13 @@ class StateMemory:
                 layer.crop(-(layer.get_seq_length() - entry["len"]))
         self.n_past[seq] = saved["n_past"]
         self.n_last[seq] = saved["n_last"]
+        self.rs_trace.pop(seq, None)  # the recorded states belong to the forward being undone
 
 
 class StatefulContext:
     """Runs batches of (token, pos, seq) rows through a model on its own per-sequence caches."""
 
-    def __init__(self, model, n_ctx: int, n_seq_max: int = 1, n_outputs_max: int | None = None):
+    def __init__(self, model, n_ctx: int, n_seq_max: int = 1, n_outputs_max: int | None = None, n_rs: int = 0):
         cfg = model.config
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         self.model = model
@@ -156,6 +169,10 @@ class StatefulContext:
         self.cache = StateMemory(model, n_ctx, n_seq_max)
         self.n_forward = 0
         self.hidden_layers: tuple[int, ...] = ()  # as ModelContext.hidden_layers
+        # n_rs > 0: step the recurrent mixers and keep their last n_rs states, so short tails can be removed (RS)
+        self.recorder = StepRecorder(model, n_rs) if n_rs > 0 else None
+        if self.recorder is not None and self.recorder.n_layers:
+            self.cache.rs_limit = n_rs
 
     def _new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
@@ -209,12 +226,20 @@ class StatefulContext:
                 if getattr(layer, "record_past", False) and _initialized(layer):
                     layer.crop(0)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        if self.recorder is not None:
+            self.recorder.begin(len(tokens))
         try:
             out = self.model(input_ids=ids, cache=cache, use_cache=True,
                              output_hidden_states=bool(self.hidden_layers))
         except Exception:
             self.cache.seq_rm(seq, -1, -1)  # a half-updated state is worthless: the sequence starts over
             raise
+        finally:
+            trace = self.recorder.end() if self.recorder is not None else None
+        if trace:
+            self.cache.rs_trace[seq] = trace
+        else:
+            self.cache.rs_trace.pop(seq, None)
         self.cache.n_past[seq] = self.cache.n_past.get(seq, 0) + len(tokens)
         self.cache.n_last[seq] = len(tokens)
         return out

@@ -117,3 +117,26 @@ def test_a_memory_with_no_removal_at_all_turns_speculation_off(tiny_target, monk
     assert engine.probe.kind == "NO"
     with pytest.raises(ValueError, match="speculation is off"):
         engine.start(PROMPTS[0], GenParams(spec=SpecParams(types=["ngram-simple"])))
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "mamba", "jamba"])
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+def test_reversible_state_undoes_short_tails_and_checkpoints_the_rest(arch_dirs, arch, temp):
+    """n_rs = 5: recurrent mixers step token by token in the verification forward and keep their last 5
+    states. A rejected tail of up to 5 tokens is undone in place (seq_rm); a longer one (drafts of 6 rejected at
+    once) restores the checkpoint.
+    Mamba v1, refused above, becomes verifiable: its one-token steps are its exact decoding path."""
+    engine = Engine(load_tiny(arch_dirs[arch]), n_ctx=512, n_seq_max=1, drafter_params=SMALL_NGRAMS,
+                    calibrate=False, n_rs=5)
+    assert engine.probe.kind == "RS", engine.probe.reason
+    paths = {"seq_rm": 0, "checkpoint": 0}
+    for seed, prompt in enumerate(PROMPTS):
+        want = tokens(run(engine, prompt, [], temp=temp, seed=seed))
+        events = run(engine, prompt, NGRAM_CHAIN + ["synthetic"], temp=temp, seed=seed)
+        assert tokens(events) == want
+        for e in events:
+            if e.kind == "spec" and e.n_accepted < len(e.drafted) and not e.done:
+                tail = len(e.drafted) - e.n_accepted
+                assert e.rollback == ("seq_rm" if tail <= 5 else "checkpoint")
+                paths[e.rollback] += 1
+    assert paths["seq_rm"] > 0 and paths["checkpoint"] > 0, paths
