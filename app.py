@@ -19,11 +19,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--n-ctx", type=int, default=4096, help="KV cache cells shared by all sessions (default 4096)")
     p.add_argument("--parallel", type=int, default=4, help="slots: sessions generating at once (default 4)")
+    p.add_argument("--n-rs", type=int, default=0,
+                   help="recurrent models (Mamba, hybrids): undo rejected tails of up to N tokens from kept states "
+                        "instead of a checkpoint restore (RS); 0 = checkpoints only (default)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow models whose code lives in their repository (off by default)")
     args = p.parse_args(argv)
-    if args.n_ctx < 16 or args.parallel < 1:
-        p.error("--n-ctx must be >= 16 and --parallel >= 1")
+    if args.parallel < 1 or args.n_rs < 0 or args.n_ctx < 1:
+        p.error("--parallel and --n-ctx must be >= 1, --n-rs >= 0")  # the engine checks that the slots fit
     return args
 
 
@@ -33,7 +36,8 @@ def load_state(args: argparse.Namespace):
     from ui.loader import make_runtime
     from ui.state import AppOptions, AppState
 
-    options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code)
+    options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code,
+                         n_rs=args.n_rs)
 
     def loader(name: str):
         return load_model(name, trust_remote_code=options.trust_remote_code)

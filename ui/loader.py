@@ -15,7 +15,7 @@ def make_runtime(target, draft, options: AppOptions) -> Runtime:
     from engine.scheduler import Scheduler
     from engine.slots import Engine
 
-    engine = Engine(target, draft, n_ctx=options.n_ctx, n_seq_max=options.parallel)
+    engine = Engine(target, draft, n_ctx=options.n_ctx, n_seq_max=options.parallel, n_rs=options.n_rs)
     return Runtime(target=target, draft=draft, engine=engine, scheduler=Scheduler(engine),
                    vocab=Vocab.of(target.tokenizer))
 

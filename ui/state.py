@@ -20,6 +20,7 @@ class AppOptions:
     n_ctx: int = 4096
     parallel: int = 4  # slots: sessions that can generate at the same time
     trust_remote_code: bool = False
+    n_rs: int = 0  # recurrent models: tail length undone from kept states instead of a checkpoint (0 = off)
 
 
 @dataclass
