@@ -80,3 +80,31 @@ def test_draft_model_drafter_is_token_identical_on_the_real_model(embedded, prom
         assert [t for ev in events for t in ev.emitted] == want
         n_acc += sum(ev.n_accepted for ev in events)
     assert n_acc > 0
+
+
+def test_slots_joining_and_leaving_equal_running_alone(engine, prompt_ids):
+    """Two chats on the real model, one joining mid-way, at temp 0 and with sample-and-match at temp 0.8."""
+    from engine.sampling import SamplerParams
+
+    def params(temp, seed):
+        return GenParams(max_new_tokens=32, sampling=SamplerParams(temp=temp, seed=seed),
+                         spec=SpecParams(types=NGRAM_CHAIN, adaptive=False))
+
+    jobs = [(prompt_ids[0], params(0.0, 0)), (prompt_ids[-1], params(0.8, 7))]
+    alone = []
+    for ids, p in jobs:
+        alone.append([t for ev in engine.generate(ids, p, seq=0) for t in ev.emitted])
+        engine.release(0)
+    first = engine.start(jobs[0][0], jobs[0][1], seq=0)
+    second = None
+    shared = 0
+    while engine.active():
+        evs = engine.step()
+        shared += len(evs) > 1
+        if second is None and len(first.generated) >= 8:
+            second = engine.start(jobs[1][0], jobs[1][1], seq=1)
+    assert [first.generated, second.generated] == alone
+    assert shared > 0, "the two slots never ran in the same round"
+    engine.release(0)
+    engine.release(1)
+    assert engine.ctx.cache.n_used() == 0
