@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.attention import cell_groups, use_cell_attention
 from engine.batch import Batch
 from engine.memory import CellCache
 
@@ -35,10 +36,12 @@ class ModelContext:
         self.n_outputs_max = n_outputs_max  # logits rows a forward may return (None: no limit)
         self.n_vocab = int(text_cfg.vocab_size)
         self.device = param.device
+        self.per_seq_attention = use_cell_attention(model)  # each sequence's rows attend to its own cells
         self.cache = CellCache(
             n_layers=text_cfg.num_hidden_layers, n_kv_heads=n_kv, head_dim=head_dim, n_cells=n_ctx,
             n_seq_max=n_seq_max, dtype=param.dtype, device=param.device,
             sliding_window=int(window) if use_window else None,
+            by_seq=self.per_seq_attention,
         )
         self.n_forward = 0  # forwards run, for statistics
         # indices into transformers' hidden_states tuple (0 = embeddings, i = after layer i) that a drafter reads
@@ -59,9 +62,13 @@ class ModelContext:
             input_ids = torch.tensor([batch.tokens], dtype=torch.long, device=self.device)
             position_ids = torch.tensor([batch.pos], dtype=torch.long, device=self.device)
             rows = torch.tensor(batch.output_rows(), dtype=torch.long, device=self.device)
+            extra = {}
+            if self.per_seq_attention:
+                n_live = mask.shape[-1]
+                extra["cell_groups"] = cell_groups(mask, torch.tensor(batch.seq), self.cache.cell_seq[:n_live])
             out = self.model(
                 input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache,
-                use_cache=True, logits_to_keep=rows, output_hidden_states=bool(self.hidden_layers),
+                use_cache=True, logits_to_keep=rows, output_hidden_states=bool(self.hidden_layers), **extra,
             )
         except Exception:
             self.cache.rollback_claim()

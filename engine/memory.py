@@ -26,6 +26,7 @@ class CellCache(Cache):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         sliding_window: int | None = None,
+        by_seq: bool = False,
     ):
         super().__init__(layers=[])
         self.n_cells = n_cells  # capacity in tokens, summed over all sequences
@@ -33,6 +34,9 @@ class CellCache(Cache):
         self.dtype = dtype
         self.device = torch.device(device)
         self.sliding_window = sliding_window  # a row sees only cells less than this many positions behind it
+        # place position p of sequence s at cell s * (n_cells // n_seq_max) + p when free, so each sequence's
+        # cells form one run that per-sequence attention reads as a slice; any free cell otherwise
+        self.by_seq = by_seq
         shape = (1, n_kv_heads, n_cells, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
@@ -129,9 +133,11 @@ class CellCache(Cache):
         free = torch.nonzero(self.cell_pos < 0).flatten()
         if len(free) < n:
             raise RuntimeError(f"KV cache full: {n} new tokens, {len(free)} of {self.n_cells} cells free")
-        cells = free[:n]
         pos = torch.tensor(batch.pos, dtype=torch.long)
         seq = torch.tensor(batch.seq, dtype=torch.long)
+        cells = self._preferred(pos, seq) if self.by_seq else None
+        if cells is None:
+            cells = free[:n]
         if int(seq.min()) < 0 or int(seq.max()) >= self.n_seq_max:
             raise ValueError(f"sequence id out of range [0, {self.n_seq_max})")
         for s in seq.unique().tolist():
@@ -143,11 +149,18 @@ class CellCache(Cache):
         self.cell_pos[cells] = pos
         self.cell_seq[cells] = False
         self.cell_seq[cells, seq] = True
-        self.n_live = max(self.n_live, int(cells[-1]) + 1)
+        self.n_live = max(self.n_live, int(cells.max()) + 1)
         first = int(cells[0])
-        contiguous = int(cells[-1]) - first + 1 == n
+        contiguous = bool((cells[1:] - cells[:-1] == 1).all())
         self._write = slice(first, first + n) if contiguous else cells.to(self.device)
         return self.mask(pos, seq)
+
+    def _preferred(self, pos: torch.Tensor, seq: torch.Tensor) -> torch.Tensor | None:
+        """Each row at its sequence's region start + pos, if those cells are all free and in range."""
+        cells = seq * (self.n_cells // self.n_seq_max) + pos
+        if int(cells.max()) >= self.n_cells or len(cells.unique()) < len(cells):
+            return None
+        return cells if bool((self.cell_pos[cells] < 0).all()) else None
 
     def mask(self, pos: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
         """Additive mask [1, 1, T, n_live] for rows at `pos` of sequences `seq` over the live cells."""

@@ -124,3 +124,40 @@ def test_a_slot_stopped_mid_way_leaves_no_draft_cells_and_others_go_on(engine):
         engine.step()
     assert s1.generated == want
     engine.release(1)
+
+
+@pytest.mark.parametrize("by_seq", [True, False])
+def test_per_sequence_attention_matches_plain_forwards(tiny_target, by_seq):
+    """Three sequences decoded together, twice (prefill, then one row each): every row's logits equal a plain
+    forward of its own sequence, whether each sequence's cells form one run (read as a slice) or are scattered
+    (the full-mask fallback)."""
+    import torch
+
+    from engine.attention import cell_groups
+    from engine.batch import Batch
+    from engine.context import ModelContext
+
+    ctx = ModelContext(tiny_target.model, n_ctx=192, n_seq_max=3)
+    assert ctx.per_seq_attention
+    ctx.cache.by_seq = by_seq
+    seqs = [PROMPTS[0], PROMPTS[1][:7], PROMPTS[2]]
+    batch = Batch()
+    for s, toks in enumerate(seqs):
+        for i, t in enumerate(toks[:-1]):
+            batch.add(t, i, s, True)
+    first = ctx.decode(batch).logits
+    batch2 = Batch()
+    for s, toks in enumerate(seqs):
+        batch2.add(toks[-1], len(toks) - 1, s, True)
+    mask = ctx.cache.prepare(batch2)
+    groups = cell_groups(mask, torch.tensor(batch2.seq), ctx.cache.cell_seq[: mask.shape[-1]])
+    ctx.cache.rollback_claim()
+    assert all(isinstance(cells, slice) for _, cells, _ in groups) == by_seq
+    last = ctx.decode(batch2).logits
+    row = 0
+    for s, toks in enumerate(seqs):
+        with torch.inference_mode():
+            plain = tiny_target.model(input_ids=torch.tensor([toks])).logits[0]
+        assert torch.allclose(first[row:row + len(toks) - 1], plain[:-1], atol=1e-4)
+        assert torch.allclose(last[s], plain[-1], atol=1e-4)
+        row += len(toks) - 1
