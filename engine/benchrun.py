@@ -25,29 +25,42 @@ class BenchConfig:
     n_ctx: int  # KV cells
     trust_remote_code: bool
     quant_bits: int = 0  # filled once the target is loaded
+    ignore_eos: bool = False  # generate max_new_tokens whatever the text (fixed-length sweeps)
 
     @classmethod
-    def from_args(cls, a) -> "BenchConfig":
+    def from_args(cls, a, n_max: int, parallel: int, ctx_len: int) -> "BenchConfig":
+        """The first configuration of a sweep (engine.benchsweep varies n_max, parallel, ctx_len from it)."""
         from engine.drafters.chain import parse_types
 
-        spec = SpecParams(types=parse_types(a.spec), n_max=a.n_max, n_min=a.n_min, p_min=a.p_min,
+        spec = SpecParams(types=parse_types(a.spec), n_max=n_max, n_min=a.n_min, p_min=a.p_min,
                           adaptive=not a.no_adaptive, rollback=a.rollback)
         sampling = SamplerParams(temp=a.temp, seed=a.seed)
         cfg = cls(target=a.target, draft=a.draft, spec=spec, sampling=sampling, max_new_tokens=a.max_new_tokens,
-                  parallel=a.parallel, ctx_len=a.ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code)
-        if a.parallel < 1 or a.repeat < 1 or a.max_new_tokens < 1 or a.ctx_len < 0:
-            raise ValueError("--parallel, --repeat and --max-new-tokens must be >= 1, --ctx-len >= 0")
+                  parallel=parallel, ctx_len=ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code,
+                  ignore_eos=a.ignore_eos)
+        if a.repeat < 1 or a.max_new_tokens < 1:
+            raise ValueError("--repeat and --max-new-tokens must be >= 1")
         GenParams(max_new_tokens=a.max_new_tokens, sampling=sampling, spec=spec).validate()
         return cfg
 
-    def build(self):
+    def load(self):
+        """Target and draft models (slow); raises ModelLoadError (a ValueError/OSError) with the reason."""
         from engine.models import load_model
-        from engine.slots import Engine
 
         target = load_model(self.target, trust_remote_code=self.trust_remote_code)
         draft = load_model(self.draft, trust_remote_code=self.trust_remote_code) if self.draft else None
         self.quant_bits = target.quant_bits
-        engine = Engine(target, draft=draft, n_ctx=self.n_ctx, n_seq_max=max(self.parallel, 1))
+        return target, draft
+
+    def build(self, target=None, draft=None, n_seq_max: int | None = None, n_draft: int | None = None):
+        """The engine all configurations of a run share: slots for the widest concurrency, logits rows for the
+        longest draft."""
+        from engine.slots import Engine
+
+        if target is None:
+            target, draft = self.load()
+        engine = Engine(target, draft=draft, n_ctx=self.n_ctx, n_seq_max=n_seq_max or max(self.parallel, 1),
+                        n_draft=self.spec.n_max if n_draft is None else n_draft)
         if self.spec.types and not engine.probe.can_speculate:
             raise RuntimeError(f"speculation is off for this model: {engine.probe.reason}")
         return engine
@@ -58,7 +71,7 @@ class RunResult:
     tokens: list[int]
     seconds: float  # wall time of the group this prompt ran in
     spec_on: bool
-    lossless_ok: bool | str = True  # identical to the plain run ("" when not checkable)
+    lossless_ok: bool | str = True  # identical to the plain run ("" when not checkable, "n/a" for synthetic)
     events: list[RoundEvent] = field(default_factory=list)
     rollback_mode: str = "seq_rm"
     t_plain_step_ms: float = 0.0  # mean time of one plain decoding step (from the plain run)
@@ -91,6 +104,35 @@ class RunResult:
     @property
     def accept_rate(self) -> float:
         return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def accept_p(self) -> float:
+        """Seed 004's alpha: the chance that a draft token is kept given the ones before it were, i.e.
+        accepted / (accepted + first rejections). accept_rate (accepted / drafted) is lower whenever tokens
+        after a rejection go unjudged; with synthetic acceptance P this estimates P itself."""
+        spec = self._spec()
+        tries = sum(e.n_accepted + (e.n_accepted < len(e.drafted)) for e in spec)
+        return self.n_accepted / tries if tries else 0.0
+
+    @property
+    def decode_span(self) -> tuple[float, float]:
+        """(end of the prefill round, end of the last round): perf_counter stamps of the engine."""
+        pre = [e.t_end for e in self.events if e.kind == "prefill"]
+        if not pre or not self.events:
+            return 0.0, 0.0
+        return pre[0], self.events[-1].t_end
+
+    @property
+    def n_decoded(self) -> int:
+        """Tokens after the one the prefill round gives."""
+        return max(0, len(self.tokens) - 1)
+
+    @property
+    def tps_decode(self) -> float:
+        """Tokens/s after the prefill: what speculation changes (the prefill is the same in both runs and, at
+        a long context, would hide the decode speed)."""
+        t0, t1 = self.decode_span
+        return self.n_decoded / (t1 - t0) if t1 > t0 else 0.0
 
     @property
     def acc_rate_pos(self) -> list[float]:
@@ -135,7 +177,11 @@ class RunResult:
 
 
 def prompt_ids(engine, p: dict, ctx_len: int) -> list[int]:
-    tm = engine.target
+    return prompt_ids_of(engine.target, p, ctx_len)
+
+
+def prompt_ids_of(tm, p: dict, ctx_len: int) -> list[int]:
+    """The prompt's tokens behind `ctx_len` tokens of filler text (a system message for chat prompts)."""
     filler = ""
     if ctx_len > 0:
         per = max(1, len(tm.encode(FILLER)))
@@ -158,7 +204,8 @@ def run_ours(cfg: BenchConfig, engine, group: list[dict], spec: bool, reference:
     t0 = time.perf_counter()
     for i, toks in enumerate(ids):
         params = GenParams(max_new_tokens=n_new, sampling=SamplerParams(**vars(cfg.sampling)),
-                           spec=SpecParams(**{**vars(spec_params), "types": list(spec_params.types)}))
+                           spec=SpecParams(**{**vars(spec_params), "types": list(spec_params.types)}),
+                           ignore_eos=cfg.ignore_eos)
         seqs.append(engine.start(toks, params, seq=i).seq)
     events: dict[int, list[RoundEvent]] = {s: [] for s in seqs}
     while engine.active():
@@ -172,7 +219,9 @@ def run_ours(cfg: BenchConfig, engine, group: list[dict], spec: bool, reference:
         res = RunResult(tokens=toks, seconds=seconds, spec_on=spec, events=evs,
                         rollback_mode=cfg.spec.rollback if spec else "none")
         if reference is not None:
-            res.lossless_ok = toks == reference[i].tokens
+            # synthetic acceptance keeps tokens the target did not choose: not lossless by design, not checked
+            synthetic = spec and cfg.spec.synthetic_accept is not None
+            res.lossless_ok = "n/a" if synthetic else toks == reference[i].tokens
             res.t_plain_step_ms = reference[i].t_verify_ms + reference[i].t_draft_ms
         else:
             res.t_plain_step_ms = res.t_verify_ms

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine import bench
+from engine import bench, benchsweep
 
 REQUIRED = ["prompt_id", "spec_decode", "spec_types", "n_max", "temp", "seed", "concurrency", "ctx_len",
             "quant_bits", "n_gen", "tps", "tps_baseline", "speedup", "lossless_ok", "mean_acc_len",
@@ -73,7 +73,7 @@ def test_missing_prompts_file_exits_2(tmp_path, capsys):
 
 
 def test_a_lossy_run_makes_the_bench_exit_1(tiny_dirs, prompts, tmp_path, monkeypatch):
-    real = bench.run_ours
+    real = benchsweep.run_ours
 
     def lossy(cfg, engine, group, spec, reference=None, warmup=False):
         results = real(cfg, engine, group, spec, reference=reference, warmup=warmup)
@@ -82,7 +82,7 @@ def test_a_lossy_run_makes_the_bench_exit_1(tiny_dirs, prompts, tmp_path, monkey
                 r.lossless_ok = False
         return results
 
-    monkeypatch.setattr(bench, "run_ours", lossy)
+    monkeypatch.setattr(benchsweep, "run_ours", lossy)
     out = tmp_path / "l.csv"
     code = bench.main(["--prompts", str(prompts), "--out", str(out), "--target", str(tiny_dirs["target"]),
                        "--spec", "ngram-simple", "--max-new-tokens", "8"])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui import handlers
+from ui import bench_tab, handlers
 from ui.charts import acceptance_figure, plotly_figure, speed_figure
 from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
@@ -107,7 +107,7 @@ def stats_column(v: dict) -> None:
     v["speed_plot"] = gr.Plot(plotly_figure(speed_figure([], [], [])), show_label=False, elem_id="speed-plot")
 
 
-def detail_tabs(v: dict) -> None:
+def detail_tabs(v: dict, app: AppState) -> None:
     with gr.Tabs():
         with gr.Tab("Rounds", elem_id="tab-rounds"):
             v["timeline"] = gr.HTML(elem_id="timeline")
@@ -117,6 +117,8 @@ def detail_tabs(v: dict) -> None:
             v["step"] = gr.HTML(elem_id="step")
         with gr.Tab("Counters (llama.cpp)", elem_id="tab-counters"):
             v["counters"] = gr.HTML(elem_id="counters")
+        with gr.Tab("Benchmark", elem_id="tab-bench"):
+            bench_tab.build(app)
 
 
 def build(state: AppState) -> gr.Blocks:
@@ -131,7 +133,7 @@ def build(state: AppState) -> gr.Blocks:
                 w = chat_column(load_examples(), v)
             with gr.Column(scale=5, min_width=420):
                 stats_column(v)
-        detail_tabs(v)
+        detail_tabs(v, state)
         wire(state, demo, session, c, controls, v, w)
     return demo
 

@@ -1,0 +1,124 @@
+"""A small benchmark run through a running Scheduler: what the UI's Benchmark tab starts from the browser.
+
+It submits generations like any chat session does (Scheduler.submit, one queue of RoundEvents per slot), so
+it shares the engine and its forwards with whoever else is chatting and never touches the engine outside
+the scheduler's lock. Per concurrency N it runs N copies of one prompt plain, then with the drafter chain,
+then with synthetic acceptance at each P; the rows are the bench's own (engine.bench.make_row), so the same
+plots read them. Other users' slots in the same forwards make these timings noisier than the CLI bench's.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+
+from engine.benchrun import BenchConfig, RunResult
+from engine.params import GenParams, SpecParams
+from engine.sampling import SamplerParams
+
+READ_TIMEOUT_S = 120.0  # a round slower than this means the engine is stuck: give up with a message
+
+
+@dataclass
+class LivePlan:
+    concurrency: list[int] = field(default_factory=lambda: [1, 2])  # slots decoding the prompt at once
+    chain: list[str] = field(default_factory=lambda: ["ngram-simple", "ngram-map-k"])  # real drafters; [] = none
+    synthetic: list[float] = field(default_factory=lambda: [0.3, 0.6, 0.9])  # synthetic acceptance runs
+    n_max: int = 4  # draft length (exact for synthetic runs, a cap for the chain)
+    max_new_tokens: int = 32  # per slot; generation ignores end-of-sequence so every run has this length
+    seed: int = 42  # sampler seed of every run (greedy at temp 0: it only seeds synthetic acceptance's coins)
+
+
+class LiveBenchError(RuntimeError):
+    """A message for the user: slots busy, engine failure, timeout."""
+
+
+def _collect(scheduler, seqs: list[int], queues: list[queue.Queue]) -> list[list]:
+    """Every slot's events until its done event; frees the slots (also on failure)."""
+    out: list[list] = [[] for _ in seqs]
+    try:
+        for i, q in enumerate(queues):
+            while not out[i] or not out[i][-1].done:
+                try:
+                    ev = q.get(timeout=READ_TIMEOUT_S)
+                except queue.Empty:
+                    raise LiveBenchError(f"no round in {READ_TIMEOUT_S:.0f} s: benchmark abandoned") from None
+                if not hasattr(ev, "kind"):  # the scheduler's ErrorEvent
+                    raise LiveBenchError(ev.message)
+                out[i].append(ev)
+    finally:
+        for seq, evs in zip(seqs, out):
+            if evs and evs[-1].done:
+                scheduler.finish(seq)  # read to the end: the slot is free at once for the next run
+            else:
+                scheduler.cancel(seq)  # still running (we gave up): stopped, then freed by the round loop
+    return out
+
+
+def run_group(scheduler, prompt: list[int], n: int, spec: SpecParams, plan: LivePlan,
+              reference: list[RunResult] | None) -> list[RunResult]:
+    """n copies of the prompt submitted in the same round (under the scheduler's lock), read to the end."""
+    seqs, queues = [], []
+    params = [GenParams(max_new_tokens=plan.max_new_tokens, sampling=SamplerParams(temp=0.0, seed=plan.seed),
+                        spec=SpecParams(**{**vars(spec), "types": list(spec.types)}), ignore_eos=True)
+              for _ in range(n)]
+    t0 = time.perf_counter()
+    with scheduler.lock:  # re-entrant: submit() takes it too; the round loop waits until all n are in
+        try:
+            for p in params:
+                seq, q = scheduler.submit(list(prompt), p)
+                seqs.append(seq)
+                queues.append(q)
+        except (RuntimeError, ValueError) as e:
+            for seq in seqs:
+                scheduler.cancel(seq)
+            raise LiveBenchError(f"cannot start {n} slot(s): {e}") from e
+    events = _collect(scheduler, seqs, queues)
+    seconds = time.perf_counter() - t0
+    out = []
+    for i, evs in enumerate(events):
+        toks = [t for e in evs for t in e.emitted]
+        res = RunResult(tokens=toks, seconds=seconds, spec_on=bool(spec.types), events=evs,
+                        rollback_mode=spec.rollback if spec.types else "none")
+        if reference is None:
+            res.t_plain_step_ms = res.t_verify_ms
+        else:
+            res.lossless_ok = "n/a" if spec.synthetic_accept is not None else toks == reference[i].tokens
+            res.t_plain_step_ms = reference[i].t_verify_ms + reference[i].t_draft_ms
+        out.append(res)
+    return out
+
+
+def run_live(scheduler, prompt: list[int], plan: LivePlan, model: str, quant_bits: int, progress=None) -> list[dict]:
+    """The plan's runs on the scheduler's engine; traces.csv rows (engine.bench's columns).
+
+    `progress(done, total, what)` is called before each run, for a progress bar."""
+    from engine.bench import make_row
+    from engine.benchsweep import group_tps
+
+    n_slots = scheduler.engine.ctx.n_seq_max
+    too_many = [n for n in plan.concurrency if n > n_slots]
+    if too_many:
+        raise LiveBenchError(f"concurrency {too_many[0]} needs more slots than the engine has ({n_slots})")
+    specs = ([("", SpecParams(types=[]))]
+             + ([(",".join(plan.chain), SpecParams(types=list(plan.chain), n_max=plan.n_max))] if plan.chain else [])
+             + [("synthetic", SpecParams(types=["synthetic"], n_max=plan.n_max, adaptive=False, synthetic_accept=p))
+                for p in plan.synthetic])
+    total, done, rows = len(plan.concurrency) * len(specs), 0, []
+    pid = {"id": "live", "kind": ""}
+    for n in plan.concurrency:
+        base = None
+        for name, spec in specs:
+            if progress is not None:
+                progress(done, total, f"N={n} {name or 'plain'}")
+            runs = run_group(scheduler, prompt, n, spec, plan, base)
+            cfg = BenchConfig(target=model, draft=None, spec=spec, sampling=SamplerParams(temp=0.0, seed=plan.seed),
+                              max_new_tokens=plan.max_new_tokens, parallel=n, ctx_len=0, n_ctx=0,
+                              trust_remote_code=False, quant_bits=quant_bits, ignore_eos=True)
+            rows.append(make_row(cfg, pid, [runs[0]], None if base is None else [base[0]], name, model,
+                                 group_tps(runs)))
+            if base is None:
+                base = runs
+            done += 1
+    return rows
