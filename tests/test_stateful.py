@@ -140,3 +140,10 @@ def test_reversible_state_undoes_short_tails_and_checkpoints_the_rest(arch_dirs,
                 assert e.rollback == ("seq_rm" if tail <= 5 else "checkpoint")
                 paths[e.rollback] += 1
     assert paths["seq_rm"] > 0 and paths["checkpoint"] > 0, paths
+
+
+def test_a_recurrent_draft_model_is_refused_with_the_probe_reason(tiny_target, arch_dirs):
+    engine = Engine(tiny_target, draft=load_tiny(arch_dirs["mamba2"]), n_ctx=256, n_seq_max=1, calibrate=False)
+    with pytest.raises(ValueError, match="cannot be a draft model"):
+        engine.start(PROMPTS[0], GenParams(spec=SpecParams(types=["draft-simple"])))
+    assert not engine.active()

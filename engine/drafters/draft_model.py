@@ -20,6 +20,7 @@ import torch
 from engine.batch import Batch
 from engine.context import ModelContext
 from engine.drafters.base import Drafter, DraftRequest
+from engine.probe import PART, probe_context
 
 DRAFT_SEED_MIX = 0x85EBCA6B
 
@@ -39,7 +40,14 @@ class DraftModelDrafter(Drafter):
         if model is None:
             raise ValueError("draft-simple needs a draft model (--draft)")
         self.params = params or DraftModelParams()
-        self.ctx = ModelContext(model, n_ctx=self.params.n_ctx, n_seq_max=self.params.n_seq_max)
+        try:
+            self.ctx = ModelContext(model, n_ctx=self.params.n_ctx, n_seq_max=self.params.n_seq_max)
+        except (AttributeError, TypeError, ValueError) as e:
+            raise ValueError(f"this model cannot be a draft model: it does not fit the cell cache ({e})") from e
+        # the seed probes the draft context too: drafting rewinds the draft cache every round, so it must cut tails
+        self.probe = probe_context(self.ctx)
+        if self.probe.kind != PART:
+            raise ValueError(f"this model cannot be a draft model (rollback {self.probe.kind}): {self.probe.reason}")
         self.cached: dict[int, list[int]] = {}  # seq -> tokens in the draft cache, in position order
         self.generators: dict[int, torch.Generator] = {}  # seq -> the draft's own random stream
         self.tuning: dict[int, tuple[float, int]] = {}  # seq -> (target temperature, target seed)
