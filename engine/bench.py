@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--n-ctx", type=int, default=4096, help="cells of the KV cache (raised to fit the sweep)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--rollback", choices=["auto", "checkpoint"], default="auto")
+    ap.add_argument("--n-rs", type=int, default=0,
+                    help="recurrent targets: undo rejected tails of up to N tokens from kept states (RS)")
     ap.add_argument("--compare", choices=["hf"], default=None)
     ap.add_argument("--trust-remote-code", action="store_true")
     return ap.parse_args(argv)

@@ -26,6 +26,7 @@ class BenchConfig:
     trust_remote_code: bool
     quant_bits: int = 0  # filled once the target is loaded
     ignore_eos: bool = False  # generate max_new_tokens whatever the text (fixed-length sweeps)
+    n_rs: int = 0  # recurrent targets: tail undone from kept states instead of a checkpoint (engine.rs_steps)
 
     @classmethod
     def from_args(cls, a, n_max: int, parallel: int, ctx_len: int) -> "BenchConfig":
@@ -37,9 +38,9 @@ class BenchConfig:
         sampling = SamplerParams(temp=a.temp, seed=a.seed)
         cfg = cls(target=a.target, draft=a.draft, spec=spec, sampling=sampling, max_new_tokens=a.max_new_tokens,
                   parallel=parallel, ctx_len=ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code,
-                  ignore_eos=a.ignore_eos)
-        if a.repeat < 1 or a.max_new_tokens < 1:
-            raise ValueError("--repeat and --max-new-tokens must be >= 1")
+                  ignore_eos=a.ignore_eos, n_rs=a.n_rs)
+        if a.repeat < 1 or a.max_new_tokens < 1 or a.n_rs < 0:
+            raise ValueError("--repeat and --max-new-tokens must be >= 1, --n-rs >= 0")
         GenParams(max_new_tokens=a.max_new_tokens, sampling=sampling, spec=spec).validate()
         return cfg
 
@@ -60,7 +61,7 @@ class BenchConfig:
         if target is None:
             target, draft = self.load()
         engine = Engine(target, draft=draft, n_ctx=self.n_ctx, n_seq_max=n_seq_max or max(self.parallel, 1),
-                        n_draft=self.spec.n_max if n_draft is None else n_draft)
+                        n_draft=self.spec.n_max if n_draft is None else n_draft, n_rs=self.n_rs)
         if self.spec.types and not engine.probe.can_speculate:
             raise RuntimeError(f"speculation is off for this model: {engine.probe.reason}")
         return engine
@@ -217,7 +218,8 @@ def run_ours(cfg: BenchConfig, engine, group: list[dict], spec: bool, reference:
         evs = events[seq]
         toks = [t for e in evs for t in e.emitted]
         res = RunResult(tokens=toks, seconds=seconds, spec_on=spec, events=evs,
-                        rollback_mode=cfg.spec.rollback if spec else "none")
+                        # the setting and what the probe found, e.g. auto/PART (seq_rm), auto/FULL (checkpoints)
+                        rollback_mode=f"{cfg.spec.rollback}/{engine.probe.kind}" if spec else "none")
         if reference is not None:
             # synthetic acceptance keeps tokens the target did not choose: not lossless by design, not checked
             synthetic = spec and cfg.spec.synthetic_accept is not None

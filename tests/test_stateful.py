@@ -147,3 +147,23 @@ def test_a_recurrent_draft_model_is_refused_with_the_probe_reason(tiny_target, a
     with pytest.raises(ValueError, match="cannot be a draft model"):
         engine.start(PROMPTS[0], GenParams(spec=SpecParams(types=["draft-simple"])))
     assert not engine.active()
+
+
+@pytest.mark.parametrize("extra,mode", [([], "auto/FULL"), (["--n-rs", "4"], "auto/RS"),
+                                        (["--rollback", "checkpoint", "--n-rs", "4"], "checkpoint/RS")])
+def test_the_bench_runs_a_recurrent_target_on_either_path(arch_dirs, tmp_path, extra, mode):
+    import csv
+    import json
+
+    from engine import bench
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "loop", "prompt": "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2"}) + "\n")
+    out = tmp_path / "t.csv"
+    code = bench.main(["--prompts", str(prompts), "--out", str(out), "--target", str(arch_dirs["mamba2"]),
+                       "--spec", "ngram-simple,synthetic", "--max-new-tokens", "24", "--no-adaptive", "--n-max", "4",
+                       *extra])
+    assert code == 0
+    rows = list(csv.DictReader(open(out)))
+    spec = [r for r in rows if r["spec_decode"] == "on"]
+    assert spec and all(r["lossless_ok"] == "True" and r["rollback_mode"] == mode for r in spec)
