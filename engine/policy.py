@@ -70,8 +70,8 @@ class DraftLengthPolicy:
             total += run
         return total
 
-    def choose(self, seq: int, drafter: str, k_offered: int) -> int:
-        """How many of the k_offered draft tokens to verify (0 = none)."""
+    def best_k(self, seq: int, drafter: str, k_offered: int) -> int:
+        """The k <= k_offered that maximises E[tokens](k) / c(k + 1); 0 if no draft beats a plain step."""
         if k_offered <= 0:
             return 0
         rates = self._rates(seq, drafter, k_offered)
@@ -80,6 +80,13 @@ class DraftLengthPolicy:
             v = self.expected_tokens(rates, k) / self.cost.c(k + 1)
             if v > best_v * 1.001:
                 best_k, best_v = k, v
+        return best_k
+
+    def choose(self, seq: int, drafter: str, k_offered: int) -> int:
+        """How many of the k_offered draft tokens to verify (0 = none; a 1-token probe now and then)."""
+        if k_offered <= 0:
+            return 0
+        best_k = self.best_k(seq, drafter, k_offered)
         key = (seq, drafter)
         if best_k == 0:
             self.n_suppressed[key] = self.n_suppressed.get(key, 0) + 1

@@ -19,11 +19,13 @@ CLASSES = {"acc": "tok tok-acc", "bonus": "tok tok-bonus", "fix": "tok tok-bonus
 
 
 def drafter_tag(name: str | None) -> str:
-    """A short drafter name for inline tags: 'ngram-map-k' -> 'map-k', 'draft-simple' -> 'draft'."""
+    """A short drafter name for inline tags: 'ngram-map-k' -> 'map-k', 'draft-simple' -> 'draft', 'draft-head' -> 'head'."""
     if not name:
         return ""
     if name == "draft-simple":
         return "draft"
+    if name == "draft-head":
+        return "head"
     return name.removeprefix("ngram-")
 
 

@@ -23,6 +23,7 @@ DRAFTER_TYPES: dict[str, tuple[str, str]] = {
     "ngram-mod": ("engine.drafters.ngram_mod", "NgramMod"),
     "ngram-cache": ("engine.drafters.ngram_cache", "NgramCache"),
     "draft-simple": ("engine.drafters.draft_model", "DraftModelDrafter"),
+    "draft-head": ("engine.drafters.draft_head", "DraftHeadDrafter"),  # the trained EAGLE-style head
     # not a real drafter: full-length drafts for synthetic-acceptance measurements (SpecParams.synthetic_accept)
     "synthetic": ("engine.drafters.synthetic", "SyntheticDrafter"),
 }
@@ -117,6 +118,10 @@ class DrafterChain:
                     by_name.setdefault(types[stage], []).append(r)
             for name, active in by_name.items():
                 s = self._both(active[0].seq, name)[0]
+                if self.pool[name].needs_model:
+                    for r in active:  # a network drafts token by token: do not draft what the policy would cut
+                        if self._uses_policy(r.seq):
+                            r.n_max = max(1, self.policy.best_k(r.seq, name, r.n_max))
                 with timed(s, "t_draft_us"):
                     self.pool[name].draft(active)
                 s.n_call_draft += 1

@@ -1,0 +1,238 @@
+"""draft-head: an EAGLE-style head that reads the target's hidden states (llama.cpp's draft-eagle3 in spirit).
+
+The head asks the target for three hidden layers (`hidden_layers`, llama_set_embeddings_layer_inp's analog);
+after every target forward `process()` stores each row's features by (sequence, position), together with the
+row's token. Rows of a verification batch past the accepted prefix are overwritten by the next forward at those
+positions, and a checkpoint restore is followed by a replay batch over the same positions, so the features at
+the confirmed positions are always the ones of the confirmed tokens, whatever rollback path the target took.
+
+The head's own KV cache per sequence holds one entry per confirmed position t, made from (feature of t-1,
+token t). At `draft()` it catches up: it keeps the longest prefix whose tokens agree with the confirmed ones
+(so it is rolled back with the target), adds entries for the new positions up to id_last's, then drafts
+token after token from its own features; the entries of draft tokens are dropped after drafting. Every
+sequence that is still drafting advances in one batched head step; `p_min` stops a sequence early.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.batch import Batch
+from engine.drafters.base import Drafter, DraftRequest
+from engine.heads.model import DraftHead, load_head, target_fingerprint
+
+DRAFT_SEED_MIX = 0x85EBCA6B  # as draft-simple: the draft's stream differs from the target's
+DEFAULT_WEIGHTS = Path(__file__).resolve().parents[2] / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
+
+
+@dataclass
+class DraftHeadParams:
+    weights: Path = DEFAULT_WEIGHTS  # the head's safetensors file (its .json config beside it)
+    top_k: int = 10  # candidates kept in q when the target samples (llama.cpp's draft sampler keeps 10)
+    grow: int = 256  # positions added at a time to the per-sequence stores
+
+
+class _SeqState:
+    """One sequence's stores: target features and head KV entries, both indexed by position."""
+
+    def __init__(self, n_feat: int, n_kv: int, head_dim: int):
+        self.feats = torch.zeros(0, n_feat)  # [cap, layers*hidden] target features
+        self.feat_tok = torch.zeros(0, dtype=torch.long)  # token of the row that wrote each feature (-1: none)
+        self.k = torch.zeros(0, n_kv, head_dim)  # head keys per position (RoPE applied)
+        self.v = torch.zeros(0, n_kv, head_dim)
+        self.kv_tokens: list[int] = []  # token of each head KV entry, entries 0..len-1
+
+    def reserve(self, n: int, grow: int) -> None:
+        if n <= self.feats.shape[0]:
+            return
+        extra = max(n - self.feats.shape[0], grow)
+        self.feats = torch.cat([self.feats, torch.zeros(extra, self.feats.shape[1])])
+        self.feat_tok = torch.cat([self.feat_tok, torch.full((extra,), -1, dtype=torch.long)])
+
+
+class DraftHeadDrafter(Drafter):
+    name = "draft-head"
+    needs_model = True
+
+    def __init__(self, target=None, params: DraftHeadParams | None = None, head: DraftHead | None = None,
+                 sampling_of: Callable[[int], object] | None = None):
+        if target is None:
+            raise ValueError("draft-head needs the target model (its embedding table and hidden states)")
+        self.params = params or DraftHeadParams()
+        if head is None:
+            if not Path(self.params.weights).is_file():
+                raise ValueError(f"draft-head weights not found: {self.params.weights}")
+            head = load_head(Path(self.params.weights))
+        check_head_matches(head, target)
+        head.attach_target(target.model.get_input_embeddings().weight.float())
+        self.head = head.eval()
+        self.hidden_layers = tuple(head.cfg.layers)
+        self.sampling_of = sampling_of  # seq -> the target's SamplerParams (temperature and seed shape q)
+        self.states: dict[int, _SeqState] = {}
+        self.generators: dict[int, torch.Generator] = {}  # seq -> the draft's own random stream
+
+    def _state(self, seq: int) -> _SeqState:
+        if seq not in self.states:
+            c = self.head.cfg
+            self.states[seq] = _SeqState(c.hidden * len(c.layers), c.n_kv_heads, c.head_dim)
+        return self.states[seq]
+
+    # ---- lifecycle --------------------------------------------------------------------------------------
+
+    def begin(self, seq: int, prompt: list[int]) -> None:
+        st = self._state(seq)
+        st.kv_tokens = []  # features stay: a reused prompt prefix is not forwarded again
+        sp = self.sampling_of(seq) if self.sampling_of is not None else None
+        g = torch.Generator(device="cpu")
+        g.manual_seed((int(getattr(sp, "seed", 0)) ^ DRAFT_SEED_MIX) & 0xFFFFFFFFFFFFFFFF)
+        self.generators[seq] = g
+
+    def seq_rm(self, seq: int) -> None:
+        # the engine calls this before reusing a slot's cached prefix, whose features were made then: keep them
+        if seq in self.states:
+            self.states[seq].kv_tokens = []
+        self.generators.pop(seq, None)
+
+    def get_state(self, seq: int):
+        # nothing to save: features and KV entries are checked against the confirmed tokens at every draft, and
+        # the draft's random stream runs on through a restore, so the round after the replay draws what the
+        # round after a range removal draws (same text on both rollback paths, rejection sampling included)
+        return None
+
+    def process(self, batch: Batch, result=None) -> None:
+        if result is None or result.hidden is None:
+            return
+        seqs = torch.tensor(batch.seq)
+        pos = torch.tensor(batch.pos)
+        toks = torch.tensor(batch.tokens)
+        for seq in set(batch.seq):
+            rows = (seqs == seq).nonzero().flatten()
+            st = self._state(seq)
+            p = pos[rows]
+            st.reserve(int(p.max()) + 1, self.params.grow)
+            st.feats[p] = result.hidden[rows].float()
+            st.feat_tok[p] = toks[rows]
+
+    # ---- drafting ---------------------------------------------------------------------------------------
+
+    def _attend(self, st: _SeqState, q: torch.Tensor) -> torch.Tensor:
+        """One query [heads, d] over all of the sequence's KV entries -> [heads*d]."""
+        k = self.head.expand_kv(st.k)  # [n, heads, d]
+        v = self.head.expand_kv(st.v)
+        out = F.scaled_dot_product_attention(q[None, :, None], k.transpose(0, 1)[None], v.transpose(0, 1)[None])
+        return out.reshape(-1)
+
+    def _catch_up(self, requests: list[DraftRequest]) -> list[torch.Tensor]:
+        """Bring every sequence's KV up to id_last's position; return each one's (feature, query) there."""
+        head, c = self.head, self.head.cfg
+        feats, toks, pos, owner = [], [], [], []
+        for i, r in enumerate(requests):
+            st = self._state(r.seq)
+            confirmed = r.prompt + [r.id_last]
+            n = 0
+            limit = min(len(st.kv_tokens), len(confirmed) - 1)  # id_last's entry is always remade: cheap
+            while n < limit and st.kv_tokens[n] == confirmed[n]:
+                n += 1
+            st.k, st.v, st.kv_tokens = st.k[:n], st.v[:n], st.kv_tokens[:n]
+            st.reserve(len(confirmed), self.params.grow)
+            for t in range(n, len(confirmed)):
+                ok = t >= 1 and int(st.feat_tok[t - 1]) == confirmed[t - 1]
+                feats.append(st.feats[t - 1] if ok else None)
+                toks.append(confirmed[t])
+                pos.append(t)
+                owner.append(i)
+        n_feat = c.hidden * len(c.layers)
+        raw = torch.stack([f if f is not None else torch.zeros(n_feat) for f in feats])
+        fused = head.fuse(raw)
+        missing = torch.tensor([f is None for f in feats])
+        fused[missing] = 0.0  # no target feature (position 0, or a position never forwarded): zero, as in training
+        q, k, v = head.qkv(fused, torch.tensor(toks), torch.tensor(pos))
+        owner_t = torch.tensor(owner)
+        lasts = []
+        for i, r in enumerate(requests):
+            rows = (owner_t == i).nonzero().flatten()
+            st = self._state(r.seq)
+            st.k = torch.cat([st.k, k[rows]])
+            st.v = torch.cat([st.v, v[rows]])
+            st.kv_tokens += [toks[j] for j in rows.tolist()]
+            lasts.append(int(rows[-1]))
+        return fused[lasts], q[lasts]
+
+    def _choose(self, r: DraftRequest, logits: torch.Tensor):
+        """Pick a draft token from head logits [draft_vocab]; return (target id, p of top, p of it, full q)."""
+        d2t = self.head.d2t
+        if r.want_q:
+            sp = self.sampling_of(r.seq) if self.sampling_of is not None else None
+            temp = float(getattr(sp, "temp", 1.0) or 1.0)
+            top = torch.topk(logits, min(self.params.top_k, logits.shape[-1]))
+            q_small = torch.softmax(top.values / temp, dim=-1)
+            j = int(torch.multinomial(q_small, 1, generator=self.generators[r.seq]))
+            q = torch.zeros(self.head.cfg.target_vocab)
+            q[d2t[top.indices]] = q_small
+            return int(d2t[top.indices[j]]), float(q_small.max()), float(q_small[j]), q
+        probs = torch.softmax(logits, dim=-1)
+        j = int(probs.argmax())
+        return int(d2t[j]), float(probs[j]), float(probs[j]), None
+
+    @torch.inference_mode()
+    def draft(self, requests: list[DraftRequest]) -> None:
+        head = self.head
+        for r in requests:
+            r.result, r.result_p = [], []
+            r.result_q = [] if r.want_q else None
+            if r.want_q and r.seq not in self.generators:
+                self.begin(r.seq, r.prompt)
+        if not requests:
+            return
+        feat, q = self._catch_up(requests)
+        base = {r.seq: len(self._state(r.seq).kv_tokens) for r in requests}  # entries of confirmed positions
+        live = list(range(len(requests)))
+        while live:
+            attn = torch.stack([self._attend(self._state(requests[i].seq), q[n]) for n, i in enumerate(live)])
+            g = head.finish(feat, attn)
+            logits = head.logits(g).float()
+            keep = []
+            for n, i in enumerate(live):
+                r = requests[i]
+                tok, p_top, p_tok, q_full = self._choose(r, logits[n])
+                if p_top < r.p_min:
+                    continue
+                r.result.append(tok)
+                r.result_p.append(p_tok)
+                if r.want_q:
+                    r.result_q.append(q_full)
+                if len(r.result) < r.n_max:
+                    keep.append(n)
+            if not keep:
+                break
+            live = [live[n] for n in keep]
+            feat = g[keep]
+            toks = torch.tensor([requests[i].result[-1] for i in live])
+            pos = torch.tensor([base[requests[i].seq] + len(requests[i].result) - 1 for i in live])
+            q, k, v = head.qkv(feat, toks, pos)
+            for n, i in enumerate(live):
+                st = self._state(requests[i].seq)
+                st.k = torch.cat([st.k, k[n:n + 1]])
+                st.v = torch.cat([st.v, v[n:n + 1]])
+        for r in requests:  # draft entries leave the head cache: next round remakes them from target features
+            st = self._state(r.seq)
+            st.k, st.v = st.k[:base[r.seq]], st.v[:base[r.seq]]
+
+
+def check_head_matches(head: DraftHead, target) -> None:
+    """Refuse a head trained for another model: vocabulary, width and the embedding table must be the same."""
+    emb = target.model.get_input_embeddings().weight
+    cfg = head.cfg
+    n_layers = int(getattr(target.model.config, "num_hidden_layers", 0))
+    if emb.shape[0] != cfg.target_vocab or emb.shape[1] != cfg.hidden:
+        raise ValueError(f"draft-head was trained for a target with vocab {cfg.target_vocab} and hidden "
+                         f"{cfg.hidden}; the loaded target has vocab {emb.shape[0]} and hidden {emb.shape[1]}")
+    if max(cfg.layers) > n_layers:
+        raise ValueError(f"draft-head reads hidden layer {max(cfg.layers)}; the target has {n_layers} layers")
+    if cfg.target_fingerprint and target_fingerprint(emb) != cfg.target_fingerprint:
+        raise ValueError("draft-head was trained for another model (embedding table checksum differs)")

@@ -1,0 +1,166 @@
+"""Training data for the draft head, made on this machine with no network.
+
+Two sources, both run through the target itself:
+* self-distillation: the target's greedy answers to the chat prompts of `prompts.py` (batched HF generate). The
+  hidden states and the next-token distributions come from the generation itself, so nothing is run twice;
+  these are exactly the contexts the head meets when it drafts for the target at temperature 0.
+* offline text: paragraphs of Python's own documentation (pydoc_data) and of /usr/share/doc, run through the
+  target in chunks; the labels are the target's distribution at every position, not the text's next token.
+
+Per sequence we keep: the tokens, the target hidden states of DATA_LAYERS (float16), and the target's top-K next
+token ids and probabilities. Everything lands in one torch file under the cache directory (never in git).
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.heads.prompts import check_disjoint, training_prompts
+
+DATA_LAYERS = (2, 15, 27, 30)  # hidden_states indices stored; a head config picks three of them
+TOP_K = 8  # target probabilities kept per position as the soft label
+
+
+@dataclass
+class DataParams:
+    n_topic: int = 300  # template x topic chat prompts
+    n_copy: int = 36  # copy / rewrite / summarise prompts over passages of local text
+    max_new_tokens: int = 160  # length cap of each self-distilled answer
+    gen_batch: int = 32  # prompts generated together
+    doc_tokens: int = 16384  # tokens of raw local text run through the target
+    doc_chunk: int = 256  # tokens per raw text chunk
+    seed: int = 1234  # prompt and passage choice
+    part: int = 0  # which slice of the prompt and text lists (parts are disjoint; see prompts.training_prompts)
+
+
+def _is_prose_file(p: Path) -> bool:
+    return p.name.lower().startswith("readme") or p.suffix in (".md", ".txt") or p.name.endswith(".md.gz")
+
+
+def local_texts(limit_chars: int = 2_000_000) -> list[str]:
+    """Plain-text prose available offline: pydoc topics, then READMEs / markdown under /usr/share/doc."""
+    texts = []
+    try:
+        import pydoc_data.topics as topics
+
+        texts += [topics.topics[k] for k in sorted(topics.topics)]
+    except ImportError:
+        pass  # a Python without its docs: /usr/share/doc alone
+    root = Path("/usr/share/doc")
+    if root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.is_file() and _is_prose_file(p))
+        for p in files:
+            try:
+                raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+                texts.append(raw.decode("utf-8"))
+            except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile):
+                continue  # binary or broken file: not prose
+    out, total = [], 0
+    for t in texts:
+        if total > limit_chars:
+            break
+        out.append(t)
+        total += len(t)
+    return out
+
+
+def _record(tokens, feats, probs_ids, probs_p, first_label: int) -> dict:
+    return {"tokens": torch.as_tensor(tokens, dtype=torch.int32), "feats": feats.to(torch.float16),
+            "top_ids": probs_ids.to(torch.int32), "top_p": probs_p.to(torch.float16), "first_label": first_label}
+
+
+@torch.inference_mode()
+def self_distill(target, prompt_ids: list[list[int]], params: DataParams, eos: set[int], progress=None) -> list[dict]:
+    """Greedy answers of the target, with hidden states and top-K distributions at every answer position."""
+    model = target.model
+    pad = int(getattr(target.tokenizer, "pad_token_id", None) or 0)
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    records = []
+    for start in range(0, len(order), params.gen_batch):
+        group = [prompt_ids[i] for i in order[start:start + params.gen_batch]]
+        width = max(len(p) for p in group)
+        inp = torch.tensor([[pad] * (width - len(p)) + p for p in group])
+        att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+        out = model.generate(inp, attention_mask=att, max_new_tokens=params.max_new_tokens, do_sample=False,
+                             pad_token_id=pad, return_dict_in_generate=True, output_hidden_states=True,
+                             output_logits=True)
+        steps = len(out.logits)
+        # [B, width + steps - 1, layers * H]: prefill rows, then one row per fed-back generated token
+        hid = torch.cat([torch.cat([out.hidden_states[s][i] for i in DATA_LAYERS], dim=-1)
+                         for s in range(steps)], dim=1)
+        top = [torch.softmax(lg.float(), dim=-1).topk(TOP_K, dim=-1) for lg in out.logits]
+        top_ids = torch.stack([t.indices for t in top], dim=1)  # [B, steps, K]
+        top_p = torch.stack([t.values for t in top], dim=1)
+        for b, p in enumerate(group):
+            gen = out.sequences[b, width:].tolist()
+            n = next((j + 1 for j, t in enumerate(gen) if t in eos), len(gen))
+            off = width - len(p)
+            length = len(p) + n - 1  # positions with a hidden state: the last token is never fed back
+            feats = hid[b, off:off + length]
+            ids = torch.zeros(length, TOP_K, dtype=torch.long)
+            pr = torch.zeros(length, TOP_K)
+            ids[len(p) - 1:] = top_ids[b, :n]
+            pr[len(p) - 1:] = top_p[b, :n]
+            records.append(_record(p + gen[:n - 1], feats, ids, pr, first_label=len(p) - 1))
+        if progress is not None:
+            progress.update(len(group))
+    return records
+
+
+@torch.inference_mode()
+def text_features(target, texts: list[str], params: DataParams, progress=None) -> list[dict]:
+    """Chunks of local text through the target: hidden states and the target's top-K at every position."""
+    model = target.model
+    ids: list[int] = []
+    for t in texts:
+        ids += target.tokenizer(t, add_special_tokens=False)["input_ids"]
+        if len(ids) >= params.doc_tokens * (params.part + 1):
+            break
+    ids = ids[params.doc_tokens * params.part:params.doc_tokens * (params.part + 1)]
+    chunks = [ids[i:i + params.doc_chunk] for i in range(0, len(ids) - params.doc_chunk + 1, params.doc_chunk)]
+    records = []
+    for start in range(0, len(chunks), 8):
+        x = torch.tensor(chunks[start:start + 8])
+        out = model.model(input_ids=x, output_hidden_states=True)
+        hs = out.hidden_states
+        feats = torch.cat([hs[i] for i in DATA_LAYERS], dim=-1)
+        for b in range(x.shape[0]):
+            logits = model.lm_head(hs[-1][b])
+            top = torch.softmax(logits.float(), dim=-1).topk(TOP_K, dim=-1)
+            records.append(_record(x[b].tolist(), feats[b], top.indices, top.values, first_label=0))
+        if progress is not None:
+            progress.update(x.shape[0])
+    return records
+
+
+def build(target, params: DataParams, held_out: list[Path]) -> dict:
+    """All training records plus what they were made from."""
+    from tqdm import tqdm
+
+    gen = torch.Generator().manual_seed(params.seed)
+    texts = local_texts()
+    prompts = training_prompts(texts, params.n_topic, params.n_copy, gen, params.part)
+    check_disjoint(prompts, held_out)
+    prompt_ids = [target.encode_chat([{"role": "user", "content": p["content"]}]) for p in prompts]
+    with tqdm(total=len(prompt_ids), desc="self-distil answers", unit="prompt") as bar:
+        records = self_distill(target, prompt_ids, params, target.eos_ids(), bar)
+    with tqdm(total=params.doc_tokens // params.doc_chunk, desc="local text features", unit="chunk") as bar:
+        records += text_features(target, texts, params, bar)
+    return {"records": records, "layers": DATA_LAYERS, "prompts": [p["content"] for p in prompts],
+            "params": params.__dict__}
+
+
+def load_or_build(path: Path, target, params: DataParams, held_out: list[Path]) -> dict:
+    """The cached data at `path`, made first when missing (written atomically)."""
+    if path.is_file():
+        return torch.load(path, weights_only=False)
+    data = build(target, params, held_out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(data, tmp)
+    tmp.rename(path)
+    return data

@@ -1,0 +1,162 @@
+"""The draft head network: EAGLE-3's shape at the scale of a 135M target.
+
+Input at position t: the target's hidden states h(t-1) of a low, a middle and a high layer, standardised per
+dimension (a few dimensions of a small LM's residual stream reach 10^4, which a linear layer cannot take raw)
+and fused by one linear layer to the target width, plus the target's own (frozen) embedding of token t. One
+Llama-style decoder layer (attention over the head's own KV cache, then a gated MLP) turns them into a feature
+g(t); the final norm and a reduced LM head give the next-token distribution over the `draft_vocab` most frequent
+target tokens. The LM head's rows are the target's tied embedding rows of those tokens (frozen), so only
+`d2t`, the map back to target ids, is stored. Deeper draft positions feed g(t) back in place of the fused
+target feature: the head predicts autoregressively from its own features.
+
+Only the trained parameters are saved; `attach_target` fills the frozen parts from the target at load time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class HeadConfig:
+    hidden: int = 576  # target hidden size (the head works at the same width)
+    n_heads: int = 9  # attention heads of the decoder layer
+    n_kv_heads: int = 3  # key/value heads (grouped-query attention, as the target)
+    head_dim: int = 64  # per-head width
+    intermediate: int = 1024  # gated MLP width (the target's layers use 1536)
+    layers: tuple[int, ...] = (2, 15, 27)  # target hidden_states indices read: low, middle, high
+    draft_vocab: int = 8192  # most frequent target tokens the head can propose
+    target_vocab: int = 49152  # target vocabulary size
+    rope_theta: float = 100000.0  # the target's rotary base
+    rms_eps: float = 1e-5  # norm epsilon
+    target_fingerprint: str = ""  # hash of the target embedding table the head was trained for
+    extra: dict = field(default_factory=dict)  # training facts recorded with the weights (not used to run)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "HeadConfig":
+        d = json.loads(text)
+        d["layers"] = tuple(d["layers"])
+        return cls(**d)
+
+
+def target_fingerprint(embed_weight: torch.Tensor) -> str:
+    """A short hash of the target's embedding table: tells the model the head was trained for from any other."""
+    w = embed_weight.detach().float().cpu()
+    sample = w[:: max(1, w.shape[0] // 512), :64].contiguous()
+    return hashlib.sha256(sample.numpy().round(4).tobytes()).hexdigest()[:16] + f"-{w.shape[0]}x{w.shape[1]}"
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of x [..., n, heads, head_dim] at positions pos [..., n] (the target's 'default' RoPE)."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+    ang = pos.float()[..., None] * inv  # [..., n, d/2]
+    cos = torch.cat([ang.cos(), ang.cos()], dim=-1).unsqueeze(-2)
+    sin = torch.cat([ang.sin(), ang.sin()], dim=-1).unsqueeze(-2)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class DraftHead(nn.Module):
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, n_in = cfg.hidden, cfg.hidden * len(cfg.layers)
+        self.register_buffer("feat_mu", torch.zeros(n_in))  # per-dimension feature mean (from training data)
+        self.register_buffer("feat_sigma", torch.ones(n_in))  # per-dimension feature spread
+        self.register_buffer("d2t", torch.arange(cfg.draft_vocab))  # draft id -> target id
+        self.fc = nn.Linear(n_in, h, bias=False)
+        self.emb_norm = RMSNorm(h, cfg.rms_eps)
+        self.feat_norm = RMSNorm(h, cfg.rms_eps)
+        self.q_proj = nn.Linear(2 * h, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * h, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * h, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, h, bias=False)
+        self.post_norm = RMSNorm(h, cfg.rms_eps)
+        self.gate = nn.Linear(h, cfg.intermediate, bias=False)
+        self.up = nn.Linear(h, cfg.intermediate, bias=False)
+        self.down = nn.Linear(cfg.intermediate, h, bias=False)
+        self.norm = RMSNorm(h, cfg.rms_eps)
+        # frozen, filled from the target by attach_target; never saved
+        self.embed: torch.Tensor | None = None  # [target_vocab, hidden]
+        self.lm_weight: torch.Tensor | None = None  # [draft_vocab, hidden]
+
+    def attach_target(self, embed_weight: torch.Tensor) -> None:
+        """Borrow the target's embedding table (input embeddings, and the tied LM head rows of d2t)."""
+        self.embed = embed_weight.detach()
+        self.lm_weight = self.embed[self.d2t].contiguous()
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+
+    # ---- pieces, shared by the drafter (one row per step) and training (whole sequences) ----------------
+
+    def fuse(self, feats: torch.Tensor) -> torch.Tensor:
+        """Target hidden states [..., layers*hidden] -> fused feature [..., hidden]."""
+        z = ((feats.float() - self.feat_mu) / self.feat_sigma).clamp(-10.0, 10.0)
+        return self.fc(z)
+
+    def qkv(self, feat: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor):
+        """Layer input from a feature and a token embedding; returns (x, q, k, v) with RoPE applied."""
+        e = self.embed[tokens].float()
+        x = torch.cat([self.emb_norm(e), self.feat_norm(feat)], dim=-1)
+        shape = x.shape[:-1]
+        q = self.q_proj(x).view(*shape, self.cfg.n_heads, self.cfg.head_dim)
+        k = self.k_proj(x).view(*shape, self.cfg.n_kv_heads, self.cfg.head_dim)
+        v = self.v_proj(x).view(*shape, self.cfg.n_kv_heads, self.cfg.head_dim)
+        return rope(q, pos, self.cfg.rope_theta), rope(k, pos, self.cfg.rope_theta), v
+
+    def finish(self, feat: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Residual stream after attention output [..., heads*head_dim] and the MLP: the head's feature g."""
+        h = feat + self.o_proj(attn)
+        y = self.post_norm(h)
+        return h + self.down(F.silu(self.gate(y)) * self.up(y))
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [..., draft_vocab] from features g."""
+        return self.norm(g) @ self.lm_weight.T
+
+    def expand_kv(self, t: torch.Tensor) -> torch.Tensor:
+        """[..., n, kv_heads, d] -> [..., n, heads, d] for grouped-query attention."""
+        return t.repeat_interleave(self.cfg.n_heads // self.cfg.n_kv_heads, dim=-2)
+
+
+def save_head(head: DraftHead, path: Path) -> None:
+    """Weights in `path` (safetensors, float16 for the big matrices) and the config beside it (.json)."""
+    from safetensors.torch import save_file
+
+    state = {k: (v.half() if v.dim() == 2 else v) for k, v in head.trained_state().items()}
+    save_file(state, str(path))
+    path.with_suffix(".json").write_text(head.cfg.to_json())
+
+
+def load_head(path: Path) -> DraftHead:
+    """A head from save_head's files, in float32, target parts not yet attached."""
+    from safetensors.torch import load_file
+
+    cfg = HeadConfig.from_json(path.with_suffix(".json").read_text())
+    head = DraftHead(cfg)
+    state = {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(str(path)).items()}
+    head.load_state_dict(state)
+    return head.eval()

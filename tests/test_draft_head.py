@@ -1,0 +1,204 @@
+"""draft-head: the EAGLE-style head reading the target's hidden states. Lossless, rolled back with the target,
+several sequences at once, refused on another model; and the shipped head on the embedded model."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.drafters.chain import NGRAM_CHAIN
+from engine.drafters.draft_head import DraftHeadDrafter, DraftHeadParams
+from engine.heads.model import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
+from engine.heads.unroll import step_loss, unroll
+from engine.params import GenParams, SpecParams
+from engine.sampling import SamplerParams
+from engine.slots import Engine
+
+PROMPTS = [
+    [1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
+    [1, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19],
+    [1, 40, 41, 40, 41, 40, 42, 43, 40, 41],
+]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tokens(events) -> list[int]:
+    return [t for e in events for t in e.emitted]
+
+
+def run(engine, prompt, types, temp=0.0, seed=0, n=40, n_max=4, rollback="auto", seq=None):
+    params = GenParams(max_new_tokens=n, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=seed),
+                       spec=SpecParams(types=list(types), n_max=n_max, adaptive=False, p_min=0.0,
+                                       rollback=rollback))
+    return list(engine.generate(prompt, params, seq=seq))
+
+
+def tiny_head(target, train_steps: int) -> DraftHead:
+    """A head for the tiny target, briefly trained on the target's own greedy text so that it accepts often."""
+    emb = target.model.get_input_embeddings().weight.detach()
+    cfg = HeadConfig(hidden=64, n_heads=4, n_kv_heads=2, head_dim=16, intermediate=64, layers=(0, 1, 2),
+                     draft_vocab=48, target_vocab=64, rope_theta=10000.0, target_fingerprint=target_fingerprint(emb))
+    torch.manual_seed(0)
+    head = DraftHead(cfg)
+    head.d2t.copy_(torch.arange(5, 53))
+    head.attach_target(emb)
+    if train_steps == 0:
+        return head
+    gen = torch.Generator().manual_seed(0)
+    starts = torch.randint(5, 60, (16, 3), generator=gen)
+    with torch.inference_mode():
+        seqs = target.model.generate(torch.cat([torch.ones(16, 1, dtype=torch.long), starts], 1), max_new_tokens=40,
+                                     do_sample=False, eos_token_id=None, pad_token_id=3)
+        out = target.model(seqs, output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i] for i in cfg.layers], -1).clone()
+    top = torch.softmax(out.logits.float(), -1).topk(4, dim=-1)
+    head.feat_mu.copy_(feats.reshape(-1, feats.shape[-1]).mean(0))
+    head.feat_sigma.copy_(feats.reshape(-1, feats.shape[-1]).std(0))
+    t2d = torch.full((64,), -1, dtype=torch.long)
+    t2d[head.d2t] = torch.arange(48)
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    valid = torch.ones(seqs.shape, dtype=torch.bool)
+    for _ in range(train_steps):
+        logits = unroll(head, feats, seqs.clone(), 2)
+        loss = 0.0
+        for j, lg in enumerate(logits):
+            ids = torch.cat([top.indices[:, j:], torch.zeros_like(top.indices[:, :j])], 1)
+            p = torch.cat([top.values[:, j:], torch.zeros_like(top.values[:, :j])], 1)
+            l_sum, _, n = step_loss(lg, ids, p, t2d, valid)
+            loss = loss + l_sum / n
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def head_file(tiny_target, tmp_path_factory):
+    path = tmp_path_factory.mktemp("head") / "tiny.safetensors"
+    save_head(tiny_head(tiny_target, train_steps=60), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_target, head_file):
+    return Engine(tiny_target, n_ctx=512, n_seq_max=4, calibrate=False,
+                  drafter_params={"draft-head": DraftHeadParams(weights=head_file)})
+
+
+@pytest.mark.parametrize("types", [["draft-head"], NGRAM_CHAIN + ["draft-head"]])
+def test_greedy_is_token_identical_and_the_head_accepts(engine, types):
+    n_acc = 0
+    for prompt in PROMPTS:
+        events = run(engine, prompt, types)
+        assert tokens(events) == tokens(run(engine, prompt, []))
+        n_acc += sum(e.n_accepted for e in events if e.drafter == "draft-head")
+    assert n_acc > 0, "the trained tiny head never had a token accepted"
+    assert engine.ctx.hidden_layers == (0, 1, 2)
+
+
+def test_sampling_uses_rejection_with_a_valid_q_and_is_reproducible(engine):
+    for seed, prompt in enumerate(PROMPTS):
+        a, b = run(engine, prompt, ["draft-head"], temp=0.8, seed=seed), run(engine, prompt, ["draft-head"],
+                                                                            temp=0.8, seed=seed)
+        assert tokens(a) == tokens(b)
+        spec = [e for e in a if e.kind == "spec"]
+        assert spec and all(e.verify_mode == "rejection" for e in spec)
+    d = engine.pool["draft-head"]
+    from engine.drafters.base import DraftRequest
+    r = DraftRequest(seq=0, prompt=PROMPTS[0], id_last=5, n_max=3, n_min=0, p_min=0.0, want_q=True)
+    engine.start(PROMPTS[0] + [5], GenParams(max_new_tokens=2, sampling=SamplerParams(temp=0.8)), seq=0)
+    engine.step()
+    d.draft([r])
+    assert len(r.result) == 3 and len(r.result_q) == 3
+    for tok, q in zip(r.result, r.result_q):
+        assert abs(float(q.sum()) - 1) < 1e-5 and q[tok] > 0 and float(q[:5].sum()) == 0.0  # outside d2t: 0
+    engine.release(0)
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.8])
+def test_forced_checkpoint_rollback_gives_the_same_text(engine, temp):
+    """Restore + replay re-runs positions the head already has features for: idempotent. At temp > 0 the replay
+    round samples its new token plainly where range removal decides it by rejection sampling (both exact), so
+    there the check is that the checkpoint path reproduces itself."""
+    n_replays = 0
+    for seed, prompt in enumerate(PROMPTS):
+        mode = "checkpoint" if temp > 0 else "auto"
+        want = tokens(run(engine, prompt, ["draft-head"], temp=temp, seed=seed, rollback=mode))
+        events = run(engine, prompt, ["draft-head"], temp=temp, seed=seed, rollback="checkpoint")
+        assert tokens(events) == want
+        n_replays += sum(e.kind == "replay" for e in events)
+    assert n_replays > 0
+
+
+def test_several_sequences_draft_in_one_batch(engine):
+    alone = [tokens(run(engine, p, ["draft-head"])) for p in PROMPTS]
+    for seq in list(engine.slots):
+        engine.release(seq)
+    params = GenParams(max_new_tokens=40, ignore_eos=True,
+                       spec=SpecParams(types=["draft-head"], n_max=4, adaptive=False, p_min=0.0))
+    slots = [engine.start(p, params, seq=i) for i, p in enumerate(PROMPTS)]
+    got = {s.seq: [] for s in slots}
+    calls0 = engine.chain.stats["draft-head"].n_call_draft
+    rounds = 0
+    while engine.active():
+        for e in engine.step():
+            got[e.seq].extend(e.emitted)
+        rounds += 1
+    assert [got[s.seq] for s in slots] == alone
+    assert engine.chain.stats["draft-head"].n_call_draft - calls0 < 3 * rounds  # one call drafted for several
+    for s in slots:
+        engine.release(s.seq)
+
+
+def test_a_head_for_another_model_is_refused(tiny_target, tiny_dirs, head_file, tmp_path):
+    from tiny import load_tiny
+
+    other = load_tiny(tiny_dirs["draft"])  # same vocabulary and width, other weights
+    e = Engine(other, n_ctx=64, n_seq_max=1, calibrate=False,
+               drafter_params={"draft-head": DraftHeadParams(weights=head_file)})
+    with pytest.raises(ValueError, match="another model"):
+        e.drafter("draft-head")
+    cfg = json.loads(head_file.with_suffix(".json").read_text())
+    cfg["target_vocab"] = 128
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(head_file.read_bytes())
+    bad.with_suffix(".json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="vocab 128"):
+        DraftHeadDrafter(target=tiny_target, params=DraftHeadParams(weights=bad))
+    with pytest.raises(ValueError, match="not found"):
+        DraftHeadDrafter(target=tiny_target, params=DraftHeadParams(weights=tmp_path / "none.safetensors"))
+
+
+def test_saved_head_loads_back_the_same(tiny_target, head_file):
+    head = load_head(head_file)
+    assert head.cfg.layers == (0, 1, 2) and head.d2t.tolist() == list(range(5, 53))
+
+
+# ---- the shipped head on the embedded model ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def embedded_engine(embedded):
+    return Engine(embedded, n_ctx=2048, n_seq_max=1, calibrate=False)
+
+
+@pytest.fixture(scope="module")
+def embedded_plain(embedded, embedded_engine):
+    """Three held-out prompts (two open, one copy) and plain decoding's answers to them."""
+    rows = [json.loads(line) for line in (ROOT / "assets" / "prompts" / "heldout.jsonl").read_text().splitlines()]
+    out = []
+    for row in [rows[0], rows[3], rows[10]]:
+        ids = embedded.encode_chat(row["messages"])
+        out.append((ids, tokens(embedded_engine.generate(ids, GenParams(max_new_tokens=24)))))
+    return out
+
+
+@pytest.mark.parametrize("types", [["draft-head"], NGRAM_CHAIN + ["draft-head"]])
+def test_shipped_head_is_lossless_on_the_embedded_model(embedded_engine, embedded_plain, types):
+    n_acc = 0
+    for ids, plain in embedded_plain:
+        events = list(embedded_engine.generate(ids, GenParams(max_new_tokens=24, spec=SpecParams(
+            types=types, n_max=4, adaptive=False, p_min=0.0))))
+        assert tokens(events) == plain
+        n_acc += sum(e.n_accepted for e in events if e.drafter == "draft-head")
+    assert n_acc > 0
