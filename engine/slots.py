@@ -201,7 +201,9 @@ class Engine(RoundLoop):
         slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
                     tokens=list(prompt[:kept]))
         if params.spec.synthetic_accept is not None:
-            slot.coins = torch.Generator().manual_seed((params.sampling.seed ^ 0x5BD1E995) & 0xFFFFFFFF)
+            # a stream per slot: the sampler's seed and the slot, so concurrent slots toss independent coins
+            coin_seed = params.sampling.seed ^ 0x5BD1E995 ^ (seq * 0x9E3779B1)
+            slot.coins = torch.Generator().manual_seed(coin_seed & 0xFFFFFFFF)
         self.slots[seq] = slot
         self.chain.begin(seq, slot.prompt, params.spec.types, adaptive=params.spec.adaptive)
         if "draft-simple" in params.spec.types:
