@@ -45,9 +45,8 @@ def test_tab_views_are_a_summary_and_every_figure():
     assert "nothing yet" in views[0] and all(isinstance(f, dict) and "data" in f for f in views[1:])
 
 
-def test_shipped_traces_render_if_present():
-    if not bench_tab.SHIPPED.is_file():
-        pytest.skip("no shipped assets/bench/traces.csv")
+def test_shipped_traces_render():
+    assert bench_tab.SHIPPED.is_file(), "assets/bench/traces.csv ships with the app"
     rows, note = bench_tab.read_traces(bench_tab.SHIPPED)
     views = bench_tab.tab_views(rows, note)
     assert rows and "aggregate decode" in views[0] and views[1]["data"]
