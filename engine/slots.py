@@ -139,9 +139,8 @@ class Engine(RoundLoop):
                               params=DraftModelParams(n_ctx=self.ctx.n_ctx, n_seq_max=self.ctx.n_seq_max))
             elif name == "draft-head":
                 from engine.drafters.draft_head import DraftHeadParams
-                # the head reads the target's embeddings and hidden states; q follows each slot's sampler
-                kwargs = dict(target=self.target, params=self.drafter_params.get(name) or DraftHeadParams(),
-                              sampling_of=lambda seq: self.slots[seq].params.sampling if seq in self.slots else None)
+                # the head reads the target's embeddings and hidden states
+                kwargs = dict(target=self.target, params=self.drafter_params.get(name) or DraftHeadParams())
             elif name in self.drafter_params:
                 kwargs = dict(params=self.drafter_params[name])
             self.pool[name] = make_drafter(name, **kwargs)
@@ -206,8 +205,8 @@ class Engine(RoundLoop):
             slot.coins = torch.Generator().manual_seed(coin_seed & 0xFFFFFFFF)
         self.slots[seq] = slot
         self.chain.begin(seq, slot.prompt, params.spec.types, adaptive=params.spec.adaptive)
-        if "draft-simple" in params.spec.types:
-            self.pool["draft-simple"].retune(seq, params.sampling.temp, params.sampling.seed)
+        for name in params.spec.types:  # model drafters sample at the slot's temperature, from its seed
+            self.pool[name].retune(seq, params.sampling.temp, params.sampling.seed)
         return slot
 
     def _shared_prefix(self, seq: int, prompt: list[int]) -> tuple[int, int]:

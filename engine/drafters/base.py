@@ -34,6 +34,42 @@ class DraftRequest:
     result_p: list[float] | None = None  # per drafted token, the draft's probability of it (for display)
 
 
+DRAFT_SEED_MIX = 0x85EBCA6B  # a draft's stream is seeded seed ^ this, so it differs from the target's
+
+
+class DraftStreams:
+    """Per-sequence sampling of a model drafter: llama.cpp's spec_retune. The target's temperature shapes q, and
+    the target's seed gives the draft its own stream (seed ^ DRAFT_SEED_MIX)."""
+
+    def __init__(self):
+        self.tuning: dict[int, tuple[float, int]] = {}  # seq -> (target temperature, target seed)
+        self.generators: dict[int, torch.Generator] = {}  # seq -> the draft's own random stream
+
+    def retune(self, seq: int, temp: float, seed: int) -> None:
+        if self.tuning.get(seq) == (temp, seed):
+            return
+        self.tuning[seq] = (temp, seed)
+        self.generators.pop(seq, None)
+
+    def temp(self, seq: int) -> float:
+        return self.tuning.get(seq, (0.0, 0))[0]
+
+    def generator(self, seq: int) -> torch.Generator:
+        if seq not in self.generators:
+            g = torch.Generator(device="cpu")
+            g.manual_seed(self.tuning.get(seq, (0.0, 0))[1] ^ DRAFT_SEED_MIX)
+            self.generators[seq] = g
+        return self.generators[seq]
+
+    def restart(self, seq: int) -> None:
+        """A new prompt: the stream starts again from its seed."""
+        self.generators.pop(seq, None)
+
+    def forget(self, seq: int) -> None:
+        self.generators.pop(seq, None)
+        self.tuning.pop(seq, None)
+
+
 class Drafter:
     """Base class: a drafter that never drafts. Subclasses override what they need."""
 
@@ -53,6 +89,9 @@ class Drafter:
 
     def draft(self, requests: list[DraftRequest]) -> None:
         """Fill `result` of the given requests (all have drafting=True) where this drafter has a proposal."""
+
+    def retune(self, seq: int, temp: float, seed: int) -> None:
+        """The sequence's target sampling settings, for drafters that sample (see DraftStreams)."""
 
     def accept(self, seq: int, n_accepted: int, is_other: bool) -> None:
         """`n_accepted` of the last draft for `seq` were kept; `is_other` if another drafter made that draft."""

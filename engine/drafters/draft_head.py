@@ -17,16 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from engine.batch import Batch
-from engine.drafters.base import Drafter, DraftRequest
+from engine.drafters.base import Drafter, DraftRequest, DraftStreams
 from engine.heads.model import DraftHead, load_head, target_fingerprint
 
-DRAFT_SEED_MIX = 0x85EBCA6B  # as draft-simple: the draft's stream differs from the target's
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[2] / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
 
 
@@ -59,8 +57,7 @@ class DraftHeadDrafter(Drafter):
     name = "draft-head"
     needs_model = True
 
-    def __init__(self, target=None, params: DraftHeadParams | None = None, head: DraftHead | None = None,
-                 sampling_of: Callable[[int], object] | None = None):
+    def __init__(self, target=None, params: DraftHeadParams | None = None, head: DraftHead | None = None):
         if target is None:
             raise ValueError("draft-head needs the target model (its embedding table and hidden states)")
         self.params = params or DraftHeadParams()
@@ -72,9 +69,8 @@ class DraftHeadDrafter(Drafter):
         head.attach_target(target.model.get_input_embeddings().weight.float())
         self.head = head.eval()
         self.hidden_layers = tuple(head.cfg.layers)
-        self.sampling_of = sampling_of  # seq -> the target's SamplerParams (temperature and seed shape q)
         self.states: dict[int, _SeqState] = {}
-        self.generators: dict[int, torch.Generator] = {}  # seq -> the draft's own random stream
+        self.streams = DraftStreams()  # per-seq temperature, seed and random stream
 
     def _state(self, seq: int) -> _SeqState:
         if seq not in self.states:
@@ -87,16 +83,16 @@ class DraftHeadDrafter(Drafter):
     def begin(self, seq: int, prompt: list[int]) -> None:
         st = self._state(seq)
         st.kv_tokens = []  # features stay: a reused prompt prefix is not forwarded again
-        sp = self.sampling_of(seq) if self.sampling_of is not None else None
-        g = torch.Generator(device="cpu")
-        g.manual_seed((int(getattr(sp, "seed", 0)) ^ DRAFT_SEED_MIX) & 0xFFFFFFFFFFFFFFFF)
-        self.generators[seq] = g
+        self.streams.restart(seq)
+
+    def retune(self, seq: int, temp: float, seed: int) -> None:
+        self.streams.retune(seq, temp, seed)
 
     def seq_rm(self, seq: int) -> None:
         # the engine calls this before reusing a slot's cached prefix, whose features were made then: keep them
         if seq in self.states:
             self.states[seq].kv_tokens = []
-        self.generators.pop(seq, None)
+        self.streams.forget(seq)
 
     def get_state(self, seq: int):
         # nothing to save: features and KV entries are checked against the confirmed tokens at every draft, and
@@ -167,11 +163,10 @@ class DraftHeadDrafter(Drafter):
         """Pick a draft token from head logits [draft_vocab]; return (target id, p of top, p of it, full q)."""
         d2t = self.head.d2t
         if r.want_q:
-            sp = self.sampling_of(r.seq) if self.sampling_of is not None else None
-            temp = float(getattr(sp, "temp", 1.0) or 1.0)
+            temp = self.streams.temp(r.seq) or 1.0
             top = torch.topk(logits, min(self.params.top_k, logits.shape[-1]))
             q_small = torch.softmax(top.values / temp, dim=-1)
-            j = int(torch.multinomial(q_small, 1, generator=self.generators[r.seq]))
+            j = int(torch.multinomial(q_small, 1, generator=self.streams.generator(r.seq)))
             q = torch.zeros(self.head.cfg.target_vocab)
             q[d2t[top.indices]] = q_small
             return int(d2t[top.indices[j]]), float(q_small.max()), float(q_small[j]), q
@@ -185,8 +180,6 @@ class DraftHeadDrafter(Drafter):
         for r in requests:
             r.result, r.result_p = [], []
             r.result_q = [] if r.want_q else None
-            if r.want_q and r.seq not in self.generators:
-                self.begin(r.seq, r.prompt)
         if not requests:
             return
         feat, q = self._catch_up(requests)

@@ -19,11 +19,8 @@ import torch
 
 from engine.batch import Batch
 from engine.context import ModelContext
-from engine.drafters.base import Drafter, DraftRequest
+from engine.drafters.base import Drafter, DraftRequest, DraftStreams
 from engine.probe import PART, probe_context
-
-DRAFT_SEED_MIX = 0x85EBCA6B
-
 
 @dataclass
 class DraftModelParams:
@@ -49,37 +46,23 @@ class DraftModelDrafter(Drafter):
         if self.probe.kind != PART:
             raise ValueError(f"this model cannot be a draft model (rollback {self.probe.kind}): {self.probe.reason}")
         self.cached: dict[int, list[int]] = {}  # seq -> tokens in the draft cache, in position order
-        self.generators: dict[int, torch.Generator] = {}  # seq -> the draft's own random stream
-        self.tuning: dict[int, tuple[float, int]] = {}  # seq -> (target temperature, target seed)
+        self.streams = DraftStreams()  # per-seq temperature, seed and random stream
 
     def retune(self, seq: int, temp: float, seed: int) -> None:
-        """llama.cpp's spec_retune, per sequence: the target's temperature shapes q, and a new seed gives the
-        draft a new stream (seed ^ 0x85ebca6b, so it differs from the target's)."""
-        if self.tuning.get(seq) == (temp, seed):
-            return
-        self.tuning[seq] = (temp, seed)
-        self.generators.pop(seq, None)
-
-    def _generator(self, seq: int) -> torch.Generator:
-        if seq not in self.generators:
-            g = torch.Generator(device="cpu")
-            g.manual_seed(self.tuning.get(seq, (0.0, 0))[1] ^ DRAFT_SEED_MIX)
-            self.generators[seq] = g
-        return self.generators[seq]
+        self.streams.retune(seq, temp, seed)
 
     def begin(self, seq: int, prompt: list[int]) -> None:
         self.ctx.seq_rm(seq, -1, -1)
         self.cached[seq] = []
-        self.generators.pop(seq, None)
+        self.streams.restart(seq)
 
     def seq_rm(self, seq: int) -> None:
         self.ctx.seq_rm(seq, -1, -1)
         self.cached.pop(seq, None)
-        self.generators.pop(seq, None)
-        self.tuning.pop(seq, None)
+        self.streams.forget(seq)
 
     def get_state(self, seq: int):
-        g = self.generators.get(seq)
+        g = self.streams.generators.get(seq)
         return (list(self.cached.get(seq, [])), None if g is None else g.get_state())
 
     def set_state(self, seq: int, state) -> None:
@@ -91,7 +74,7 @@ class DraftModelDrafter(Drafter):
         self.ctx.seq_rm(seq, n, -1)
         self.cached[seq] = list(cached[:n])
         if g_state is not None:
-            self._generator(seq).set_state(g_state)
+            self.streams.generator(seq).set_state(g_state)
 
     def _catch_up(self, batch: Batch, r: DraftRequest) -> None:
         """Add to `batch` what the draft cache lacks of r's confirmed tokens; the last row outputs."""
@@ -132,10 +115,10 @@ class DraftModelDrafter(Drafter):
             batch = Batch()
             still = []
             for row, r in enumerate(live):
-                q = self._q(logits[row], self.tuning.get(r.seq, (0.0, 0))[0] if r.want_q else 0.0)
+                q = self._q(logits[row], self.streams.temp(r.seq) if r.want_q else 0.0)
                 p_top, tok = float(q.max()), int(q.argmax())
                 if r.want_q:
-                    tok = int(torch.multinomial(q, 1, generator=self._generator(r.seq)))
+                    tok = int(torch.multinomial(q, 1, generator=self.streams.generator(r.seq)))
                 if p_top < r.p_min:
                     continue
                 r.result.append(tok)
