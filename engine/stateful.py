@@ -34,10 +34,7 @@ class StateMemory:
 
     can_share = False  # a prefix cannot be stored once for several sequences (no seq_cp)
 
-    def __init__(self, model, n_ctx: int, n_seq_max: int):
-        self.model = model
-        self.n_cells = n_ctx  # tokens all sequences may hold together, as the cell cache's cell count
-        self.n_seq_max = n_seq_max
+    def __init__(self):
         self.caches: dict[int, DynamicCache] = {}  # seq -> the model's own cache for it
         self.n_past: dict[int, int] = {}  # seq -> tokens in its cache
         self.n_last: dict[int, int] = {}  # seq -> tokens of its last forward: what RS can still remove
@@ -52,9 +49,6 @@ class StateMemory:
 
     def seq_pos_max(self, seq: int) -> int:
         return self.n_past.get(seq, 0) - 1
-
-    def seq_pos_min(self, seq: int) -> int:
-        return 0 if self.n_past.get(seq, 0) else -1
 
     def seq_cells(self, seq: int) -> torch.Tensor:
         return torch.arange(self.n_past.get(seq, 0))
@@ -166,7 +160,7 @@ class StatefulContext:
         self.n_outputs_max = n_outputs_max
         self.n_vocab = int(text_cfg.vocab_size)
         self.device = next(model.parameters()).device
-        self.cache = StateMemory(model, n_ctx, n_seq_max)
+        self.cache = StateMemory()
         self.n_forward = 0
         self.hidden_layers: tuple[int, ...] = ()  # as ModelContext.hidden_layers
         # n_rs > 0: step the recurrent mixers and keep their last n_rs states, so short tails can be removed (RS)
