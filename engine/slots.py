@@ -197,6 +197,8 @@ class Engine(RoundLoop):
             self.ctx.seq_rm(seq, -1, -1)
             kept = 0
         self.chain.seq_rm(seq)
+        if n_shared > n_own:
+            self.chain.seq_cp(src, seq, n_shared)
         slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
                     tokens=list(prompt[:kept]))
         if params.spec.synthetic_accept is not None:

@@ -151,6 +151,33 @@ def test_several_sequences_draft_in_one_batch(engine):
         engine.release(s.seq)
 
 
+def test_a_shared_prompt_prefix_brings_its_features_to_the_head(engine):
+    """A slot whose prompt prefix another slot holds gets the cells by seq_cp and never forwards them; the head
+    must get the target features of those positions too, or it drafts from zeros there."""
+    shared = PROMPTS[0] + [20, 21, 22, 23, 24, 25]
+    second = shared + [30, 31]
+    alone = tokens(run(engine, second, ["draft-head"]))
+    for seq in list(engine.slots):
+        engine.release(seq)
+    params = GenParams(max_new_tokens=40, ignore_eos=True,
+                       spec=SpecParams(types=["draft-head"], n_max=4, adaptive=False, p_min=0.0))
+    first = engine.start(shared, params, seq=0)
+    engine.step({first.seq})  # the prefill: the shared prefix is in the cache and its features in the head
+    drafter = engine.pool["draft-head"]
+    slot = engine.start(second, params, seq=1)
+    assert len(slot.tokens) == len(shared)  # taken from slot 0, not forwarded
+    got = drafter.states[1]
+    assert got.feat_tok[:len(shared)].tolist() == shared
+    assert torch.equal(got.feats[:len(shared)], drafter.states[0].feats[:len(shared)])
+    out = []
+    while engine.active({1}):
+        for e in engine.step({1}):
+            out.extend(e.emitted)
+    assert out == alone
+    for seq in list(engine.slots):
+        engine.release(seq)
+
+
 def test_a_head_for_another_model_is_refused(tiny_target, tiny_dirs, head_file, tmp_path):
     from tiny import load_tiny
 

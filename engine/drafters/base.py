@@ -99,6 +99,10 @@ class Drafter:
     def seq_rm(self, seq: int) -> None:
         """The sequence left (slot freed): drop its state."""
 
+    def seq_cp(self, src: int, dst: int, n: int) -> None:
+        """The target's cache gave `dst` the first `n` positions of `src` (a shared prompt prefix, llama.cpp's
+        seq_cp): drafters that keep per-position state of the target copy it, since dst never forwards them."""
+
     def get_state(self, seq: int) -> Any:
         """Private per-sequence state for a checkpoint (llama.cpp's data_spec); None if nothing to save."""
         return None

@@ -179,6 +179,10 @@ class DrafterChain:
                 self.pool[other].accept(seq, n_accepted, True)
         self.impl_last[seq] = None
 
+    def seq_cp(self, src: int, dst: int, n: int) -> None:
+        for impl in self.pool.values():  # every drafter: dst may pick its drafters only after this
+            impl.seq_cp(src, dst, n)
+
     def seq_rm(self, seq: int) -> None:
         for name in self.types.pop(seq, []):
             self.pool[name].seq_rm(seq)

@@ -94,6 +94,16 @@ class DraftHeadDrafter(Drafter):
             self.states[seq].kv_tokens = []
         self.streams.forget(seq)
 
+    def seq_cp(self, src: int, dst: int, n: int) -> None:
+        # the shared prefix is never forwarded for dst: without its features the head would draft blind there
+        if src not in self.states or n <= 0:
+            return
+        a, b = self._state(src), self._state(dst)
+        b.reserve(n, self.params.grow)
+        m = min(n, a.feats.shape[0])
+        b.feats[:m] = a.feats[:m]
+        b.feat_tok[:m] = a.feat_tok[:m]
+
     def get_state(self, seq: int):
         # nothing to save: features and KV entries are checked against the confirmed tokens at every draft, and
         # the draft's random stream runs on through a restore, so the round after the replay draws what the

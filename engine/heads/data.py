@@ -7,7 +7,7 @@ Two sources, both run through the target itself:
 * offline text: paragraphs of Python's own documentation (pydoc_data) and of /usr/share/doc, run through the
   target in chunks; the labels are the target's distribution at every position, not the text's next token.
 
-Per sequence we keep: the tokens, the target hidden states of DATA_LAYERS (float16), and the target's top-K next
+Per sequence we keep: the tokens, the target hidden states of `data_layers` (float16), and the target's top-K next
 token ids and probabilities. Everything lands in one torch file under the cache directory (never in git).
 """
 
@@ -21,16 +21,21 @@ import torch
 
 from engine.heads.prompts import check_disjoint, training_prompts
 
-DATA_LAYERS = (2, 15, 27, 30)  # hidden_states indices stored; a head config picks three of them
+
+
+def data_layers(n_layers: int) -> tuple[int, ...]:
+    """hidden_states indices stored (a head config picks three): a low, the middle, a high and the top layer
+    (2, 15, 27, 30 for the embedded model's 30 layers)."""
+    return tuple(sorted({min(2, n_layers), n_layers // 2, max(n_layers - 3, 0), n_layers}))
 TOP_K = 8  # target probabilities kept per position as the soft label
 
 
 @dataclass
 class DataParams:
-    n_topic: int = 300  # template x topic chat prompts
+    n_topic: int = 500  # template x topic chat prompts
     n_copy: int = 36  # copy / rewrite / summarise prompts over passages of local text
-    max_new_tokens: int = 160  # length cap of each self-distilled answer
-    gen_batch: int = 32  # prompts generated together
+    max_new_tokens: int = 192  # length cap of each self-distilled answer
+    gen_batch: int = 96  # prompts generated together (bigger batches use the CPU better, and memory)
     doc_tokens: int = 16384  # tokens of raw local text run through the target
     doc_chunk: int = 256  # tokens per raw text chunk
     seed: int = 1234  # prompt and passage choice
@@ -77,6 +82,7 @@ def _record(tokens, feats, probs_ids, probs_p, first_label: int) -> dict:
 def self_distill(target, prompt_ids: list[list[int]], params: DataParams, eos: set[int], progress=None) -> list[dict]:
     """Greedy answers of the target, with hidden states and top-K distributions at every answer position."""
     model = target.model
+    layers = data_layers(model.config.num_hidden_layers)
     pad = int(getattr(target.tokenizer, "pad_token_id", None) or 0)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     records = []
@@ -90,7 +96,7 @@ def self_distill(target, prompt_ids: list[list[int]], params: DataParams, eos: s
                              output_logits=True)
         steps = len(out.logits)
         # [B, width + steps - 1, layers * H]: prefill rows, then one row per fed-back generated token
-        hid = torch.cat([torch.cat([out.hidden_states[s][i] for i in DATA_LAYERS], dim=-1)
+        hid = torch.cat([torch.cat([out.hidden_states[s][i] for i in layers], dim=-1)
                          for s in range(steps)], dim=1)
         top = [torch.softmax(lg.float(), dim=-1).topk(TOP_K, dim=-1) for lg in out.logits]
         top_ids = torch.stack([t.indices for t in top], dim=1)  # [B, steps, K]
@@ -115,6 +121,7 @@ def self_distill(target, prompt_ids: list[list[int]], params: DataParams, eos: s
 def text_features(target, texts: list[str], params: DataParams, progress=None) -> list[dict]:
     """Chunks of local text through the target: hidden states and the target's top-K at every position."""
     model = target.model
+    layers = data_layers(model.config.num_hidden_layers)
     ids: list[int] = []
     for t in texts:
         ids += target.tokenizer(t, add_special_tokens=False)["input_ids"]
@@ -127,7 +134,7 @@ def text_features(target, texts: list[str], params: DataParams, progress=None) -
         x = torch.tensor(chunks[start:start + 8])
         out = model.model(input_ids=x, output_hidden_states=True)
         hs = out.hidden_states
-        feats = torch.cat([hs[i] for i in DATA_LAYERS], dim=-1)
+        feats = torch.cat([hs[i] for i in layers], dim=-1)
         for b in range(x.shape[0]):
             logits = model.lm_head(hs[-1][b])
             top = torch.softmax(logits.float(), dim=-1).topk(TOP_K, dim=-1)
@@ -135,6 +142,14 @@ def text_features(target, texts: list[str], params: DataParams, progress=None) -
         if progress is not None:
             progress.update(x.shape[0])
     return records
+
+
+DATA_VERSION = "v2"  # bump when prompts or records change: old cached files are then not reused
+
+
+def data_path(root: Path, part: int) -> Path:
+    """Cache file of one data part (root: a folder per target model)."""
+    return root / f"data-{DATA_VERSION}-part{part}.pt"
 
 
 def build(target, params: DataParams, held_out: list[Path]) -> dict:
@@ -150,14 +165,17 @@ def build(target, params: DataParams, held_out: list[Path]) -> dict:
         records = self_distill(target, prompt_ids, params, target.eos_ids(), bar)
     with tqdm(total=params.doc_tokens // params.doc_chunk, desc="local text features", unit="chunk") as bar:
         records += text_features(target, texts, params, bar)
-    return {"records": records, "layers": DATA_LAYERS, "prompts": [p["content"] for p in prompts],
-            "params": params.__dict__}
+    layers = data_layers(target.model.config.num_hidden_layers)
+    return {"records": records, "layers": layers, "prompts": [p["content"] for p in prompts], "params": params.__dict__}
 
 
 def load_or_build(path: Path, target, params: DataParams, held_out: list[Path]) -> dict:
-    """The cached data at `path`, made first when missing (written atomically)."""
+    """The cached data at `path`, made first when missing or made with other parameters (written atomically)."""
     if path.is_file():
-        return torch.load(path, weights_only=False)
+        data = torch.load(path, weights_only=False)
+        if data.get("params") == params.__dict__:
+            return data
+        print(f"{path} was made with other data parameters: making it again")
     data = build(target, params, held_out)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -2,8 +2,10 @@
 
 On prompts the head was never trained on (assets/prompts/heldout.jsonl by default; `prompts.check_disjoint`
 keeps them out of the training set), through the real engine, one prompt at a time:
-* acceptance: the head alone with fixed 4-token drafts (n_max 4, no length policy, p_min 0): acceptance at each
-  draft position and the mean acceptance length (1 + accepted tokens per verified round);
+* acceptance: the head alone with fixed 4-token drafts (n_max 4, no length policy), once with p_min 0 (a draft
+  every round, however unsure) and once with the engine's p_min (the head stops where it is unsure, and skips a
+  round when even its first token is): acceptance at each draft position and the mean acceptance length
+  (1 + accepted tokens per round with a draft);
 * speed: plain decoding, the head alone, the n-gram chain, and the n-gram chain then the head, each with the
   engine's adaptive length policy, timed back to back so the ratios share the machine's load;
 * lossless: every speculative run must give plain decoding's tokens (temperature 0), or the exit status is 1;
@@ -17,6 +19,7 @@ import argparse
 import json
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.drafters.chain import NGRAM_CHAIN
@@ -24,6 +27,7 @@ from engine.drafters.chain import NGRAM_CHAIN
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {  # name -> (drafter types, adaptive length policy)
     "head-fixed4": (["draft-head"], False),
+    "head-pmin": (["draft-head"], False),
     "head": (["draft-head"], True),
     "ngram": (list(NGRAM_CHAIN), True),
     "ngram+head": (list(NGRAM_CHAIN) + ["draft-head"], True),
@@ -38,6 +42,44 @@ def run(engine, ids, types, adaptive, n_new, n_max, p_min):
     t0 = time.perf_counter()
     events = list(engine.generate(ids, params))
     return events, time.perf_counter() - t0
+
+
+@dataclass
+class AcceptStats:
+    """Acceptance counters of the head's rounds in one configuration."""
+    n_max: int
+    n_steps: int = 0  # target forwards of the run (rounds with or without a draft)
+    n_rounds: int = 0  # rounds in which the head drafted
+    n_accepted: int = 0  # draft tokens kept, over those rounds
+    n_drafted: int = 0  # draft tokens proposed
+    t_draft_ms: float = 0.0  # time spent drafting, catch-up included
+    reached: list[int] = field(default_factory=list)  # rounds with a draft token at position i
+    kept: list[int] = field(default_factory=list)  # ... whose token at position i was kept
+
+    def add(self, events) -> None:
+        if not self.reached:
+            self.reached, self.kept = [0] * self.n_max, [0] * self.n_max
+        for e in events:
+            self.n_steps += e.kind in ("spec", "plain")
+            if e.kind != "spec" or e.drafter != "draft-head" or not e.drafted:
+                continue
+            self.n_rounds += 1
+            self.n_accepted += e.n_accepted
+            self.n_drafted += len(e.drafted)
+            self.t_draft_ms += e.t_draft_ms
+            for i in range(len(e.drafted)):
+                self.reached[i] += 1
+                self.kept[i] += i < e.n_accepted
+
+    def rates(self) -> list[float]:
+        return [k / r if r else 0.0 for k, r in zip(self.kept, self.reached)]
+
+    def rates_given_previous(self) -> list[float]:
+        before = [self.n_rounds] + self.kept[:-1]
+        return [k / b if b else 0.0 for k, b in zip(self.kept, before)]
+
+    def mean_len(self) -> float:
+        return 1 + self.n_accepted / max(1, self.n_rounds)
 
 
 def geomean(xs):
@@ -78,13 +120,10 @@ def main(argv=None) -> int:
     t1 = engine.cost.seconds[0]
     print(f"{len(rows)} held-out prompts: " + ", ".join(r["id"] for r in rows))
     print(f"speed runs: adaptive length policy, n_max {args.n_max}, p_min {args.p_min}; acceptance runs: "
-          f"fixed {args.n_max}-token drafts, p_min 0")
+          f"fixed {args.n_max}-token drafts, p_min 0 and {args.p_min}")
     print(f"one-token target forward: {t1 * 1e3:.1f} ms; verify cost c(k+1) = "
           + ", ".join(f"k={k}: {engine.cost.c(k + 1):.2f}" for k in range(1, args.n_max + 1)))
-    acc_pos = [0] * args.n_max
-    reach_pos = [0] * args.n_max
-    n_rounds = n_acc = 0
-    t_draft_ms = n_drafted = 0.0
+    stats = {name: AcceptStats(args.n_max) for name in ("head-fixed4", "head-pmin")}
     speed: dict[str, dict[str, list[float]]] = {}
     lossless = True
     print(f"{'prompt':22s} {'kind':5s} {'n':>4s} {'plain':>6s} " + " ".join(f"{c:>11s}" for c in CONFIGS))
@@ -101,29 +140,25 @@ def main(argv=None) -> int:
             ratio = plain_s / secs
             speed.setdefault(name, {}).setdefault(row.get("kind", "all"), []).append(ratio)
             cells.append(f"{ratio:10.2f}x" + ("" if ok else "!"))
-            if name == "head-fixed4":
-                for e in events:
-                    if e.kind != "spec" or e.drafter != "draft-head":
-                        continue
-                    n_rounds += 1
-                    n_acc += e.n_accepted
-                    t_draft_ms += e.t_draft_ms
-                    n_drafted += len(e.drafted)
-                    for i in range(len(e.drafted)):
-                        reach_pos[i] += 1
-                        acc_pos[i] += i < e.n_accepted
+            if name in stats:
+                stats[name].add(events)
         print(f"{row['id'][:22]:22s} {row.get('kind', ''):5s} {len(plain):4d} {len(plain) / plain_s:5.1f}/s "
               + " ".join(cells), flush=True)
-    rates = [a / r if r else 0.0 for a, r in zip(acc_pos, reach_pos)]
-    mean_len = 1 + n_acc / max(1, n_rounds)
-    per_tok = t_draft_ms / max(1, n_drafted)
-    print("\nacceptance by draft position (conditional on reaching it): "
-          + ", ".join(f"{i + 1}: {rates[i]:.3f}"
-                      for i in range(args.n_max)))
-    uncond = [a / max(1, n_rounds) for a in acc_pos]
-    print(f"acceptance at draft position 1: {rates[0]:.3f}; mean acceptance length (n_max {args.n_max}, "
-          f"fixed drafts): {mean_len:.2f} tokens per round; rounds {n_rounds}")
-    print(f"draft cost: {per_tok:.2f} ms per drafted token (catch-up included) = "
+    for name, st in stats.items():
+        p_min = 0.0 if name == "head-fixed4" else args.p_min
+        print(f"\nfixed {args.n_max}-token drafts, p_min {p_min}: the head drafted in {st.n_rounds} of "
+              f"{st.n_steps} rounds")
+        print("  kept at each draft position, of the rounds that drafted it: "
+              + ", ".join(f"{i + 1}: {r:.3f}" for i, r in enumerate(st.rates())))
+        print("  kept at each draft position, given the one before was kept: "
+              + ", ".join(f"{i + 1}: {r:.3f}" for i, r in enumerate(st.rates_given_previous())))
+        print(f"  acceptance at draft position 1: {st.rates()[0]:.3f}; mean acceptance length: "
+              f"{st.mean_len():.2f} tokens per round with a draft")
+    fixed = stats["head-fixed4"]
+    mean_len, n_rounds = fixed.mean_len(), fixed.n_rounds
+    per_tok = fixed.t_draft_ms / max(1, fixed.n_drafted)
+    uncond = [k / max(1, n_rounds) for k in fixed.kept]
+    print(f"\ndraft cost: {per_tok:.2f} ms per drafted token (catch-up included) = "
           f"{per_tok / (t1 * 1e3):.3f} of a one-token target forward")
     # a: the per-position rate that gives the measured mean acceptance length at k = n_max
     k = args.n_max

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from engine.heads.data import DataParams, load_or_build
+from engine.heads.data import DataParams, data_path, load_or_build
 from engine.heads.model import DraftHead, HeadConfig, save_head, target_fingerprint
 from engine.heads.unroll import step_loss, unroll
 
@@ -101,7 +101,7 @@ def run_epoch(head, records, batch_list, cols, t2d, n_steps, weights, opt=None, 
                 l_sum, correct, n = step_loss(lg, shifted(top_ids, j), shifted(top_p, j), t2d,
                                               shifted(labelled, j, False))
                 loss = loss + weights[j] * l_sum / n.clamp(min=1)
-                tot[j] += torch.tensor([float(l_sum), float(correct), float(n)])
+                tot[j] += torch.tensor([float(l_sum.detach()), float(correct), float(n)])
         if opt is not None:
             opt.zero_grad()
             loss.backward()
@@ -120,7 +120,12 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="embedded", help="target model (the head is trained for this one)")
     ap.add_argument("--data", type=Path, nargs="+", default=None, help="training data files, one per part "
                     "(default: in the cache directory; made when missing)")
-    ap.add_argument("--parts", type=int, default=2, help="disjoint slices of prompts and text to train on")
+    ap.add_argument("--parts", type=int, default=4, help="disjoint slices of prompts and text to train on")
+    ap.add_argument("--n-topic", type=int, default=DataParams.n_topic, help="chat prompts per part")
+    ap.add_argument("--n-copy", type=int, default=DataParams.n_copy, help="copy-style prompts per part")
+    ap.add_argument("--max-new-tokens", type=int, default=DataParams.max_new_tokens,
+                    help="length cap of each self-distilled answer")
+    ap.add_argument("--doc-tokens", type=int, default=DataParams.doc_tokens, help="local text tokens per part")
     ap.add_argument("--dropout", type=float, default=0.1, help="dropout on the head's input features (training)")
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="weights file (.safetensors; .json beside it)")
@@ -130,6 +135,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-tokens", type=int, default=1024)
     ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--layers", type=int, nargs=3, default=list(HeadConfig.layers),
+                    help="target hidden_states indices the head reads (low, middle, high; from data.data_layers)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--limit-records", type=int, default=0, help="use only this many records (a quick check)")
@@ -146,8 +153,11 @@ def main(argv=None) -> int:
     target = load_model(args.target, device="cpu")
     records, layers = [], None
     for part in range(args.parts):
-        path = cache_dir() / "draft-head" / ("data-v1.pt" if part == 0 else f"data-v1-part{part}.pt")
-        data = load_or_build(args.data[part] if args.data else path, target, DataParams(part=part), HELD_OUT)
+        params = DataParams(n_topic=args.n_topic, n_copy=args.n_copy, max_new_tokens=args.max_new_tokens,
+                            doc_tokens=args.doc_tokens, part=part)
+        embed = target.model.get_input_embeddings().weight
+        path = data_path(cache_dir() / "draft-head" / target_fingerprint(embed), part)
+        data = load_or_build(args.data[part] if args.data else path, target, params, HELD_OUT)
         records += data["records"]
         layers = data["layers"]
     t_data = time.time() - t_start
@@ -161,7 +171,7 @@ def main(argv=None) -> int:
     embed = target.model.get_input_embeddings().weight.detach()
     text_cfg = target.model.config
     cfg = HeadConfig(hidden=int(text_cfg.hidden_size), target_vocab=int(embed.shape[0]),
-                     draft_vocab=args.draft_vocab, rope_theta=float(text_cfg.rope_parameters["rope_theta"]),
+                     draft_vocab=args.draft_vocab, layers=tuple(args.layers), rope_theta=float(text_cfg.rope_parameters["rope_theta"]),
                      rms_eps=float(text_cfg.rms_norm_eps), target_fingerprint=target_fingerprint(embed))
     layer_pos = [list(layers).index(i) for i in cfg.layers]
     cols = torch.cat([torch.arange(p * cfg.hidden, (p + 1) * cfg.hidden) for p in layer_pos])
