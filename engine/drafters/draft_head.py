@@ -128,9 +128,9 @@ class DraftHeadDrafter(Drafter):
 
     def _attend(self, st: _SeqState, q: torch.Tensor) -> torch.Tensor:
         """One query [heads, d] over all of the sequence's KV entries -> [heads*d]."""
-        k = self.head.expand_kv(st.k)  # [n, heads, d]
-        v = self.head.expand_kv(st.v)
-        out = F.scaled_dot_product_attention(q[None, :, None], k.transpose(0, 1)[None], v.transpose(0, 1)[None])
+        k = st.k.transpose(0, 1)[None]  # [1, kv_heads, n, d]: GQA inside SDPA, no copy per query head
+        v = st.v.transpose(0, 1)[None]
+        out = F.scaled_dot_product_attention(q[None, :, None], k, v, enable_gqa=True)
         return out.reshape(-1)
 
     def _catch_up(self, requests: list[DraftRequest]) -> list[torch.Tensor]:

@@ -25,13 +25,26 @@ from pathlib import Path
 from engine.drafters.chain import NGRAM_CHAIN
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = {  # name -> (drafter types, adaptive length policy)
-    "head-fixed4": (["draft-head"], False),
-    "head-pmin": (["draft-head"], False),
-    "head": (["draft-head"], True),
-    "ngram": (list(NGRAM_CHAIN), True),
-    "ngram+head": (list(NGRAM_CHAIN) + ["draft-head"], True),
-}
+
+
+@dataclass
+class Config:
+    name: str  # column title
+    types: list[str]  # drafter chain
+    adaptive: bool  # the engine's length policy on
+    p_min: float  # model drafters stop below this top probability
+    acceptance: bool = False  # an acceptance run (fixed drafts), counted in AcceptStats
+
+
+def configs(n_max: int, p_mins: list[float]) -> list[Config]:
+    """The acceptance runs (fixed drafts at p_min 0 and at the first p_min), then the speed runs."""
+    head, chain = ["draft-head"], list(NGRAM_CHAIN)
+    out = [Config(f"head-fix{n_max}", head, False, 0.0, True),
+           Config(f"head-fix{n_max}@{p_mins[0]}", head, False, p_mins[0], True),
+           Config("ngram", chain, True, 0.0)]
+    for p in p_mins:
+        out += [Config(f"head@{p}", head, True, p), Config(f"ngram+head@{p}", chain + head, True, p)]
+    return out
 
 
 def run(engine, ids, types, adaptive, n_new, n_max, p_min):
@@ -97,8 +110,9 @@ def main(argv=None) -> int:
     ap.add_argument("--weights", type=Path, default=None, help="head weights (default: the shipped ones)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--n-max", type=int, default=4, help="longest draft (acceptance and speed runs)")
-    ap.add_argument("--p-min", type=float, default=None,
-                    help="p_min of the speed runs (default: the engine's, SpecParams.p_min)")
+    ap.add_argument("--p-min", type=float, nargs="+", default=None,
+                    help="p_min values of the speed runs (default: the engine's, SpecParams.p_min); the first "
+                         "is also used for an acceptance run")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args(argv)
     import torch
@@ -111,42 +125,42 @@ def main(argv=None) -> int:
 
     from engine.params import SpecParams
 
-    if args.p_min is None:
-        args.p_min = SpecParams().p_min
+    p_mins = args.p_min or [SpecParams().p_min]
+    runs = configs(args.n_max, p_mins)
     rows = [json.loads(line) for p in args.prompts for line in p.read_text().splitlines() if line.strip()]
     target = load_model("embedded")
     extra = {"draft-head": DraftHeadParams(weights=args.weights)} if args.weights else None
     engine = Engine(target, n_ctx=4096, n_seq_max=1, drafter_params=extra)
     t1 = engine.cost.seconds[0]
     print(f"{len(rows)} held-out prompts: " + ", ".join(r["id"] for r in rows))
-    print(f"speed runs: adaptive length policy, n_max {args.n_max}, p_min {args.p_min}; acceptance runs: "
-          f"fixed {args.n_max}-token drafts, p_min 0 and {args.p_min}")
+    print(f"speed runs: adaptive length policy, n_max {args.n_max}, p_min {p_mins}; acceptance runs: "
+          f"fixed {args.n_max}-token drafts, p_min 0 and {p_mins[0]}")
     print(f"one-token target forward: {t1 * 1e3:.1f} ms; verify cost c(k+1) = "
           + ", ".join(f"k={k}: {engine.cost.c(k + 1):.2f}" for k in range(1, args.n_max + 1)))
-    stats = {name: AcceptStats(args.n_max) for name in ("head-fixed4", "head-pmin")}
+    stats = {c.name: AcceptStats(args.n_max) for c in runs if c.acceptance}
     speed: dict[str, dict[str, list[float]]] = {}
     lossless = True
-    print(f"{'prompt':22s} {'kind':5s} {'n':>4s} {'plain':>6s} " + " ".join(f"{c:>11s}" for c in CONFIGS))
+    print(f"{'prompt':22s} {'kind':5s} {'n':>4s} {'plain':>6s} " + " ".join(f"{c.name:>14s}" for c in runs))
     for row in rows:
         ids = target.encode_chat(row["messages"])
         plain_ev, plain_s = run(engine, ids, [], False, args.max_new_tokens, args.n_max, 0.0)
         plain = [t for e in plain_ev for t in e.emitted]
         cells = []
-        for name, (types, adaptive) in CONFIGS.items():
-            p_min = 0.0 if name == "head-fixed4" else args.p_min
-            events, secs = run(engine, ids, types, adaptive, args.max_new_tokens, args.n_max, p_min)
+        for c in runs:
+            name = c.name
+            events, secs = run(engine, ids, c.types, c.adaptive, args.max_new_tokens, args.n_max, c.p_min)
             ok = [t for e in events for t in e.emitted] == plain
             lossless &= ok
             ratio = plain_s / secs
             speed.setdefault(name, {}).setdefault(row.get("kind", "all"), []).append(ratio)
-            cells.append(f"{ratio:10.2f}x" + ("" if ok else "!"))
+            cells.append(f"{ratio:13.2f}x" + ("" if ok else "!"))
             if name in stats:
                 stats[name].add(events)
         print(f"{row['id'][:22]:22s} {row.get('kind', ''):5s} {len(plain):4d} {len(plain) / plain_s:5.1f}/s "
               + " ".join(cells), flush=True)
-    for name, st in stats.items():
-        p_min = 0.0 if name == "head-fixed4" else args.p_min
-        print(f"\nfixed {args.n_max}-token drafts, p_min {p_min}: the head drafted in {st.n_rounds} of "
+    for c in [c for c in runs if c.acceptance]:
+        st = stats[c.name]
+        print(f"\nfixed {args.n_max}-token drafts, p_min {c.p_min}: the head drafted in {st.n_rounds} of "
               f"{st.n_steps} rounds")
         print("  kept at each draft position, of the rounds that drafted it: "
               + ", ".join(f"{i + 1}: {r:.3f}" for i, r in enumerate(st.rates())))
@@ -154,7 +168,7 @@ def main(argv=None) -> int:
               + ", ".join(f"{i + 1}: {r:.3f}" for i, r in enumerate(st.rates_given_previous())))
         print(f"  acceptance at draft position 1: {st.rates()[0]:.3f}; mean acceptance length: "
               f"{st.mean_len():.2f} tokens per round with a draft")
-    fixed = stats["head-fixed4"]
+    fixed = stats[runs[0].name]
     mean_len, n_rounds = fixed.mean_len(), fixed.n_rounds
     per_tok = fixed.t_draft_ms / max(1, fixed.n_drafted)
     uncond = [k / max(1, n_rounds) for k in fixed.kept]
@@ -172,7 +186,7 @@ def main(argv=None) -> int:
     print("\nmeasured speedup over plain decoding (geometric mean per prompt kind; timings noisy, ratios "
           "measured back to back):")
     for name, kinds in speed.items():
-        print(f"  {name:11s} " + "  ".join(f"{kind}: {geomean(v):.2f}x ({len(v)})" for kind, v in kinds.items()))
+        print(f"  {name:15s} " + "  ".join(f"{kind}: {geomean(v):.2f}x ({len(v)})" for kind, v in kinds.items()))
     print("lossless: " + ("yes, every run token-identical to plain decoding" if lossless else "NO"))
     return 0 if lossless else 1
 
