@@ -181,6 +181,10 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
         model.to(device)
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
+    if device == "cpu" and torch_dtype == torch.float32:
+        from engine.prepack import prepack_linears
+
+        prepack_linears(model)  # k+1 verification rows at about one row's cost (see prepack.py)
     return LoadedModel(model=model, tokenizer=tok, name=name, quant_bits=quant_bits, n_params=n_params,
                        device=device)
 
