@@ -21,13 +21,13 @@ import torch
 
 from engine.heads.prompts import check_disjoint, training_prompts
 
+TOP_K = 8  # target probabilities kept per position as the soft label
 
 
 def data_layers(n_layers: int) -> tuple[int, ...]:
     """hidden_states indices stored (a head config picks three): a low, the middle, a high and the top layer
     (2, 15, 27, 30 for the embedded model's 30 layers)."""
     return tuple(sorted({min(2, n_layers), n_layers // 2, max(n_layers - 3, 0), n_layers}))
-TOP_K = 8  # target probabilities kept per position as the soft label
 
 
 @dataclass
@@ -166,7 +166,8 @@ def build(target, params: DataParams, held_out: list[Path]) -> dict:
     with tqdm(total=params.doc_tokens // params.doc_chunk, desc="local text features", unit="chunk") as bar:
         records += text_features(target, texts, params, bar)
     layers = data_layers(target.model.config.num_hidden_layers)
-    return {"records": records, "layers": layers, "prompts": [p["content"] for p in prompts], "params": params.__dict__}
+    return {"records": records, "layers": layers, "prompts": [p["content"] for p in prompts],
+            "params": params.__dict__}
 
 
 def load_or_build(path: Path, target, params: DataParams, held_out: list[Path]) -> dict:

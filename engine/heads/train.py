@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dropout", type=float, default=0.1, help="dropout on the head's input features (training)")
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="weights file (.safetensors; .json beside it)")
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--max-minutes", type=float, default=0.0, help="stop training after this long (0: no limit)")
     ap.add_argument("--steps", type=int, default=3, help="training-time test depth (draft positions trained)")
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -171,8 +171,9 @@ def main(argv=None) -> int:
     embed = target.model.get_input_embeddings().weight.detach()
     text_cfg = target.model.config
     cfg = HeadConfig(hidden=int(text_cfg.hidden_size), target_vocab=int(embed.shape[0]),
-                     draft_vocab=args.draft_vocab, layers=tuple(args.layers), rope_theta=float(text_cfg.rope_parameters["rope_theta"]),
-                     rms_eps=float(text_cfg.rms_norm_eps), target_fingerprint=target_fingerprint(embed))
+                     draft_vocab=args.draft_vocab, layers=tuple(args.layers),
+                     rope_theta=float(text_cfg.rope_parameters["rope_theta"]), rms_eps=float(text_cfg.rms_norm_eps),
+                     target_fingerprint=target_fingerprint(embed))
     layer_pos = [list(layers).index(i) for i in cfg.layers]
     cols = torch.cat([torch.arange(p * cfg.hidden, (p + 1) * cfg.hidden) for p in layer_pos])
     head = DraftHead(cfg)
