@@ -42,7 +42,9 @@ def test_prompts_are_varied():
 
 def test_probe_and_memory(engine):
     assert engine.probe.kind == "PART"
-    assert engine.cost.c(8) > engine.cost.c(1) == 1.0
+    cost = engine.cost  # measured at start; with prepacked linears 2-8 rows may cost what one row costs
+    assert cost.c(1) == 1.0 and min(cost.seconds) > 0 and cost.sizes[-1] >= 8
+    assert cost.seconds == sorted(cost.seconds)  # a bigger batch never looks cheaper to the length policy
 
 
 def test_plain_decoding_equals_transformers_generate(engine, prompt_ids, plain):
