@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="drafter types in relay order, comma-separated ('none' = baseline only)")
     ap.add_argument("--n-max", default="16", help="draft tokens per round at most; a list sweeps: 2,4,8")
     ap.add_argument("--n-min", type=int, default=0)
-    ap.add_argument("--p-min", type=float, default=0.75)
+    ap.add_argument("--p-min", type=float, default=None,
+                    help="model drafters stop below this top probability (default: each drafter's own)")
     ap.add_argument("--no-adaptive", action="store_true", help="verify whatever the drafter offers")
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=42)

@@ -12,7 +12,9 @@ class SpecParams:
     types: list[str] = field(default_factory=list)  # drafter types in relay order; [] = plain decoding
     n_max: int = 16  # at most this many draft tokens per round
     n_min: int = 0  # a shorter draft is dropped (not worth a verification)
-    p_min: float = 0.75  # model drafters stop when their top probability falls below this
+    # model drafters stop when their top probability falls below this; None = each drafter's own default (a
+    # draft model 0.75 as llama.cpp, the draft head the value measured best for it: DraftHeadParams.p_min)
+    p_min: float | None = None
     adaptive: bool = True  # let the cost/acceptance policy shorten drafts that do not pay
     rollback: str = "auto"  # "auto": seq_rm where the cache can; "checkpoint": always restore + replay
     # llama.cpp's synthetic acceptance, for measuring speed against acceptance: each draft token is kept with
@@ -24,7 +26,7 @@ class SpecParams:
             raise ValueError(f"n_max and n_min must be >= 0 (got n_max={self.n_max}, n_min={self.n_min})")
         if self.n_min > self.n_max:
             raise ValueError(f"n_min ({self.n_min}) must not exceed n_max ({self.n_max})")
-        if not 0.0 <= self.p_min <= 1.0:
+        if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
             raise ValueError(f"p_min must be in [0, 1], got {self.p_min}")
         if self.synthetic_accept is not None and not 0.0 <= self.synthetic_accept <= 1.0:
             raise ValueError(f"synthetic_accept must be in [0, 1], got {self.synthetic_accept}")

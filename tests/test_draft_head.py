@@ -116,6 +116,34 @@ def test_sampling_uses_rejection_with_a_valid_q_and_is_reproducible(engine):
     engine.release(0)
 
 
+def test_p_min_left_to_the_head_is_its_own_and_an_explicit_one_overrides_it(engine):
+    from engine.drafters.base import DraftRequest
+
+    d = engine.pool["draft-head"]
+    engine.start(PROMPTS[1] + [5], GenParams(max_new_tokens=2), seq=0)
+    engine.step()
+    own = d.params.p_min
+
+    def drafted(request_p_min):
+        r = DraftRequest(seq=0, prompt=PROMPTS[1], id_last=5, n_max=3, n_min=0, p_min=request_p_min)
+        d.draft([r])
+        return r
+
+    try:
+        p_first = drafted(0.0).result_p[0]  # the head's top probability at the first draft position
+        d.params.p_min = 0.0
+        assert len(drafted(None).result) == 3
+        d.params.p_min = p_first + 1e-6  # its own p_min now stops it before the first token
+        assert drafted(None).result == []
+        assert len(drafted(0.0).result) == 3  # the request's p_min wins over the drafter's own
+    finally:
+        d.params.p_min = own
+        engine.release(0)
+    assert SpecParams().p_min is None and own == DraftHeadParams().p_min
+    with pytest.raises(ValueError, match="p_min"):
+        SpecParams(p_min=1.5).validate()
+
+
 @pytest.mark.parametrize("temp", [0.0, 0.8])
 def test_forced_checkpoint_rollback_gives_the_same_text(engine, temp):
     """Restore + replay re-runs positions the head already has features for: idempotent. At temp > 0 the replay

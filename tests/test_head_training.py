@@ -8,7 +8,7 @@ import torch
 
 from engine.drafters.draft_head import DraftHeadParams
 from engine.heads import train
-from engine.heads.data import DataParams, data_path, load_or_build, local_texts
+from engine.heads.data import DataParams, data_layers, data_path, load_or_build, local_texts, self_distill
 from engine.heads.model import load_head, target_fingerprint
 from engine.heads.prompts import check_disjoint, load_jsonl_contents, training_prompts
 from engine.params import GenParams, SpecParams
@@ -82,3 +82,38 @@ def test_training_prompts_are_disjoint_across_parts_and_from_the_evaluation_prom
     check_disjoint(parts[0], train.HELD_OUT)
     with pytest.raises(ValueError, match="overlap the evaluation prompts"):
         check_disjoint(parts[0] + [{"content": next(iter(held))}], train.HELD_OUT)
+
+
+def _greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Reference decoding: a full forward per token, no cache, no batch."""
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_self_distillation_batch_equals_plain_greedy_decoding(tiny_target):
+    """The batched loop (left padding, rows leaving at their end of turn) gives each prompt's own greedy answer,
+    the hidden states of a plain forward over it, and the target's distribution as labels."""
+    model = tiny_target.model
+    prompts = [[1, 5, 6, 7], [1, 9, 10, 11, 12, 13, 14], [1, 20], [1, 30, 31, 32, 33]]
+    n_new = 10
+    free = [_greedy(model, p, n_new) for p in prompts]
+    eos = {free[0][3]}  # an end of turn that stops some rows early and others not at all
+    want = [a[:next((j + 1 for j, t in enumerate(a) if t in eos), n_new)] for a in free]
+    assert len({len(a) for a in want}) > 1  # rows really leave the batch at different steps
+    recs = self_distill(tiny_target, prompts, DataParams(max_new_tokens=n_new, gen_batch=4), eos)
+    layers = data_layers(model.config.num_hidden_layers)
+    assert len(recs) == len(prompts)
+    for r in recs:
+        k = r["first_label"] + 1
+        i = next(i for i, p in enumerate(prompts) if p == r["tokens"][:k].tolist() and len(p) == k)
+        answer = r["tokens"][k:].tolist() + [int(r["top_ids"][-1, 0])]
+        assert answer == want[i]
+        with torch.inference_mode():
+            out = model(r["tokens"].long()[None], output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[j][0] for j in layers], dim=-1)
+        assert torch.allclose(r["feats"].float(), feats, rtol=1e-2, atol=1e-2)
+        probs = torch.softmax(out.logits[0, k - 1:].float(), dim=-1)
+        assert torch.allclose(r["top_p"][k - 1:, 0].float(), probs.max(-1).values, atol=2e-3)

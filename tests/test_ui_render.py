@@ -250,6 +250,9 @@ def test_settings_validation_messages():
     s = settings_from([["ngram-simple"], 8.0, None, 0.5, True, 0.0, 0, 1.0, 0.0, 7.0, 32.0, True])
     assert s.n_max == 8 and s.n_min == 0 and s.seed == 7 and s.max_new_tokens == 32
     assert s.gen_params(speculative=False).spec.types == []
+    assert s.p_min_own and s.gen_params().spec.p_min is None  # each model drafter's own p_min by default
+    s = settings_from([["draft-head"], 8.0, None, 0.5, True, 0.0, 0, 1.0, 0.0, 7.0, 32.0, True, "auto", False])
+    assert s.gen_params().spec.p_min == 0.5  # the slider's value once the box is off
 
 
 @dataclass

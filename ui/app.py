@@ -12,7 +12,7 @@ from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
 from ui.render import legend_html
 from ui.session import release
-from ui.settings import ALL_TYPES, Settings
+from ui.settings import ALL_TYPES, Settings, own_p_min_text
 from ui.state import AppState, SessionState
 from ui.views import all_views
 
@@ -52,7 +52,11 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
         n_max = gr.Slider(0, 32, value=d.n_max, step=1, label="n_max: draft tokens per round at most",
                           elem_id="n-max")
         n_min = gr.Slider(0, 32, value=d.n_min, step=1, label="n_min: shorter drafts are dropped", elem_id="n-min")
-        p_min = gr.Slider(0, 1, value=d.p_min, step=0.05, label="p_min: a draft model stops below this")
+        p_min_own = gr.Checkbox(value=d.p_min_own, label=f"p_min: each model drafter's own ({own_p_min_text()})",
+                                elem_id="p-min-own")
+        p_min = gr.Slider(0, 1, value=d.p_min, step=0.05, label="p_min: a model drafter stops below this",
+                          interactive=not d.p_min_own, elem_id="p-min")
+        p_min_own.change(lambda own: gr.update(interactive=not own), p_min_own, p_min)
         adaptive = gr.Checkbox(value=d.adaptive, label="Adaptive draft length (cut drafts that do not pay)",
                                elem_id="adaptive")
         rollback = gr.Radio(["auto", "checkpoint"], value="auto", label="Rollback", elem_id="rollback",
@@ -67,7 +71,8 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
         max_new = gr.Slider(1, 1024, value=d.max_new_tokens, step=1, label="max new tokens", elem_id="max-new")
         cmp = gr.Checkbox(value=d.compare, label="Compare with plain decoding afterwards (speedup, lossless)",
                           elem_id="compare")
-    return c, [types, n_max, n_min, p_min, adaptive, temp, top_k, top_p, min_p, seed, max_new, cmp, rollback]
+    return c, [types, n_max, n_min, p_min, adaptive, temp, top_k, top_p, min_p, seed, max_new, cmp, rollback,
+               p_min_own]
 
 
 def filler(text: str):

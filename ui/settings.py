@@ -9,6 +9,14 @@ from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 
 DEFAULT_CHAIN = list(NGRAM_CHAIN)
+
+
+def own_p_min_text() -> str:
+    """The drafters' own p_min values, for the control's label."""
+    from engine.drafters.draft_head import DraftHeadParams
+    from engine.drafters.draft_model import DraftModelParams
+
+    return f"draft model {DraftModelParams().p_min:g}, draft head {DraftHeadParams().p_min:g}"
 DRAFT_MODEL_TYPE = "draft-simple"
 ALL_TYPES = list(PRIORITY)
 
@@ -30,6 +38,7 @@ class Settings:
     max_new_tokens: int = 128
     compare: bool = True  # run plain decoding after the speculative run, for speedup and the lossless check
     rollback: str = "auto"  # "auto": seq_rm; "checkpoint": checkpoint, restore and replay on every rejection
+    p_min_own: bool = True  # each model drafter uses its own p_min (own_p_min_text), not the p_min above
 
     def gen_params(self, speculative: bool = True) -> GenParams:
         """GenParams for the engine; speculative=False is the plain baseline with the same sampler and seed.
@@ -39,7 +48,8 @@ class Settings:
             sampling=SamplerParams(temp=float(self.temp), top_k=int(self.top_k), top_p=float(self.top_p),
                                    min_p=float(self.min_p), seed=int(self.seed)),
             spec=SpecParams(types=list(self.types or []) if speculative else [], n_max=int(self.n_max),
-                            n_min=int(self.n_min), p_min=float(self.p_min), adaptive=bool(self.adaptive),
+                            n_min=int(self.n_min), p_min=None if self.p_min_own else float(self.p_min),
+                            adaptive=bool(self.adaptive),
                             rollback=str(self.rollback or "auto")),
         )
         params.validate()

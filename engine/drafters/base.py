@@ -26,7 +26,7 @@ class DraftRequest:
     id_last: int  # token sampled last round; not in the cache yet; the draft continues after it
     n_max: int  # propose at most this many tokens
     n_min: int  # a draft shorter than this is not worth a verification: return none
-    p_min: float  # model drafters stop when the top draft probability falls below this
+    p_min: float | None  # model drafters stop when the top draft probability falls below this (None: their own)
     want_q: bool = False  # fill result_q (draft distributions) so the target can use rejection sampling
     drafting: bool = True  # relay baton: True until a drafter fills `result`
     result: list[int] = field(default_factory=list)  # the drafted token ids

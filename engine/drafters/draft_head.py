@@ -33,6 +33,9 @@ class DraftHeadParams:
     weights: Path = DEFAULT_WEIGHTS  # the head's safetensors file (its .json config beside it)
     top_k: int = 10  # candidates kept in q when the target samples (llama.cpp's draft sampler keeps 10)
     grow: int = 256  # positions added at a time to the per-sequence stores
+    # stop drafting below this top probability, when the request leaves it to the drafter: the value at which
+    # the shipped head was fastest on the held-out prompts (engine.heads.eval --p-min ...; README)
+    p_min: float = 0.3
 
 
 class _SeqState:
@@ -203,7 +206,7 @@ class DraftHeadDrafter(Drafter):
             for n, i in enumerate(live):
                 r = requests[i]
                 tok, p_top, p_tok, q_full = self._choose(r, logits[n])
-                if p_top < r.p_min:
+                if p_top < (self.params.p_min if r.p_min is None else r.p_min):
                     continue
                 r.result.append(tok)
                 r.result_p.append(p_tok)

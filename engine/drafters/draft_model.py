@@ -25,6 +25,7 @@ from engine.probe import PART, probe_context
 @dataclass
 class DraftModelParams:
     top_k: int = 10  # candidates kept by the draft sampler (llama.cpp's default)
+    p_min: float = 0.75  # stop drafting below this top probability, when the request leaves it to the drafter
     n_ctx: int = 4096  # cells of the draft cache
     n_seq_max: int = 4  # sequences the draft cache holds
 
@@ -119,7 +120,7 @@ class DraftModelDrafter(Drafter):
                 p_top, tok = float(q.max()), int(q.argmax())
                 if r.want_q:
                     tok = int(torch.multinomial(q, 1, generator=self.streams.generator(r.seq)))
-                if p_top < r.p_min:
+                if p_top < (self.params.p_min if r.p_min is None else r.p_min):
                     continue
                 r.result.append(tok)
                 r.result_p.append(float(q[tok]))

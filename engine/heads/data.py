@@ -81,39 +81,69 @@ def _record(tokens, feats, probs_ids, probs_p, first_label: int) -> dict:
 @torch.inference_mode()
 def self_distill(target, prompt_ids: list[list[int]], params: DataParams, eos: set[int], progress=None) -> list[dict]:
     """Greedy answers of the target, with hidden states and top-K distributions at every answer position."""
-    model = target.model
-    layers = data_layers(model.config.num_hidden_layers)
-    pad = int(getattr(target.tokenizer, "pad_token_id", None) or 0)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     records = []
     for start in range(0, len(order), params.gen_batch):
         group = [prompt_ids[i] for i in order[start:start + params.gen_batch]]
-        width = max(len(p) for p in group)
-        inp = torch.tensor([[pad] * (width - len(p)) + p for p in group])
-        att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
-        out = model.generate(inp, attention_mask=att, max_new_tokens=params.max_new_tokens, do_sample=False,
-                             pad_token_id=pad, return_dict_in_generate=True, output_hidden_states=True,
-                             output_logits=True)
-        steps = len(out.logits)
-        # [B, width + steps - 1, layers * H]: prefill rows, then one row per fed-back generated token
-        hid = torch.cat([torch.cat([out.hidden_states[s][i] for i in layers], dim=-1)
-                         for s in range(steps)], dim=1)
-        top = [torch.softmax(lg.float(), dim=-1).topk(TOP_K, dim=-1) for lg in out.logits]
-        top_ids = torch.stack([t.indices for t in top], dim=1)  # [B, steps, K]
-        top_p = torch.stack([t.values for t in top], dim=1)
-        for b, p in enumerate(group):
-            gen = out.sequences[b, width:].tolist()
-            n = next((j + 1 for j, t in enumerate(gen) if t in eos), len(gen))
-            off = width - len(p)
-            length = len(p) + n - 1  # positions with a hidden state: the last token is never fed back
-            feats = hid[b, off:off + length]
-            ids = torch.zeros(length, TOP_K, dtype=torch.long)
-            pr = torch.zeros(length, TOP_K)
-            ids[len(p) - 1:] = top_ids[b, :n]
-            pr[len(p) - 1:] = top_p[b, :n]
-            records.append(_record(p + gen[:n - 1], feats, ids, pr, first_label=len(p) - 1))
+        records += _distill_group(target, group, params.max_new_tokens, eos)
         if progress is not None:
             progress.update(len(group))
+    return records
+
+
+def _distill_group(target, group: list[list[int]], max_new_tokens: int, eos: set[int]) -> list[dict]:
+    """One left-padded batch decoded greedily by our own loop rather than HF generate: a row leaves the batch
+    (and the KV cache) at its end of turn, so finished answers cost nothing, and only the stored layers and
+    the top-K of the last position are kept per step (generate keeps every layer and full logits)."""
+    from transformers import DynamicCache
+
+    model = target.model
+    layers = data_layers(model.config.num_hidden_layers)
+    pad = int(getattr(target.tokenizer, "pad_token_id", None) or 0)
+    width = max(len(p) for p in group)
+    inp = torch.tensor([[pad] * (width - len(p)) + p for p in group])
+    att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=inp, attention_mask=att, position_ids=pos, past_key_values=cache, use_cache=True,
+                output_hidden_states=True, logits_to_keep=1)
+    prefill = torch.cat([out.hidden_states[i] for i in layers], dim=-1)  # [B, width, layers*H]
+    feats = [[prefill[b, width - len(p):]] for b, p in enumerate(group)]  # per row: chunks of feature rows
+    tops: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in group]
+    answers: list[list[int]] = [[] for _ in group]
+    live = torch.arange(len(group))  # batch row -> group index
+    for step in range(max_new_tokens):
+        logits = out.logits[:, -1].float()
+        top = torch.softmax(logits, dim=-1).topk(TOP_K, dim=-1)
+        nxt = logits.argmax(-1)
+        done = torch.zeros(len(live), dtype=torch.bool)
+        for row, g in enumerate(live.tolist()):
+            tok = int(nxt[row])
+            tops[g].append((top.indices[row], top.values[row]))
+            answers[g].append(tok)
+            done[row] = tok in eos or step == max_new_tokens - 1
+        if bool(done.all()):
+            break
+        keep = (~done).nonzero().flatten()
+        if len(keep) < len(live):
+            cache.batch_select_indices(keep)
+            live, nxt, att = live[keep], nxt[keep], att[keep]
+        att = torch.cat([att, torch.ones(len(live), 1, dtype=att.dtype)], dim=1)
+        out = model(input_ids=nxt[:, None], attention_mask=att, position_ids=att.sum(-1, keepdim=True) - 1,
+                    past_key_values=cache, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+        rows = torch.cat([out.hidden_states[i][:, -1] for i in layers], dim=-1)  # [live, layers*H]
+        for row, g in enumerate(live.tolist()):
+            feats[g].append(rows[row:row + 1])
+    records = []
+    for g, p in enumerate(group):
+        n = len(answers[g])
+        length = len(p) + n - 1  # positions with a hidden state: the last token is never fed back
+        ids = torch.zeros(length, TOP_K, dtype=torch.long)
+        pr = torch.zeros(length, TOP_K)
+        ids[len(p) - 1:] = torch.stack([i for i, _ in tops[g]])
+        pr[len(p) - 1:] = torch.stack([v for _, v in tops[g]])
+        records.append(_record(p + answers[g][:n - 1], torch.cat(feats[g])[:length], ids, pr,
+                               first_label=len(p) - 1))
     return records
 
 

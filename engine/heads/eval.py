@@ -3,9 +3,9 @@
 On prompts the head was never trained on (assets/prompts/heldout.jsonl by default; `prompts.check_disjoint`
 keeps them out of the training set), through the real engine, one prompt at a time:
 * acceptance: the head alone with fixed 4-token drafts (n_max 4, no length policy), once with p_min 0 (a draft
-  every round, however unsure) and once with the engine's p_min (the head stops where it is unsure, and skips a
-  round when even its first token is): acceptance at each draft position and the mean acceptance length
-  (1 + accepted tokens per round with a draft);
+  every round, however unsure) and once at each --p-min (the head stops where it is unsure, and skips a round
+  when even its first token is): acceptance at each draft position and the mean acceptance length (1 + accepted
+  tokens per round with a draft), and the share of rounds with a draft;
 * speed: plain decoding, the head alone, the n-gram chain, and the n-gram chain then the head, each with the
   engine's adaptive length policy, timed back to back so the ratios share the machine's load;
 * lossless: every speculative run must give plain decoding's tokens (temperature 0), or the exit status is 1;
@@ -37,11 +37,11 @@ class Config:
 
 
 def configs(n_max: int, p_mins: list[float]) -> list[Config]:
-    """The acceptance runs (fixed drafts at p_min 0 and at the first p_min), then the speed runs."""
+    """The acceptance runs (fixed drafts at p_min 0 and at each p_min), then the speed runs."""
     head, chain = ["draft-head"], list(NGRAM_CHAIN)
-    out = [Config(f"head-fix{n_max}", head, False, 0.0, True),
-           Config(f"head-fix{n_max}@{p_mins[0]}", head, False, p_mins[0], True),
-           Config("ngram", chain, True, 0.0)]
+    out = [Config(f"head-fix{n_max}", head, False, 0.0, True)]
+    out += [Config(f"head-fix{n_max}@{p}", head, False, p, True) for p in p_mins if p > 0]
+    out.append(Config("ngram", chain, True, 0.0))
     for p in p_mins:
         out += [Config(f"head@{p}", head, True, p), Config(f"ngram+head@{p}", chain + head, True, p)]
     return out
@@ -62,6 +62,7 @@ class AcceptStats:
     """Acceptance counters of the head's rounds in one configuration."""
     n_max: int
     n_steps: int = 0  # target forwards of the run (rounds with or without a draft)
+    n_emitted: int = 0  # tokens the runs produced
     n_rounds: int = 0  # rounds in which the head drafted
     n_accepted: int = 0  # draft tokens kept, over those rounds
     n_drafted: int = 0  # draft tokens proposed
@@ -74,6 +75,7 @@ class AcceptStats:
             self.reached, self.kept = [0] * self.n_max, [0] * self.n_max
         for e in events:
             self.n_steps += e.kind in ("spec", "plain")
+            self.n_emitted += len(e.emitted)
             if e.kind != "spec" or e.drafter != "draft-head" or not e.drafted:
                 continue
             self.n_rounds += 1
@@ -120,8 +122,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--n-max", type=int, default=4, help="longest draft (acceptance and speed runs)")
     ap.add_argument("--p-min", type=float, nargs="+", default=None,
-                    help="p_min values of the speed runs (default: the engine's, SpecParams.p_min); the first "
-                         "is also used for an acceptance run")
+                    help="p_min values of the speed runs and of the acceptance runs (default: the head's own, "
+                         "DraftHeadParams.p_min)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--repeat", type=int, default=1, help="time every run this often and keep the fastest "
                     "(this machine's timings wander by 20%%)")
@@ -134,9 +136,7 @@ def main(argv=None) -> int:
     from engine.models import load_model
     from engine.slots import Engine
 
-    from engine.params import SpecParams
-
-    p_mins = args.p_min or [SpecParams().p_min]
+    p_mins = args.p_min or [DraftHeadParams().p_min]
     runs = configs(args.n_max, p_mins)
     rows = [json.loads(line) for p in args.prompts for line in p.read_text().splitlines() if line.strip()]
     target = load_model("embedded")
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     t1 = engine.cost.seconds[0]
     print(f"{len(rows)} held-out prompts: " + ", ".join(r["id"] for r in rows))
     print(f"speed runs: adaptive length policy, n_max {args.n_max}, p_min {p_mins}; acceptance runs: "
-          f"fixed {args.n_max}-token drafts, p_min 0 and {p_mins[0]}")
+          f"fixed {args.n_max}-token drafts, p_min 0 and {p_mins}")
     print(f"one-token target forward: {t1 * 1e3:.1f} ms; verify cost c(k+1) = "
           + ", ".join(f"k={k}: {engine.cost.c(k + 1):.2f}" for k in range(1, args.n_max + 1)))
     stats = {c.name: AcceptStats(args.n_max) for c in runs if c.acceptance}
@@ -180,6 +180,13 @@ def main(argv=None) -> int:
               + ", ".join(f"{i + 1}: {r:.3f}" for i, r in enumerate(st.rates_given_previous())))
         print(f"  acceptance at draft position 1: {st.rates()[0]:.3f}; mean acceptance length: "
               f"{st.mean_len():.2f} tokens per round with a draft")
+    print(f"\n{'p_min':>6s} {'rounds drafted':>15s} {'position 1':>10s} {'mean acc len':>12s} "
+          f"{'tokens per forward':>18s}")
+    for c in [c for c in runs if c.acceptance]:
+        st = stats[c.name]
+        print(f"{c.p_min:6.2f} {st.n_rounds / max(1, st.n_steps):15.3f} {st.rates()[0]:10.3f} "
+              f"{st.mean_len():12.2f} {st.n_emitted / max(1, st.n_steps):18.2f}")
+    print("  (mean acc len: over rounds with a draft; tokens per forward: over all rounds of the run)")
     fixed = stats[runs[0].name]
     mean_len, n_rounds = fixed.mean_len(), fixed.n_rounds
     per_tok = fixed.t_draft_ms / max(1, fixed.n_drafted)
