@@ -1,7 +1,7 @@
 """Training data for the draft head, made on this machine with no network.
 
 Two sources, both run through the target itself:
-* self-distillation: the target's greedy answers to the chat prompts of `prompts.py` (batched HF generate). The
+* self-distillation: the target's greedy answers to the chat prompts of `prompts.py` (a batched greedy loop). The
   hidden states and the next-token distributions come from the generation itself, so nothing is run twice;
   these are exactly the contexts the head meets when it drafts for the target at temperature 0.
 * offline text: paragraphs of Python's own documentation (pydoc_data) and of /usr/share/doc, run through the
