@@ -33,6 +33,10 @@ class DraftRequest:
     result_q: list[torch.Tensor] | None = None  # per drafted token, the draft distribution q over the vocab
     result_p: list[float] | None = None  # per drafted token, the draft's probability of it (for display)
 
+    def p_min_or(self, own: float) -> float:
+        """The request's p_min, or the drafter's own when the request leaves it (None)."""
+        return own if self.p_min is None else self.p_min
+
 
 DRAFT_SEED_MIX = 0x85EBCA6B  # a draft's stream is seeded seed ^ this, so it differs from the target's
 

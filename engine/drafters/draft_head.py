@@ -206,7 +206,7 @@ class DraftHeadDrafter(Drafter):
             for n, i in enumerate(live):
                 r = requests[i]
                 tok, p_top, p_tok, q_full = self._choose(r, logits[n])
-                if p_top < (self.params.p_min if r.p_min is None else r.p_min):
+                if p_top < r.p_min_or(self.params.p_min):
                     continue
                 r.result.append(tok)
                 r.result_p.append(p_tok)

@@ -120,7 +120,7 @@ class DraftModelDrafter(Drafter):
                 p_top, tok = float(q.max()), int(q.argmax())
                 if r.want_q:
                     tok = int(torch.multinomial(q, 1, generator=self.streams.generator(r.seq)))
-                if p_top < (self.params.p_min if r.p_min is None else r.p_min):
+                if p_top < r.p_min_or(self.params.p_min):
                     continue
                 r.result.append(tok)
                 r.result_p.append(float(q[tok]))
