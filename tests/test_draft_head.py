@@ -257,3 +257,20 @@ def test_shipped_head_is_lossless_on_the_embedded_model(embedded_engine, embedde
         assert tokens(events) == plain
         n_acc += sum(e.n_accepted for e in events if e.drafter == "draft-head")
     assert n_acc > 0
+
+
+def test_eval_acceptance_sweep_counts_only_drafted_rounds_and_checks_losslessness(tmp_path, capsys):
+    from engine.heads import eval as head_eval
+
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text((ROOT / "assets" / "prompts" / "heldout.jsonl").read_text().splitlines()[3] + "\n")
+    rc = head_eval.main(["--no-speed", "--max-new-tokens", "16", "--p-min", "0.6", "--threads", "2",
+                         "--prompts", str(prompts)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "lossless: yes" in out
+    table = out.split("tokens per forward")[1].splitlines()[1:3]
+    rows = {float(line.split()[0]): [float(x) for x in line.split()[1:]] for line in table}
+    (share0, _, len0, tpf0), (share6, pos1_6, len6, tpf6) = rows[0.0], rows[0.6]
+    assert share0 > 0.9 and share6 <= share0  # p_min 0 drafts (almost) every round, p_min 0.6 skips unsure ones
+    assert 0.0 <= pos1_6 <= 1.0 and 1.0 <= len6 <= 5.0 and 1.0 <= len0 <= 5.0 and tpf6 >= 1.0 and tpf0 >= 1.0
+    assert "ngram" not in out.split("measured speedup")[1]  # --no-speed: no speed configurations ran

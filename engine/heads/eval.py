@@ -7,7 +7,8 @@ keeps them out of the training set), through the real engine, one prompt at a ti
   when even its first token is): acceptance at each draft position and the mean acceptance length (1 + accepted
   tokens per round with a draft), and the share of rounds with a draft;
 * speed: plain decoding, the head alone, the n-gram chain, and the n-gram chain then the head, each with the
-  engine's adaptive length policy, timed back to back so the ratios share the machine's load;
+  engine's adaptive length policy, timed back to back so the ratios share the machine's load (`--no-speed`
+  leaves these out: a p_min sweep of acceptance, whose counts do not depend on the machine's load);
 * lossless: every speculative run must give plain decoding's tokens (temperature 0), or the exit status is 1;
 * cost: the head's draft time per drafted token against a one-token target forward, and seed 004's estimate
   speedup = (1 - a^(k+1)) / ((1 - a)(c + 1)) with the measured a and c, with where it stops paying.
@@ -36,11 +37,13 @@ class Config:
     acceptance: bool = False  # an acceptance run (fixed drafts), counted in AcceptStats
 
 
-def configs(n_max: int, p_mins: list[float]) -> list[Config]:
-    """The acceptance runs (fixed drafts at p_min 0 and at each p_min), then the speed runs."""
+def configs(n_max: int, p_mins: list[float], speed: bool = True) -> list[Config]:
+    """The acceptance runs (fixed drafts at p_min 0 and at each p_min), then the speed runs (unless not)."""
     head, chain = ["draft-head"], list(NGRAM_CHAIN)
     out = [Config(f"head-fix{n_max}", head, False, 0.0, True)]
     out += [Config(f"head-fix{n_max}@{p}", head, False, p, True) for p in p_mins if p > 0]
+    if not speed:
+        return out
     out.append(Config("ngram", chain, True, 0.0))
     for p in p_mins:
         out += [Config(f"head@{p}", head, True, p), Config(f"ngram+head@{p}", chain + head, True, p)]
@@ -127,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--repeat", type=int, default=1, help="time every run this often and keep the fastest "
                     "(this machine's timings wander by 20%%)")
+    ap.add_argument("--no-speed", action="store_true", help="acceptance runs only (a quick p_min sweep: the "
+                    "acceptance counts do not depend on the machine's load)")
     args = ap.parse_args(argv)
     import torch
 
@@ -137,15 +142,15 @@ def main(argv=None) -> int:
     from engine.slots import Engine
 
     p_mins = args.p_min or [DraftHeadParams().p_min]
-    runs = configs(args.n_max, p_mins)
+    runs = configs(args.n_max, p_mins, speed=not args.no_speed)
     rows = [json.loads(line) for p in args.prompts for line in p.read_text().splitlines() if line.strip()]
     target = load_model("embedded")
     extra = {"draft-head": DraftHeadParams(weights=args.weights)} if args.weights else None
     engine = Engine(target, n_ctx=4096, n_seq_max=1, drafter_params=extra)
     t1 = engine.cost.seconds[0]
     print(f"{len(rows)} held-out prompts: " + ", ".join(r["id"] for r in rows))
-    print(f"speed runs: adaptive length policy, n_max {args.n_max}, p_min {p_mins}; acceptance runs: "
-          f"fixed {args.n_max}-token drafts, p_min 0 and {p_mins}")
+    speed_runs = "none (--no-speed)" if args.no_speed else f"adaptive length policy, n_max {args.n_max}, p_min {p_mins}"
+    print(f"speed runs: {speed_runs}; acceptance runs: fixed {args.n_max}-token drafts, p_min 0 and {p_mins}")
     print(f"one-token target forward: {t1 * 1e3:.1f} ms; verify cost c(k+1) = "
           + ", ".join(f"k={k}: {engine.cost.c(k + 1):.2f}" for k in range(1, args.n_max + 1)))
     stats = {c.name: AcceptStats(args.n_max) for c in runs if c.acceptance}
