@@ -278,6 +278,9 @@ class FakeScheduler:
         self.scripts, self.busy, self.engine, self.closed = list(scripts), busy, FakeEngine(), False
         self.finished, self.submitted = [], []
 
+    def close(self):
+        self.closed = True
+
     def submit(self, prompt, params, manual=False):
         if self.busy:
             raise RuntimeError("all 1 slots are busy; try again in a moment")
@@ -416,3 +419,36 @@ def test_failed_loads_keep_the_models_that_were_loaded(monkeypatch):
         load_models(app, "fake", "other-vocab")
     assert e.value.level == "error" and app.runtime is before and not before.scheduler.closed
     assert "Already loaded" in load_models(app, "fake", "none")
+
+
+def test_default_chain_ends_with_the_head_only_for_the_model_it_was_trained_for(embedded, tiny_target):
+    from engine.drafters.chain import NGRAM_CHAIN
+    from ui.settings import default_types
+
+    assert default_types(embedded) == NGRAM_CHAIN + ["draft-head"]
+    assert default_types(tiny_target) == NGRAM_CHAIN
+    assert default_types(None) == NGRAM_CHAIN and default_types(FakeTarget()) == NGRAM_CHAIN
+
+
+def test_loading_another_target_takes_the_head_out_of_the_chain_and_back(monkeypatch, embedded, tiny_target):
+    import ui.loader
+    from engine.drafters.chain import NGRAM_CHAIN
+    from ui.handlers import load
+    from ui.state import Runtime
+
+    def runtime_for(target, draft, options):
+        sched = FakeScheduler([])
+        return Runtime(target=target, draft=None, engine=sched.engine, scheduler=sched,
+                       vocab=Vocab.of(FakeTokenizer()))
+
+    app = fake_app([])
+    app.loader = {"tiny": tiny_target, "embedded": embedded}.get
+    monkeypatch.setattr(ui.loader, "make_runtime", runtime_for)
+    monkeypatch.setattr(tiny_target, "name", "tiny", raising=False)
+    status, types = load(app, "tiny", "", NGRAM_CHAIN + ["draft-head"])
+    assert types == NGRAM_CHAIN and "draft-head left the chain" in status
+    status, types = load(app, "embedded", "", ["ngram-mod"])
+    assert types == ["ngram-mod", "draft-head"] and "draft-head joined the chain" in status
+    # the same model again changes nothing: a user who took the head out keeps it out
+    status, types = load(app, "embedded", "", ["ngram-mod"])
+    assert types == ["ngram-mod"] and "Already loaded" in status and "joined" not in status

@@ -12,7 +12,7 @@ from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
 from ui.render import legend_html
 from ui.session import release
-from ui.settings import ALL_TYPES, Settings, own_p_min_text
+from ui.settings import ALL_TYPES, Settings, default_types, own_p_min_text
 from ui.state import AppState, SessionState
 from ui.views import all_views
 
@@ -46,7 +46,7 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
         c["load"] = gr.Button("Load models", variant="secondary", elem_id="load-btn")
         c["model_status"] = gr.HTML(model_status(app), elem_id="model-status")
         gr.Markdown("### Speculation")
-        types = gr.Dropdown(ALL_TYPES, value=d.types, multiselect=True, label="Drafter chain, in relay order",
+        types = gr.Dropdown(ALL_TYPES, value=default_types(rt.target if rt else None), multiselect=True, label="Drafter chain, in relay order",
                             info="the first drafter with a proposal wins the round; order = order of selection; "
                                  "empty = plain decoding", elem_id="drafters")
         n_max = gr.Slider(0, 32, value=d.n_max, step=1, label="n_max: draft tokens per round at most",
@@ -101,7 +101,7 @@ def chat_column(examples: list, v: dict) -> dict:
             btn = gr.Button(label, size="sm", min_width=60, elem_classes=["ex-pays" if ex.pays else "ex-nopay"])
             w["examples"].append((btn, ex.prompt))
     gr.HTML('<div class="muted small">\u2713 the answer copies the prompt: drafts get accepted. '
-            '\u2717 open writing: little to draft.</div>')
+            '\u2717 open writing: nothing to copy; only the draft head (embedded model) guesses.</div>')
     v["summary"] = gr.HTML(elem_id="summary")
     return w
 

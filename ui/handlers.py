@@ -13,7 +13,7 @@ import gradio as gr
 from ui.loader import load_models
 from ui.render import notice_html
 from ui.session import UserError, converse, step_turn, stop_turn
-from ui.settings import DRAFT_MODEL_TYPE, settings_from
+from ui.settings import DRAFT_MODEL_TYPE, chain_for_target, settings_from
 from ui.state import AppState, SessionState
 from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views
 
@@ -76,6 +76,7 @@ def model_status(app: AppState, extra: str = "", level: str = "info") -> str:
 
 def load(app: AppState, target: str, draft: str, types: list | None) -> tuple:
     """Load models; on failure say why and keep what was loaded. A draft model joins the chain as draft-simple."""
+    before = app.runtime.target if app.runtime is not None else None
     try:
         status = load_models(app, target, draft)
     except UserError as e:
@@ -84,4 +85,7 @@ def load(app: AppState, target: str, draft: str, types: list | None) -> tuple:
     types = list(types or [])
     if app.runtime.draft is not None and DRAFT_MODEL_TYPE not in types:
         types.append(DRAFT_MODEL_TYPE)  # a draft model drafts only through draft-simple
+    if app.runtime.target is not before:
+        types, note = chain_for_target(types, app.runtime.target)
+        status = f"{status}. {note}" if note else status
     return model_status(app, status, "info"), types

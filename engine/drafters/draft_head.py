@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from engine.batch import Batch
 from engine.drafters.base import Drafter, DraftRequest, DraftStreams
-from engine.heads.model import DraftHead, load_head, target_fingerprint
+from engine.heads.model import DraftHead, HeadConfig, load_head, target_fingerprint
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[2] / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
 
@@ -68,7 +68,7 @@ class DraftHeadDrafter(Drafter):
             if not Path(self.params.weights).is_file():
                 raise ValueError(f"draft-head weights not found: {self.params.weights}")
             head = load_head(Path(self.params.weights))
-        check_head_matches(head, target)
+        check_config_matches(head.cfg, target)
         head.attach_target(target.model.get_input_embeddings().weight.float())
         self.head = head.eval()
         self.hidden_layers = tuple(head.cfg.layers)
@@ -230,10 +230,22 @@ class DraftHeadDrafter(Drafter):
             st.k, st.v = st.k[:base[r.seq]], st.v[:base[r.seq]]
 
 
-def check_head_matches(head: DraftHead, target) -> None:
+def head_fits(target, weights: Path = DEFAULT_WEIGHTS) -> bool:
+    """Whether the head in `weights` was trained for this target: its config alone is read, not its weights,
+    so the UI can ask at every model load whether draft-head belongs in the default chain."""
+    config = Path(weights).with_suffix(".json")
+    if not config.is_file():
+        return False
+    try:
+        check_config_matches(HeadConfig.from_json(config.read_text()), target)
+    except ValueError:
+        return False
+    return True
+
+
+def check_config_matches(cfg: HeadConfig, target) -> None:
     """Refuse a head trained for another model: vocabulary, width and the embedding table must be the same."""
     emb = target.model.get_input_embeddings().weight
-    cfg = head.cfg
     n_layers = int(getattr(target.model.config, "num_hidden_layers", 0))
     if emb.shape[0] != cfg.target_vocab or emb.shape[1] != cfg.hidden:
         raise ValueError(f"draft-head was trained for a target with vocab {cfg.target_vocab} and hidden "
