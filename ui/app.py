@@ -46,7 +46,8 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
         c["load"] = gr.Button("Load models", variant="secondary", elem_id="load-btn")
         c["model_status"] = gr.HTML(model_status(app), elem_id="model-status")
         gr.Markdown("### Speculation")
-        types = gr.Dropdown(ALL_TYPES, value=default_types(rt.target if rt else None), multiselect=True, label="Drafter chain, in relay order",
+        types = gr.Dropdown(ALL_TYPES, value=default_types(rt.target if rt else None), multiselect=True,
+                            label="Drafter chain, in relay order",
                             info="the first drafter with a proposal wins the round; order = order of selection; "
                                  "empty = plain decoding", elem_id="drafters")
         n_max = gr.Slider(0, 32, value=d.n_max, step=1, label="n_max: draft tokens per round at most",

@@ -149,7 +149,8 @@ def main(argv=None) -> int:
     engine = Engine(target, n_ctx=4096, n_seq_max=1, drafter_params=extra)
     t1 = engine.cost.seconds[0]
     print(f"{len(rows)} held-out prompts: " + ", ".join(r["id"] for r in rows))
-    speed_runs = "none (--no-speed)" if args.no_speed else f"adaptive length policy, n_max {args.n_max}, p_min {p_mins}"
+    speed_runs = ("none (--no-speed)" if args.no_speed
+                  else f"adaptive length policy, n_max {args.n_max}, p_min {p_mins}")
     print(f"speed runs: {speed_runs}; acceptance runs: fixed {args.n_max}-token drafts, p_min 0 and {p_mins}")
     print(f"one-token target forward: {t1 * 1e3:.1f} ms; verify cost c(k+1) = "
           + ", ".join(f"k={k}: {engine.cost.c(k + 1):.2f}" for k in range(1, args.n_max + 1)))
