@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.drafters.chain import NGRAM_CHAIN
-from engine.drafters.draft_head import DraftHeadDrafter, DraftHeadParams
+from engine.drafters.draft_head import DraftHeadDrafter, DraftHeadParams, head_fits
 from engine.heads.model import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
 from engine.heads.unroll import step_loss, unroll
 from engine.params import GenParams, SpecParams
@@ -223,6 +223,10 @@ def test_a_head_for_another_model_is_refused(tiny_target, tiny_dirs, head_file, 
         DraftHeadDrafter(target=tiny_target, params=DraftHeadParams(weights=bad))
     with pytest.raises(ValueError, match="not found"):
         DraftHeadDrafter(target=tiny_target, params=DraftHeadParams(weights=tmp_path / "none.safetensors"))
+    # what the UI asks before putting draft-head in a chain: the same answers, from the config alone
+    assert head_fits(tiny_target, head_file)
+    assert not head_fits(other, head_file) and not head_fits(tiny_target, bad)
+    assert not head_fits(tiny_target, tmp_path / "none.safetensors")
 
 
 def test_saved_head_loads_back_the_same(tiny_target, head_file):
