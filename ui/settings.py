@@ -22,24 +22,23 @@ def own_p_min_text() -> str:
     return f"draft model {DraftModelParams().p_min:g}, draft head {DraftHeadParams().p_min:g}"
 
 
-def head_fits(target) -> bool:
-    """Whether the shipped draft head was trained for this target (the embedded model)."""
-    from engine.drafters.draft_head import head_fits as fits
+def _head_fits(target) -> bool:
+    from engine.drafters.draft_head import head_fits  # torch and the head's model: only when a page is built
 
-    return getattr(target, "model", None) is not None and fits(target)
+    return head_fits(target)
 
 
 def default_types(target) -> list[str]:
     """The chain a page starts with: the n-gram drafters, then the trained head where it fits the target. The
     head pays on open prompts, where the n-grams find nothing to copy, and after the n-grams it was the
     fastest chain on open and copy prompts alike (README, "A trained draft head")."""
-    return DEFAULT_CHAIN + ([HEAD_TYPE] if head_fits(target) else [])
+    return DEFAULT_CHAIN + ([HEAD_TYPE] if _head_fits(target) else [])
 
 
 def chain_for_target(types: list[str], target) -> tuple[list[str], str]:
     """The chain after a new target is loaded: draft-head joins it where the head fits the target and leaves
     it where it does not (it would refuse to draft). Returns (types, a note for the user, or "")."""
-    types, fits = list(types), head_fits(target)
+    types, fits = list(types), _head_fits(target)
     if fits and HEAD_TYPE not in types:
         return types + [HEAD_TYPE], f"{HEAD_TYPE} joined the chain: its head was trained for this model."
     if not fits and HEAD_TYPE in types:

@@ -232,9 +232,9 @@ class DraftHeadDrafter(Drafter):
 
 def head_fits(target, weights: Path = DEFAULT_WEIGHTS) -> bool:
     """Whether the head in `weights` was trained for this target: its config alone is read, not its weights,
-    so the UI can ask at every model load whether draft-head belongs in the default chain."""
+    so the UI can ask at every model load whether draft-head belongs in the default chain. No model: no fit."""
     config = Path(weights).with_suffix(".json")
-    if not config.is_file():
+    if getattr(target, "model", None) is None or not config.is_file():
         return False
     try:
         check_config_matches(HeadConfig.from_json(config.read_text()), target)
