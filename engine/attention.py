@@ -2,8 +2,8 @@
 
 The cell cache hands every layer the K/V of all live cells, and the 4D mask hides the cells of other
 sequences. That is right, but with several slots each row then scores every slot's cells, and transformers'
-SDPA path copies K/V once per query head (`repeat_kv`) for any batch of more than one row: with 4 slots of 1024
-tokens a plain step cost 270 ms against 75 ms for one slot. Here the rows of each sequence attend only to the
+SDPA path copies K/V once per query head (`repeat_kv`) for any batch of more than one row, so a step of 4 slots
+costs several times one slot's (docs/engine.md has the figures). Here the rows of each sequence attend only to the
 cells that sequence can see (a slice when they are contiguous, which they usually are), with grouped-query
 attention done inside the kernel (`enable_gqa`), so a batched step costs about what its weights cost.
 

@@ -28,12 +28,14 @@ class RoundEvent:
     t_verify_ms: float = 0.0  # the target forward (shared with the other slots in the batch) + verification
     t_rollback_ms: float = 0.0  # seq_rm or checkpoint restore + replay
     batch_rows: int = 0  # rows in the shared forward (all slots)
+    n_seqs: int = 1  # sequences in the shared forward: more than 1 means other generations shared its cost
     n_cells_used: int = 0  # cells in use after the round, all sequences
     seq_cells: int = 0  # cells of this sequence after the round
     text_delta: str = ""  # new text for the user
     done: bool = False  # generation finished
     stop_reason: str | None = None  # "eos" | "length" | "context" | "stopped"
     t_end: float = 0.0  # time.perf_counter() when the round finished, for tokens/s measured at the source
+    notes: list[str] = field(default_factory=list)  # what the user should know about the settings (prefill only)
 
     @property
     def accepted(self) -> list[int]:
@@ -42,3 +44,25 @@ class RoundEvent:
     @property
     def rejected(self) -> list[int]:
         return self.drafted[self.n_accepted:]
+
+
+@dataclass
+class ErrorEvent:
+    """A generation the engine had to end on an exception; its slot is already released."""
+
+    seq: int  # sequence (slot) id
+    message: str  # one line for the user
+    done: bool = True
+
+
+def failure(seq: int, stage: str, error: Exception) -> ErrorEvent:
+    """The ErrorEvent of a generation that raised during `stage` (drafting, verification, ...)."""
+    return ErrorEvent(seq=seq, message=f"generation failed during {stage}: {type(error).__name__}: {error}")
+
+
+@dataclass
+class WaitEvent:
+    """A request is waiting for a slot; sent again whenever its place in line changes."""
+
+    position: int  # 1 = the next to get a slot; 0 = an idle step-mode generation gave its slot back
+    done: bool = False

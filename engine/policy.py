@@ -1,7 +1,8 @@
 """Adaptive draft length: draft only as far as it pays on this machine.
 
-On a CPU, verifying k tokens is not free (the embedded model with prepack.py: 2 to 5 rows cost about one row,
-8 rows about 1.3x, 16 rows 1.5x to 1.8x; the engine measures this machine's figures at start). With a_i the chance that draft position i is accepted given i-1 was, a round with k draft tokens emits
+Verifying k tokens is not free, and what it costs depends on the machine and the model: the engine times
+forwards of 1 to 16 rows at start (`Engine.calibrate`) and this policy reads that curve. With a_i the chance
+that draft position i is accepted given i-1 was, a round with k draft tokens emits
 E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i tokens and costs c(k+1) single-token forwards, so the policy keeps the k
 that maximises E(k) / c(k+1), and drafts nothing when no k beats plain decoding (E = 1, c = 1). The a_i are
 exponential moving averages per (sequence, drafter), so one prompt that copies well does not make another
@@ -9,7 +10,8 @@ prompt pay. Acceptance is conditional per position: once the first draft token i
 on (n-gram drafts are right or wrong in runs), so unseen deeper positions start from a higher prior than the
 first; without that the policy never verifies deep enough to learn that deep drafts pay. A suppressed drafter
 still gets a 1-token probe every `probe_every` rounds so it can recover.
-This is seed 004's formula speedup ~ (1 - a^(k+1)) / ((1 - a)(c + 1)) turned into a per-round decision.
+This is the speedup formula (1 - a^(k+1)) / ((1 - a)(c + 1)), for a constant a and a round costing c + 1
+forwards, turned into a per-round decision.
 """
 
 from __future__ import annotations

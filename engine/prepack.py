@@ -1,10 +1,9 @@
 """Prepacked oneDNN weights for the model's linear layers on the CPU: verification at the price of one row.
 
 Speculation pays when verifying k+1 rows costs little more than one row. With torch's default CPU path (MKL
-sgemm) it does not on the AMD hosts this project runs on: a forward of the embedded model costs about 1.6x for 2
-rows what it costs for 1, and the 49152 x 576 LM-head product alone takes 8 / 19 / 21 ms for 1 / 2 / 5 rows.
-oneDNN with the weight reordered once into its blocked layout (the call torch's own CPU inductor uses) takes 4 /
-4 / 6 ms for the LM head and keeps a whole forward of 1 to 4 rows at about one row's time.
+sgemm) it does not on some CPUs: MKL's small-M product makes 2 rows cost far more than 1. oneDNN with the weight
+reordered once into its blocked layout (the call torch's own CPU inductor uses) keeps a forward of a few rows
+at about one row's time (docs/engine.md has the figures).
 
 For one row, MKL's matrix-vector product is still the faster one for the layers' small matrices, so a single
 row of a narrow layer goes the default way; everything else (several rows, or a wide matrix like the LM head)

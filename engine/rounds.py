@@ -3,27 +3,39 @@
 Each slot's sampled token and draft tokens go into one batch at contiguous positions; one forward verifies all
 of them; each slot keeps its longest agreeing prefix plus one token of the target, then gives its rejected tail
 back: `seq_rm(seq, p0 + m, -1)` where the memory can (PART, or RS within its reach), else the checkpoint taken
-before drafting is restored and a replay round follows (FULL, or forced). Mixed into `Engine` (slots.py), whose
-`ctx`, `chain`, `probe`, `limits`, `pool` and `n_pos_max` it uses.
+before drafting is restored and a replay round follows (FULL, or forced). This is the loop of llama.cpp's
+`server_context::update_slots` (tools/server/server-context.cpp) around `common_speculative_draft`.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Callable, Collection
 
 from engine import checkpoint, verify
-from engine.batch import Batch
-from engine.drafters.base import Drafter, DraftRequest
-from engine.events import RoundEvent
-from engine.probe import FULL, RS
+from engine.batch import Batch, OutputLimits
+from engine.drafters.base import DraftRequest
+from engine.drafters.chain import DrafterChain
+from engine.events import ErrorEvent, RoundEvent, failure
+from engine.probe import FULL, RS, ProbeResult
+from engine.slot import Slot
 
-if TYPE_CHECKING:
-    from engine.slots import Slot
 
+class Round:
+    """Runs rounds over the slots it is given; the engine (slots.py) owns the slots and their lifecycle."""
 
-class RoundLoop:
-    """The round methods of Engine (see slots.py for the slot lifecycle)."""
+    def __init__(self, ctx, chain: DrafterChain, probe: ProbeResult, limits: OutputLimits, n_pos_max: int | None,
+                 eos: Collection[int], detokenize: Callable[[list[int]], str]):
+        self.ctx = ctx  # the target's context: its memory (cell cache or own per-sequence cache) and forward
+        self.chain = chain  # the drafters in relay order per sequence; its length policy sizes the drafts
+        self.probe = probe  # what rollback the memory supports (PART / RS / FULL)
+        self.limits = limits  # logits rows per forward, in all and per sequence
+        self.n_pos_max = n_pos_max  # the model's last position + 1, or None where it has no such limit
+        self.eos = eos  # tokens that end a generation
+        self.detokenize = detokenize  # token ids -> text, for what a slot gives out
+
+    def emit(self, slot: Slot, tokens: list[int], ev: RoundEvent) -> RoundEvent:
+        return slot.emit(tokens, ev, self.eos, self.detokenize)
 
     def _n_draft_max(self, slot: Slot, n_free: int) -> int:
         """llama-server's get_n_draft_max: fit the context (leave room) and the tokens still wanted."""
@@ -32,58 +44,104 @@ class RoundLoop:
             n = min(n, self.n_pos_max - len(slot.tokens) - 2)
         return max(0, n) if slot.params.spec.types else 0
 
-    def _spec_round(self, slots: list[Slot]) -> list[RoundEvent]:
-        n_free = self.ctx.n_ctx - self.ctx.cache.n_used() - len(slots)
+    def run(self, slots: list[Slot]) -> list[RoundEvent]:
+        """One round for these generating slots: one event per slot."""
+        n_cells_free = self.ctx.n_ctx - self.ctx.cache.n_used()
         requests: dict[int, DraftRequest] = {}
         ckpts: dict[int, checkpoint.Checkpoint] = {}
-        # logits rows left for drafts once every slot has its one row (the output limit of the forward)
+        # cells and logits rows left for drafts once every slot has its one row: all slots share one forward, so
+        # each draft is cut to what the slots before it left (in slot order), not to the round's total
+        n_free = n_cells_free - len(slots)
         n_out_free = self.limits.total - len(slots)
         for slot in slots:
             if slot.replay is not None:
+                n_free -= len(slot.replay.tokens) - 1
                 n_out_free -= len(slot.replay.tokens) - 1
         for slot in slots:
             if slot.replay is not None:
                 continue  # a replay round re-runs decided tokens and drafts nothing
             n_max = max(0, min(self._n_draft_max(slot, n_free), n_out_free))
             if slot.params.spec.types and self._needs_checkpoint(slot, n_max):
-                ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache, self._slot_drafters(slot))
+                ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache)
+            n_free -= n_max
             n_out_free -= n_max
             requests[slot.seq] = DraftRequest(
                 seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max,
                 n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min, want_q=slot.params.sampling.temp > 0)
         t0 = time.perf_counter()
-        todo = list(requests.values())
-        winners = self.chain.draft(todo) if any(r.n_max > 0 for r in todo) else {}
+        failed: dict[int, ErrorEvent] = {}  # seq -> why its generation ends this round
+        winners = self._draft(list(requests.values()), failed)
         t_draft = (time.perf_counter() - t0) * 1e3
         batch = Batch()
         rows: dict[int, list[int]] = {}
         for slot in slots:
+            if slot.seq in failed:
+                continue
             p = len(slot.tokens)
             toks = slot.replay.tokens if slot.replay is not None else [slot.id_last] + requests[slot.seq].result
-            if n_free < len(toks) - 1 or (self.n_pos_max is not None and p + len(toks) > self.n_pos_max):
+            if len(toks) > n_cells_free or (self.n_pos_max is not None and p + len(toks) > self.n_pos_max):
                 continue
+            n_cells_free -= len(toks)
             rows[slot.seq] = [batch.add(t, p + i, slot.seq, True) for i, t in enumerate(toks)]
-        events = []
+        events: list[RoundEvent | ErrorEvent] = list(failed.values())
         for slot in slots:
-            if slot.seq not in rows:
-                events.append(self._finish(slot, "context", RoundEvent(seq=slot.seq, round=slot.round,
+            if slot.seq not in rows and slot.seq not in failed:
+                events.append(slot.finish("context", RoundEvent(seq=slot.seq, round=slot.round,
                               kind="plain", drafter=None, pos_sampled=len(slot.tokens), p0=len(slot.tokens) + 1)))
         if not rows:
             return events
-        res = self.ctx.decode(batch)
-        self.chain.process(batch, res)
+        in_batch = [s for s in slots if s.seq in rows]
+        try:
+            res = self._forward(batch, in_batch)
+        except Exception as e:  # it failed twice: these generations end, the engine serves the next round
+            return events + [failure(s.seq, "the forward", e) for s in in_batch]
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
-        for slot in slots:
-            if slot.seq not in rows:
-                continue
+        for slot in in_batch:
             logits = res.logits[[out_index[i] for i in rows[slot.seq]]]
-            if slot.replay is not None:
-                events.append(self._replay_round(slot, logits, res.seconds * 1e3, len(batch)))
-                continue
-            events.append(self._verify_slot(slot, requests[slot.seq], logits, ckpts.get(slot.seq),
-                                            winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
-                                            len(batch)))
+            try:
+                if slot.replay is not None:
+                    events.append(self._replay_round(slot, logits, res.seconds * 1e3, len(batch)))
+                    continue
+                events.append(self._verify_slot(slot, requests[slot.seq], logits, ckpts.get(slot.seq),
+                                                winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
+                                                len(batch)))
+            except Exception as e:  # this slot's verification or rollback broke: only its generation ends
+                events.append(failure(slot.seq, "verification", e))
+        for ev in events:
+            if isinstance(ev, RoundEvent):
+                ev.n_seqs = len(in_batch)
         return events
+
+    def _draft(self, requests: list[DraftRequest], failed: dict[int, ErrorEvent]) -> dict[int, str | None]:
+        """The chain drafts for every request at once; if that raises, each request drafts alone so the one at
+        fault is found, ends its generation (in `failed`), and the others still get their drafts."""
+        if not any(r.n_max > 0 for r in requests):
+            return {}
+        n_max = {r.seq: r.n_max for r in requests}  # the length policy may shorten them while drafting
+        try:
+            return self.chain.draft(requests)
+        except Exception:
+            pass
+        winners: dict[int, str | None] = {}
+        for r in requests:
+            try:
+                winners.update(self.chain.draft([fresh(r, n_max[r.seq])]))
+            except Exception as e:
+                failed[r.seq] = failure(r.seq, "drafting", e)
+        return winners
+
+    def _forward(self, batch: Batch, slots: list[Slot]):
+        """One forward; if it raises, the batch's cells are removed and it runs once more (a fault that passes,
+        such as memory pressure, then costs one round's time instead of every generation in it)."""
+        try:
+            res = self.ctx.decode(batch)
+        except Exception:
+            for slot in slots:
+                if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
+                    raise  # a memory that cannot drop the batch's tail cannot run it again
+            res = self.ctx.decode(batch)
+        self.chain.process(batch, res)
+        return res
 
     def _needs_checkpoint(self, slot: Slot, n_max: int) -> bool:
         """llama.cpp's use_ckpt, decided before drafting: forced, FULL, or RS with a draft longer than it undoes."""
@@ -91,9 +149,6 @@ class RoundLoop:
             return True
         rs_limit = getattr(self.ctx.cache, "rs_limit", None)
         return self.probe.kind == RS and rs_limit is not None and n_max > rs_limit
-
-    def _slot_drafters(self, slot: Slot) -> dict[str, Drafter]:
-        return {name: self.pool[name] for name in slot.params.spec.types}
 
     def _verify_slot(self, slot: Slot, r: DraftRequest, logits, ckpt, drafter: str | None, t_draft: float,
                      t_forward: float, batch_rows: int) -> RoundEvent:
@@ -106,10 +161,14 @@ class RoundLoop:
         else:
             verdict = verify.sample_and_match(slot.sampler, logits, r.result)
         t_verify = t_forward + (time.perf_counter() - t1) * 1e3
+        k, m = len(r.result), verdict.n_accepted
+        # the drafters hear the verdict before any rollback, while each still holds the draft it made; the
+        # checkpoint path leaves them as the range-removal path does (see checkpoint.py)
+        if k > 0:
+            self.chain.accept(slot.seq, m)
         t2 = time.perf_counter()
         p_sampled = len(slot.tokens)
         p0 = p_sampled + 1
-        k, m = len(r.result), verdict.n_accepted
         rollback, rm_range = "none", None
         # the tail goes with seq_rm where the memory can (PART, or RS within its reach), else via the checkpoint
         forced = slot.params.spec.rollback == "checkpoint"
@@ -117,7 +176,7 @@ class RoundLoop:
             rollback, rm_range = "seq_rm", (p0 + m, p0 + k)
         elif m < k and ckpt is not None:
             # FULL path: back to the checkpoint, the whole batch leaves the cache, a replay round follows
-            restore_s = checkpoint.restore(slot, self.ctx.cache, self._slot_drafters(slot), ckpt)
+            restore_s = checkpoint.restore(slot, self.ctx.cache, ckpt)
             slot.replay = checkpoint.Replay(tokens=[slot.id_last] + r.result[:m] + [verdict.tokens[-1]],
                                             n_draws=verdict.n_draws, cost_ms=(ckpt.seconds + restore_s) * 1e3)
             rollback, rm_range = "checkpoint", (p_sampled, p0 + k)
@@ -129,8 +188,6 @@ class RoundLoop:
             slot.tokens.append(slot.id_last)
             slot.tokens.extend(r.result[:m])
             slot.id_last = verdict.tokens[-1]
-        if k > 0:
-            self.chain.accept(slot.seq, m)
         q_draft = None
         if r.result_q is not None and k > 0:
             q_draft = [float(q[d]) for q, d in zip(r.result_q, r.result)]
@@ -145,7 +202,7 @@ class RoundLoop:
             t_draft_ms=t_draft, t_verify_ms=t_verify, t_rollback_ms=t_rollback, batch_rows=batch_rows,
         )
         slot.round += 1
-        ev = self._emit(slot, verdict.tokens, ev)
+        ev = self.emit(slot, verdict.tokens, ev)
         if slot.state == "done":
             slot.replay = None  # nothing follows: the decided tokens were all given out
         return ev
@@ -166,4 +223,10 @@ class RoundLoop:
                         t_verify_ms=t_forward + (time.perf_counter() - t1) * 1e3, t_rollback_ms=replay.cost_ms,
                         batch_rows=batch_rows, target_top=[int(t) for t in logits.argmax(dim=-1)])
         slot.round += 1
-        return self._emit(slot, [tok], ev)
+        return self.emit(slot, [tok], ev)
+
+
+def fresh(r: DraftRequest, n_max: int) -> DraftRequest:
+    """The request as it was before a failed drafting pass touched it."""
+    r.n_max, r.drafting, r.result, r.result_q, r.result_p = n_max, True, [], None, None
+    return r

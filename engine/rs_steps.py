@@ -1,4 +1,4 @@
-"""Reversible state for recurrent layers (the seed's RS, `n_rs_seq`): keep the state after each of the last
+"""Reversible state for recurrent layers (llama.cpp's RS memory, `llama_n_rs_seq`): keep the state after each of the last
 n_rs tokens of a forward, so a rejected tail of up to n_rs tokens is undone by putting one state back.
 
 transformers' scan kernels return only the final recurrent state of a multi-token forward. To have the state

@@ -13,18 +13,10 @@ import queue
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 
-from engine.events import RoundEvent
+from engine.events import ErrorEvent, RoundEvent
 from engine.params import GenParams
 from engine.slots import Engine
-
-
-@dataclass
-class ErrorEvent:
-    seq: int
-    message: str  # one line for the user
-    done: bool = True
 
 
 class Scheduler:

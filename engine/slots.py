@@ -9,7 +9,6 @@ own previous turn, or a prefix another slot holds (a shared system prompt, store
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -18,40 +17,19 @@ from engine.batch import Batch, output_limits
 from engine.context import ModelContext
 from engine.drafters.base import Drafter
 from engine.drafters.chain import DrafterChain, default_params, make_drafter, parse_types
-from engine.events import RoundEvent
+from engine.events import ErrorEvent, RoundEvent, failure
 from engine.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
 from engine.policy import CostModel, DraftLengthPolicy
 from engine.probe import ProbeResult, probe_context
-from engine.rounds import RoundLoop
+from engine.prefix import common_prefix
+from engine.rounds import Round
+from engine.slot import Slot
 from engine.stateful import StatefulContext, has_own_state
 from engine.sampling import Sampler
-from engine import checkpoint
 
 N_BATCH = 512  # rows per forward: prompt chunks during prefill, and the cap on logits rows of a verification
 MIN_CELLS_PER_SLOT = 64  # a cache smaller than this per slot could not hold a useful chat in every slot
-
-
-@dataclass
-class Slot:
-    seq: int  # sequence id in the shared cache
-    params: GenParams
-    sampler: Sampler  # the target's sampler, with its own stream
-    prompt: list[int]  # prompt tokens
-    tokens: list[int] = field(default_factory=list)  # tokens in the target cache, in position order
-    generated: list[int] = field(default_factory=list)  # tokens emitted to the user
-    id_last: int = -1  # sampled last round, not yet in the cache
-    state: str = "prefill"  # "prefill" | "generating" | "done"
-    round: int = 0  # rounds run (prefill is round 0)
-    text: str = ""  # detokenised text given out so far
-    stop_reason: str | None = None
-    stop_requested: bool = False
-    replay: "checkpoint.Replay | None" = None  # decided tokens to re-run after a checkpoint restore
-    coins: torch.Generator | None = None  # synthetic acceptance's own stream (None unless it is on)
-
-    @property
-    def n_remaining(self) -> int:
-        return self.params.max_new_tokens - len(self.generated)
 
 
 def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int, n_rs: int = 0):
@@ -61,17 +39,7 @@ def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int, n_rs: in
     return ModelContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max)
 
 
-def common_prefix(cached: list[int], prompt: list[int]) -> int:
-    """Length of the cached prefix a new prompt can keep (llama-server's cache_prompt). The prompt's last token
-    is always forwarded again, because its logits are needed."""
-    n = 0
-    limit = min(len(cached), len(prompt) - 1)
-    while n < limit and cached[n] == prompt[n]:
-        n += 1
-    return n
-
-
-class Engine(RoundLoop):
+class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
                  n_seq_max: int = 4, calibrate: bool = True, drafter_params: dict | None = None,
                  n_draft: int = 16, n_rs: int = 0):
@@ -99,7 +67,9 @@ class Engine(RoundLoop):
         self.pool: dict[str, Drafter] = {}
         self.chain = DrafterChain(self.pool, self.policy)
         self.slots: dict[int, Slot] = {}
+        self.parked: dict[int, Slot] = {}  # seq -> a parked slot whose cells the sequence still holds
         self.eos = target.eos_ids()
+        self.round = Round(self.ctx, self.chain, self.probe, self.limits, self.n_pos_max, self.eos, target.decode)
 
     # ---- set-up ----------------------------------------------------------------------------------------------
 
@@ -136,7 +106,8 @@ class Engine(RoundLoop):
                     raise ValueError("draft-simple needs a draft model: load one first")
                 from engine.drafters.draft_model import DraftModelParams
                 kwargs = dict(model=self.draft_model.model,
-                              params=DraftModelParams(n_ctx=self.ctx.n_ctx, n_seq_max=self.ctx.n_seq_max))
+                              params=DraftModelParams(n_ctx=self.ctx.n_ctx, n_seq_max=self.ctx.n_seq_max,
+                                                      n_vocab=self.ctx.n_vocab))
             elif name == "draft-head":
                 from engine.drafters.draft_head import DraftHeadParams
                 # the head reads the target's embeddings and hidden states
@@ -159,8 +130,8 @@ class Engine(RoundLoop):
                 return seq
         raise RuntimeError(f"all {self.ctx.n_seq_max} slots are busy")
 
-    def start(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Slot:
-        """Queue a generation. Raises ValueError on bad input; nothing changes then."""
+    def check(self, prompt: list[int], params: GenParams) -> None:
+        """Refuse a request that could never run, with the reason (ValueError); nothing changes."""
         params.validate()
         params.spec.types = parse_types(params.spec.types)
         if not prompt:
@@ -172,20 +143,33 @@ class Engine(RoundLoop):
             raise ValueError(f"speculation is off for this model: {self.probe.reason}")
         for name in params.spec.types:
             self.drafter(name)
-        seq = self.free_seq() if seq is None else seq
-        if not 0 <= seq < self.ctx.n_seq_max:
-            raise ValueError(f"slot {seq} out of range [0, {self.ctx.n_seq_max})")
+
+    def _cells(self, tokens: list[int], seq: int, n_keep_max: int) -> tuple[int, int, int, int, int]:
+        """What placing `tokens` in `seq` takes, keeping at most n_keep_max of them from the cache:
+        (n_own, src, n_shared, cells needed, cells free for it)."""
         old = self.slots.get(seq)
-        if old is not None and old.state != "done":
-            raise ValueError(f"slot {seq} is busy")
-        n_own = common_prefix(old.tokens, prompt) if old is not None else 0
-        src, n_shared = self._shared_prefix(seq, prompt) if self.ctx.cache.can_share else (-1, 0)
+        if old is None and self.parked.get(seq) is not None:
+            old = self.parked[seq]
+        n_own = common_prefix(old.tokens, tokens, limit=n_keep_max) if old is not None else 0
+        src, n_shared = self._shared_prefix(seq, tokens, n_keep_max) if self.ctx.cache.can_share else (-1, 0)
         n_owned = self.ctx.cache.seq_cells(seq).numel()
-        n_need = len(prompt) + 1 - max(n_own, n_shared)
+        n_need = len(tokens) + 1 - max(n_own, n_shared)
         n_free = self.ctx.n_ctx - self.ctx.cache.n_used() + n_owned
+        return n_own, src, n_shared, n_need, n_free
+
+    def fits(self, tokens: list[int], seq: int) -> bool:
+        """Whether the cache has room to place `tokens` (a prompt, or a parked slot's) in `seq` now."""
+        _, _, _, n_need, n_free = self._cells(tokens, seq, len(tokens) - 1)
+        return n_need <= n_free
+
+    def _place(self, tokens: list[int], seq: int, n_keep_max: int) -> int:
+        """Make `seq` hold the longest prefix of `tokens` the cache can give (its own cells, or a prefix another
+        slot holds, shared with seq_cp); return its length. Raises ValueError when the rest cannot fit."""
+        n_own, src, n_shared, n_need, n_free = self._cells(tokens, seq, n_keep_max)
         if n_need > n_free:
             raise ValueError(f"the cache is full: this prompt needs {n_need} more cells, {n_free} are free "
                              f"(other slots hold the rest); wait for a slot to finish or raise n_ctx")
+        self.parked.pop(seq, None)  # whatever was parked in seq loses its cells now
         if n_shared > n_own:
             # a prefix another slot already holds (a shared system prompt): store it once, for both sequences
             self.ctx.seq_rm(seq, -1, -1)
@@ -199,8 +183,29 @@ class Engine(RoundLoop):
         self.chain.seq_rm(seq)
         if n_shared > n_own:
             self.chain.seq_cp(src, seq, n_shared)
+        return kept
+
+    def start(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Slot:
+        """Start a generation in a free slot. Raises ValueError on bad input; nothing changes then."""
+        self.check(prompt, params)
+        seq = self.free_seq() if seq is None else seq
+        if not 0 <= seq < self.ctx.n_seq_max:
+            raise ValueError(f"slot {seq} out of range [0, {self.ctx.n_seq_max})")
+        old = self.slots.get(seq)
+        if old is not None and old.state != "done":
+            raise ValueError(f"slot {seq} is busy")
+        # the prompt's last token is always forwarded again: its logits give the first answer token
+        kept = self._place(prompt, seq, len(prompt) - 1)
         slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
                     tokens=list(prompt[:kept]))
+        if params.spec.types:
+            # the logits buffer holds this many draft rows per slot (n_draft): a longer n_max would be cut
+            # every round without a word, and the user would read the cut as the drafter's own choice
+            n_capacity = self.limits.per_seq - 1
+            slot.n_max_effective = min(params.spec.n_max, n_capacity)
+            if params.spec.n_max > n_capacity:
+                slot.notes.append(f"n_max {params.spec.n_max} is above this engine's draft capacity of "
+                                  f"{n_capacity}: drafts are capped at {n_capacity}")
         if params.spec.synthetic_accept is not None:
             # a stream per slot: the sampler's seed and the slot, so concurrent slots toss independent coins
             coin_seed = params.sampling.seed ^ 0x5BD1E995 ^ (seq * 0x9E3779B1)
@@ -211,12 +216,12 @@ class Engine(RoundLoop):
             self.pool[name].retune(seq, params.sampling.temp, params.sampling.seed)
         return slot
 
-    def _shared_prefix(self, seq: int, prompt: list[int]) -> tuple[int, int]:
-        """The other slot whose cached tokens share the longest prefix with `prompt`: (its seq, the length)."""
+    def _shared_prefix(self, seq: int, tokens: list[int], n_keep_max: int) -> tuple[int, int]:
+        """The other slot whose cached tokens share the longest prefix with `tokens`: (its seq, the length)."""
         best = (-1, 0)
         for other in self.slots.values():
             if other.seq != seq and other.replay is None:
-                n = common_prefix(other.tokens, prompt)
+                n = common_prefix(other.tokens, tokens, limit=n_keep_max)
                 if n > best[1]:
                     best = (other.seq, n)
         return best
@@ -226,9 +231,37 @@ class Engine(RoundLoop):
         if seq in self.slots:
             self.slots[seq].stop_requested = True
 
+    def park(self, seq: int) -> Slot:
+        """Take a generating slot out of the engine (an idle step-mode session) so another can use `seq`. Its
+        cells stay until someone needs them; `resume` puts it back, in any free sequence."""
+        slot = self.slots.pop(seq)
+        self.parked[seq] = slot
+        return slot
+
+    def resume(self, slot: Slot, seq: int) -> None:
+        """Put a parked slot back in `seq`. Tokens the cache no longer holds for it are forwarded again at the
+        next step (no token is sampled there: the slot's sampler goes on where it stopped)."""
+        if seq in self.slots and self.slots[seq].state != "done":
+            raise ValueError(f"slot {seq} is busy")
+        if self.parked.get(seq) is slot and self.ctx.cache.seq_cells(seq).numel() == len(slot.tokens):
+            del self.parked[seq]  # nobody took its cells: it carries on as if it had never left
+        else:
+            for other, parked in list(self.parked.items()):
+                if parked is slot:  # its old cells now belong to nobody: the next start there clears them
+                    del self.parked[other]
+            confirmed = list(slot.tokens)
+            kept = self._place(confirmed, seq, len(confirmed))
+            slot.tokens, slot.refill = confirmed[:kept], confirmed[kept:]
+            self.chain.begin(seq, confirmed, slot.params.spec.types, adaptive=slot.params.spec.adaptive)
+            for name in slot.params.spec.types:
+                self.pool[name].retune(seq, slot.params.sampling.temp, slot.params.sampling.seed)
+        slot.seq = seq
+        self.slots[seq] = slot
+
     def release(self, seq: int) -> None:
         """Forget a slot and free its cells."""
         self.slots.pop(seq, None)
+        self.parked.pop(seq, None)
         self.chain.seq_rm(seq)
         self.ctx.seq_rm(seq, -1, -1)
 
@@ -237,24 +270,41 @@ class Engine(RoundLoop):
 
     # ---- the round --------------------------------------------------------------------------------------
 
-    def step(self, only: set[int] | None = None) -> list[RoundEvent]:
-        """One round for every active slot (or those in `only`); returns one event per slot that ran."""
-        events = []
+    def step(self, only: set[int] | None = None) -> list[RoundEvent | ErrorEvent]:
+        """One round for every active slot (or those in `only`); returns one event per slot that ran. A slot
+        whose prefill or round raised ends with an ErrorEvent and is released; the others go on."""
+        events: list[RoundEvent | ErrorEvent] = []
         for slot in self.active(only):
             if slot.stop_requested:
-                events.append(self._finish(slot, "stopped", RoundEvent(seq=slot.seq, round=slot.round,
+                events.append(slot.finish("stopped", RoundEvent(seq=slot.seq, round=slot.round,
                               kind="plain", drafter=None, pos_sampled=len(slot.tokens), p0=len(slot.tokens) + 1)))
         prefilled = set()
         for slot in [s for s in self.active(only) if s.state == "prefill"]:
-            events.append(self._prefill(slot))
+            try:
+                events.append(self._prefill(slot))
+            except Exception as e:  # one prompt that breaks the model must not end the other chats
+                events.append(failure(slot.seq, "prefill", e))
             prefilled.add(slot.seq)
+        for slot in [s for s in self.active(only) if s.refill]:
+            try:
+                self._refill(slot)
+            except Exception as e:
+                events.append(failure(slot.seq, "refill", e))
+                prefilled.add(slot.seq)
         # a slot prefilled in this step drafts from the next one on: round 0 stands alone, as in step mode
         generating = [s for s in self.active(only) if s.state == "generating" and s.seq not in prefilled]
         if generating:
-            events.extend(self._spec_round(generating))
-        now = time.perf_counter()
+            events.extend(self.round.run(generating))
         for ev in events:
-            ev.t_end = now
+            if isinstance(ev, ErrorEvent):
+                self.release(ev.seq)
+        now = time.perf_counter()
+        n_used = self.ctx.cache.n_used()
+        for ev in events:
+            if isinstance(ev, RoundEvent):
+                ev.t_end = now
+                ev.n_cells_used = n_used
+                ev.seq_cells = len(self.slots[ev.seq].tokens)
         return events
 
     def _prefill(self, slot: Slot) -> RoundEvent:
@@ -276,41 +326,20 @@ class Engine(RoundLoop):
         slot.state = "generating"
         ev = RoundEvent(seq=slot.seq, round=0, kind="prefill", drafter=None, pos_sampled=len(slot.tokens) - 1,
                         p0=len(slot.tokens), bonus=tok, p_target=[p], batch_rows=len(todo),
-                        t_verify_ms=(time.perf_counter() - t0) * 1e3)
+                        t_verify_ms=(time.perf_counter() - t0) * 1e3, notes=list(slot.notes))
         slot.round = 1
-        return self._emit(slot, [tok], ev)
+        return self.round.emit(slot, [tok], ev)
 
-    def _emit(self, slot: Slot, tokens: list[int], ev: RoundEvent) -> RoundEvent:
-        """Give tokens to the user, cut at end-of-sequence or the token limit; fill text and cache figures."""
-        out = []
-        reason = None
-        for tok in tokens:
-            out.append(tok)
-            if tok in self.eos and not slot.params.ignore_eos:
-                reason = "eos"
-                break
-            if len(slot.generated) + len(out) >= slot.params.max_new_tokens:
-                reason = "length"
-                break
-        slot.generated.extend(out)
-        ev.emitted = out
-        text = self.target.decode(slot.generated)
-        stable = text.rstrip("\ufffd") if reason is None else text  # hold back a half-decoded character
-        if stable.startswith(slot.text):
-            ev.text_delta = stable[len(slot.text):]
-            slot.text = stable
-        if reason is not None:
-            self._finish(slot, reason, ev)
-        ev.n_cells_used = self.ctx.cache.n_used()
-        ev.seq_cells = len(slot.tokens)
-        return ev
-
-    def _finish(self, slot: Slot, reason: str, ev: RoundEvent) -> RoundEvent:
-        slot.state = "done"
-        slot.stop_reason = reason
-        ev.done = True
-        ev.stop_reason = reason
-        return ev
+    def _refill(self, slot: Slot) -> None:
+        """Forward the confirmed tokens a resumed slot lost from the cache; nothing is sampled."""
+        for start in range(0, len(slot.refill), N_BATCH):
+            chunk = slot.refill[start:start + N_BATCH]
+            batch = Batch()
+            for i, tok in enumerate(chunk):
+                batch.add(tok, len(slot.tokens) + i, slot.seq, i == len(chunk) - 1)
+            self.chain.process(batch, self.ctx.decode(batch))
+            slot.tokens.extend(chunk)
+        slot.refill = []
 
     # ---- convenience ------------------------------------------------------------------------------------
 

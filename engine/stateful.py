@@ -3,13 +3,14 @@
 Mamba, Mamba2 and hybrids (Jamba, LFM2, ...) carry a recurrent state and/or a short convolution window per
 layer (transformers' `LinearAttentionLayer` in `DynamicCache.layers`) beside ordinary attention K/V. A
 recurrent state summarises every token so far and cannot be rewound, so such a memory cannot drop a tail:
-the seed's FULL case, where the engine checkpoints before drafting and restores + replays on rejection. What
-must be saved is only what re-running tokens cannot rebuild (the seed's PARTIAL_ONLY): the recurrent and conv
+llama.cpp's COMMON_CONTEXT_SEQ_RM_TYPE_FULL, where the engine checkpoints before drafting and restores + replays
+on rejection. What must be saved is only what re-running tokens cannot rebuild (llama.cpp's
+LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY): the recurrent and conv
 states and sliding-window K/V; full-attention K/V are simply cut back to the checkpoint's length.
 
 Layers without a recurrent state (attention, sliding-window attention, LFM2's short convolutions) record the
 past during a forward (`activate_past_recording`), so the tokens of the last forward can still be removed:
-the seed's RS case, reversible state for up to one round of draft. The engine then cuts a rejected tail
+llama.cpp's COMMON_CONTEXT_SEQ_RM_TYPE_RS, reversible state for up to one round of draft. The engine then cuts a rejected tail
 directly and never needs a checkpoint.
 
 Each sequence has its own cache object, so slots run one forward each (they cannot share a batch the way cells

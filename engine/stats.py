@@ -87,10 +87,14 @@ class DrafterStats:
 
 
 @contextmanager
-def timed(stats: DrafterStats, attr: str):
-    """Add the wall time of the block, in microseconds, to `stats.<attr>`."""
+def timed(attr: str, total: DrafterStats, *per_seq: DrafterStats, share: float = 1.0):
+    """Add the wall time of the block, in microseconds, to `total.<attr>` and `share` of it to each per-sequence
+    `<attr>`, so a sequence's counters show the same durations as the counters over all sequences."""
     t0 = time.perf_counter()
     try:
         yield
     finally:
-        setattr(stats, attr, getattr(stats, attr) + (time.perf_counter() - t0) * 1e6)
+        us = (time.perf_counter() - t0) * 1e6
+        setattr(total, attr, getattr(total, attr) + us)
+        for stats in per_seq:
+            setattr(stats, attr, getattr(stats, attr) + us * share)

@@ -34,6 +34,20 @@ class Verdict:
     n_draws: int = 0  # uniforms taken from the sampler's stream (a replay takes as many)
 
 
+def p_of(probs: torch.Tensor, token: int) -> float:
+    """The target's probability of a draft token; a draft vocabulary may be wider, and ids past the target's
+    carry no target probability."""
+    return float(probs[token]) if token < probs.shape[-1] else 0.0
+
+
+def align_q(q: torch.Tensor, width: int) -> torch.Tensor:
+    """The draft distribution over the target's ids: the vocabulary check lets the draft's logits be narrower
+    (its missing ids have q = 0) or wider (mass on ids the target lacks only makes the draft rejected there)."""
+    if q.shape[-1] >= width:
+        return q[..., :width]
+    return torch.nn.functional.pad(q, (0, width - q.shape[-1]))
+
+
 def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int]) -> Verdict:
     """logits: [k+1, V]; draft: k tokens."""
     assert logits.shape[0] == len(draft) + 1, "need one logits row per draft token plus the bonus row"
@@ -47,7 +61,7 @@ def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int]) -
         p_target.append(float(probs[i, tok]))
         if i == len(draft) or tok != draft[i]:
             break
-    p_draft_rows = [float(probs[i, d]) for i, d in enumerate(draft)]
+    p_draft_rows = [p_of(probs[i], d) for i, d in enumerate(draft)]
     return Verdict(tokens=tokens, n_accepted=len(tokens) - 1, p_target=p_target, p_draft_rows=p_draft_rows,
                    n_draws=sampler.n_draws - n_draws0)
 
@@ -63,12 +77,14 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
     tokens: list[int] = []
     p_target: list[float] = []
     for i, d in enumerate(draft):
-        p_i, q_i = probs[i], q[i].to(probs.dtype)
-        q_d = float(q_i[d])
-        p_d = float(p_i[d])
+        p_i = probs[i]
+        q_d = float(q[i][d]) if d < q[i].shape[-1] else 0.0
+        q_i = align_q(q[i].to(probs.dtype), p_i.shape[-1])
+        p_d = p_of(p_i, d)
         # the uniform comes from the target sampler's own stream: independent of how the draft was drawn
         u = sampler.uniform()
-        if q_d > 0 and u * q_d <= p_d:
+        # p_d > 0: a uniform of exactly 0 must not keep a token the target cannot emit (or does not even have)
+        if q_d > 0 and p_d > 0 and u * q_d <= p_d:
             tokens.append(d)
             p_target.append(p_d)
             continue
@@ -83,7 +99,7 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
         tok = sampler.sample_probs(probs[len(draft)])
         tokens.append(tok)
         p_target.append(float(probs[len(draft), tok]))
-    p_draft_rows = [float(probs[i, d]) for i, d in enumerate(draft)]
+    p_draft_rows = [p_of(probs[i], d) for i, d in enumerate(draft)]
     return Verdict(tokens=tokens, n_accepted=len(tokens) - 1, p_target=p_target, p_draft_rows=p_draft_rows,
                    n_draws=sampler.n_draws - n_draws0)
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Seed 004's curves on the embedded model: speedup against concurrency and context length (real drafters),
-# speedup against acceptance (synthetic acceptance, laid over the formula), and plain decoding's scaling with
-# slots. Writes assets/bench/{curves,synthetic,plain}.csv, their union traces.csv, bench.html and PNGs.
+# The speedup curves on the embedded model: speedup against concurrency and context length (real drafters),
+# speedup against acceptance (synthetic acceptance, laid over engine.bench.stats.formula), and plain decoding's
+# scaling with slots. Writes assets/bench/{curves,synthetic,plain}.csv, their union traces.csv, bench.html and PNGs.
 # Timings are noisy on a shared CPU: compare ratios within one run (each configuration runs 3 times, interleaved
-# with its plain baseline; the median run is kept). OUT=dir to write elsewhere; about 40 min on 2 busy cores.
+# with its plain baseline; the median run is kept). OUT=dir to write elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-assets/bench}
@@ -24,5 +24,5 @@ $PY -m engine.bench --prompts assets/bench/prompts.jsonl --out "$OUT/synthetic.c
 $PY -m engine.bench --prompts assets/prompts/copy.jsonl --out "$OUT/plain.csv" "${COMMON[@]}" \
     --spec none --parallel 1,2,4 --ctx-len 0 || [ $? -eq 1 ]
 
-$PY -m engine.benchplot "$OUT/curves.csv" "$OUT/synthetic.csv" "$OUT/plain.csv" --merged "$OUT/traces.csv" \
+$PY -m engine.bench.plot "$OUT/curves.csv" "$OUT/synthetic.csv" "$OUT/plain.csv" --merged "$OUT/traces.csv" \
     --out "$OUT"

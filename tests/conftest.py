@@ -1,3 +1,4 @@
+import json
 import sys
 from pathlib import Path
 
@@ -35,3 +36,13 @@ def embedded():
     from engine.models import load_model
 
     return load_model("embedded")
+
+
+@pytest.fixture()
+def bench_prompts(tmp_path):
+    """A prompts file for `python -m engine.bench`: a plain prompt that repeats itself and a chat one."""
+    path = tmp_path / "p.jsonl"
+    rows = [{"id": "loop", "prompt": "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2"},
+            {"id": "chat", "messages": [{"role": "user", "content": "w7 w8 w9 w7 w8"}]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path

@@ -1,38 +1,22 @@
 """`python -m engine.bench` on a tiny model: the traces.csv contract, the lossless gate, exit codes."""
 
-import csv
-import json
-
 import pytest
 
-from engine import bench, benchsweep
+from engine.bench import cli, sweep
+from engine.bench.rows import load_rows
 
 REQUIRED = ["prompt_id", "spec_decode", "spec_types", "n_max", "temp", "seed", "concurrency", "ctx_len",
             "quant_bits", "n_gen", "tps", "tps_baseline", "speedup", "lossless_ok", "mean_acc_len",
             "draft_accept_rate", "acc_rate_pos", "verify_cost_c", "rollback_mode"]
 
 
-@pytest.fixture()
-def prompts(tmp_path):
-    path = tmp_path / "p.jsonl"
-    rows = [{"id": "loop", "prompt": "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2"},
-            {"id": "chat", "messages": [{"role": "user", "content": "w7 w8 w9 w7 w8"}]}]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
-
-
-def read(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def test_bench_writes_the_contract_columns_and_compares_with_hf(tiny_dirs, prompts, tmp_path, capsys):
+def test_bench_writes_the_contract_columns_and_compares_with_hf(tiny_dirs, bench_prompts, tmp_path, capsys):
     out = tmp_path / "traces.csv"
-    code = bench.main(["--prompts", str(prompts), "--out", str(out), "--target", str(tiny_dirs["target"]),
-                       "--spec", "ngram-simple,ngram-map-k", "--max-new-tokens", "24", "--compare", "hf",
-                       "--n-max", "4"])
+    code = cli.main(["--prompts", str(bench_prompts), "--out", str(out), "--target", str(tiny_dirs["target"]),
+                     "--spec", "ngram-simple,ngram-map-k", "--max-new-tokens", "24", "--compare", "hf",
+                     "--n-max", "4"])
     assert code == 0
-    rows = read(out)
+    rows = load_rows(out)
     assert set(REQUIRED) <= set(rows[0])
     kinds = [(r["prompt_id"], r["spec_types"]) for r in rows]
     for pid in ("loop", "chat"):
@@ -44,13 +28,13 @@ def test_bench_writes_the_contract_columns_and_compares_with_hf(tiny_dirs, promp
     assert "geomean speedup" in capsys.readouterr().out
 
 
-def test_bench_parallel_and_context(tiny_dirs, prompts, tmp_path):
+def test_bench_parallel_and_context(tiny_dirs, bench_prompts, tmp_path):
     out = tmp_path / "t.csv"
-    code = bench.main(["--prompts", str(prompts), "--out", str(out), "--target", str(tiny_dirs["target"]),
-                       "--spec", "ngram-simple", "--max-new-tokens", "12", "--parallel", "2", "--ctx-len", "30",
-                       "--repeat", "2"])
+    code = cli.main(["--prompts", str(bench_prompts), "--out", str(out), "--target", str(tiny_dirs["target"]),
+                     "--spec", "ngram-simple", "--max-new-tokens", "12", "--parallel", "2", "--ctx-len", "30",
+                     "--repeat", "2"])
     assert code == 0
-    rows = read(out)
+    rows = load_rows(out)
     assert {r["concurrency"] for r in rows} == {"2"} and {r["ctx_len"] for r in rows} == {"30"}
 
 
@@ -60,20 +44,20 @@ def test_bench_parallel_and_context(tiny_dirs, prompts, tmp_path):
     (["--target", "/no/such/dir"], "not found"),
     (["--parallel", "0"], "--parallel"),
 ])
-def test_bad_arguments_exit_2_with_a_reason(tiny_dirs, prompts, tmp_path, capsys, extra, why):
-    args = ["--prompts", str(prompts), "--out", str(tmp_path / "x.csv"), "--target", str(tiny_dirs["target"])]
-    assert bench.main(args + extra) == 2
+def test_bad_arguments_exit_2_with_a_reason(tiny_dirs, bench_prompts, tmp_path, capsys, extra, why):
+    args = ["--prompts", str(bench_prompts), "--out", str(tmp_path / "x.csv"), "--target", str(tiny_dirs["target"])]
+    assert cli.main(args + extra) == 2
     err = capsys.readouterr().err
     assert why in err and len(err.strip().splitlines()) == 1
 
 
 def test_missing_prompts_file_exits_2(tmp_path, capsys):
-    assert bench.main(["--prompts", str(tmp_path / "none.jsonl")]) == 2
+    assert cli.main(["--prompts", str(tmp_path / "none.jsonl")]) == 2
     assert "not found" in capsys.readouterr().err
 
 
-def test_a_lossy_run_makes_the_bench_exit_1(tiny_dirs, prompts, tmp_path, monkeypatch):
-    real = benchsweep.run_ours
+def test_a_lossy_run_makes_the_bench_exit_1(tiny_dirs, bench_prompts, tmp_path, monkeypatch):
+    real = sweep.run_ours
 
     def lossy(cfg, engine, group, spec, reference=None, warmup=False):
         results = real(cfg, engine, group, spec, reference=reference, warmup=warmup)
@@ -82,9 +66,49 @@ def test_a_lossy_run_makes_the_bench_exit_1(tiny_dirs, prompts, tmp_path, monkey
                 r.lossless_ok = False
         return results
 
-    monkeypatch.setattr(benchsweep, "run_ours", lossy)
+    monkeypatch.setattr(sweep, "run_ours", lossy)
     out = tmp_path / "l.csv"
-    code = bench.main(["--prompts", str(prompts), "--out", str(out), "--target", str(tiny_dirs["target"]),
-                       "--spec", "ngram-simple", "--max-new-tokens", "8"])
+    code = cli.main(["--prompts", str(bench_prompts), "--out", str(out), "--target", str(tiny_dirs["target"]),
+                     "--spec", "ngram-simple", "--max-new-tokens", "8"])
     assert code == 1
-    assert any(r["lossless_ok"] == "False" for r in read(out))
+    assert any(r["lossless_ok"] == "False" for r in load_rows(out))
+
+
+def test_rejection_sampling_rows_are_not_token_compared_and_ngram_rows_are(tiny_dirs, bench_prompts, tmp_path,
+                                                                           capsys):
+    """At temp > 0 a draft model's drafts are verified by rejection sampling: same distribution as plain
+    sampling, other tokens for the same seed. Those rows say n/a (and why) instead of failing the run; n-gram
+    drafts at the same temperature are verified by sample-and-match and still compared token for token."""
+    common = ["--prompts", str(bench_prompts), "--target", str(tiny_dirs["target"]), "--temp", "0.7", "--n-max", "4",
+              "--ignore-eos"]
+    out = tmp_path / "draft.csv"
+    assert cli.main(common + ["--out", str(out), "--draft", str(tiny_dirs["draft"]), "--spec", "draft-simple",
+                              "--p-min", "0", "--max-new-tokens", "24"]) == 0
+    spec = [r for r in load_rows(out) if r["spec_decode"] == "on"]
+    assert spec and all(r["lossless_ok"] == "n/a" and "rejection" in r["verify_mode"] for r in spec)
+    assert "lossless n/a: verified by rejection sampling" in capsys.readouterr().out
+    out = tmp_path / "ngram.csv"
+    # sampled text of a tiny model rarely repeats itself: long enough that some n-gram drafts are verified
+    assert cli.main(common + ["--out", str(out), "--spec", "ngram-simple", "--max-new-tokens", "100"]) == 0
+    spec = [r for r in load_rows(out) if r["spec_decode"] == "on"]
+    assert spec and all(r["lossless_ok"] == "True" for r in spec)
+    assert any(r["verify_mode"] == "match" for r in spec), "no n-gram draft was verified: nothing was compared"
+    assert "lossless n/a" not in capsys.readouterr().out
+
+
+def test_lossless_check_compares_tokens_only_where_the_run_promises_them():
+    from engine.bench.lossless import lossless_check, why_na
+    from engine.events import RoundEvent
+
+    def spec_round(mode):
+        return RoundEvent(seq=0, round=1, kind="spec", drafter="x", pos_sampled=3, p0=4, drafted=[5],
+                          verify_mode=mode)
+
+    assert lossless_check([1, 2], [1, 2], [spec_round("match")]) is True
+    assert lossless_check([1, 2], [1, 3], [spec_round("match")]) is False
+    assert lossless_check([1, 2], [1, 3], [spec_round("match"), spec_round("rejection")]) == "n/a"
+    assert lossless_check([1, 2], [1, 3], [spec_round("synthetic")]) == "n/a"
+    assert lossless_check([1, 2], [1, 3], [], synthetic=True) == "n/a"
+    assert why_na({"lossless_ok": "n/a", "verify_mode": "match;rejection", "synthetic_accept": ""}) == "rejection"
+    assert why_na({"lossless_ok": "n/a", "verify_mode": "", "synthetic_accept": "0.5"}) == "synthetic"
+    assert why_na({"lossless_ok": "True", "verify_mode": "match"}) is None

@@ -2,33 +2,19 @@
 plain-only runs, the curves' arithmetic and the plots."""
 
 import csv
-import json
 
 import pytest
 
-from engine import bench, benchplot, benchstats
-from engine.benchsweep import groups_of, parse_list
+from engine.bench import cli, plot, stats
+from engine.bench.rows import load_rows
+from engine.bench.sweep import groups_of, parse_list
 
 
-@pytest.fixture()
-def prompts(tmp_path):
-    path = tmp_path / "p.jsonl"
-    rows = [{"id": "loop", "prompt": "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2"},
-            {"id": "chat", "messages": [{"role": "user", "content": "w7 w8 w9 w7 w8"}]}]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
-
-
-def read(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def run(tiny_dirs, prompts, tmp_path, *extra):
+def run(tiny_dirs, bench_prompts, tmp_path, *extra):
     out = tmp_path / "traces.csv"
-    code = bench.main(["--prompts", str(prompts), "--out", str(out), "--target", str(tiny_dirs["target"]),
-                       "--ignore-eos", *extra])
-    return code, (read(out) if out.exists() else [])
+    code = cli.main(["--prompts", str(bench_prompts), "--out", str(out), "--target", str(tiny_dirs["target"]),
+                     "--ignore-eos", *extra])
+    return code, (load_rows(out) if out.exists() else [])
 
 
 def test_parse_list_reads_commas_and_refuses_bad_values():
@@ -47,8 +33,8 @@ def test_groups_are_filled_up_to_the_concurrency():
         [(["0", "1"], []), (["2"], ["0"])]
 
 
-def test_sweep_runs_the_cross_product(tiny_dirs, prompts, tmp_path, capsys):
-    code, rows = run(tiny_dirs, prompts, tmp_path, "--spec", "ngram-simple", "--max-new-tokens", "12",
+def test_sweep_runs_the_cross_product(tiny_dirs, bench_prompts, tmp_path, capsys):
+    code, rows = run(tiny_dirs, bench_prompts, tmp_path, "--spec", "ngram-simple", "--max-new-tokens", "12",
                      "--n-max", "2,4", "--parallel", "1,2", "--ctx-len", "0,16", "--synthetic-accept", "0.5")
     assert code == 0
     # per (ctx, N) and prompt: plain + (chain + synthetic) at each of 2 n_max
@@ -68,8 +54,8 @@ def test_sweep_runs_the_cross_product(tiny_dirs, prompts, tmp_path, capsys):
     assert "plain decoding, ctx 0: aggregate decode N=1" in out and "formula" in out
 
 
-def test_synthetic_acceptance_is_realised_near_p(tiny_dirs, prompts, tmp_path):
-    code, rows = run(tiny_dirs, prompts, tmp_path, "--spec", "none", "--max-new-tokens", "150", "--n-max", "4",
+def test_synthetic_acceptance_is_realised_near_p(tiny_dirs, bench_prompts, tmp_path):
+    code, rows = run(tiny_dirs, bench_prompts, tmp_path, "--spec", "none", "--max-new-tokens", "150", "--n-max", "4",
                      "--synthetic-accept", "0,0.3,0.8,1")
     assert code == 0
     for r in rows:
@@ -82,13 +68,13 @@ def test_synthetic_acceptance_is_realised_near_p(tiny_dirs, prompts, tmp_path):
     assert all(float(r["mean_acc_len"]) > 4.5 for r in full)  # 4 kept + 1 bonus, nearly every round
 
 
-def test_plain_only_concurrency_sweep_with_plots(tiny_dirs, prompts, tmp_path, monkeypatch):
-    monkeypatch.setattr(benchplot, "write_pngs", lambda page, names, out: ["PNG skipped in this test"])
-    code, rows = run(tiny_dirs, prompts, tmp_path, "--spec", "none", "--max-new-tokens", "10",
+def test_plain_only_concurrency_sweep_with_plots(tiny_dirs, bench_prompts, tmp_path, monkeypatch):
+    monkeypatch.setattr(plot, "write_pngs", lambda page, names, out: ["PNG skipped in this test"])
+    code, rows = run(tiny_dirs, bench_prompts, tmp_path, "--spec", "none", "--max-new-tokens", "10",
                      "--parallel", "1,2", "--plots", str(tmp_path / "plots"))
     assert code == 0
     assert {r["spec_decode"] for r in rows} == {"off"} and len(rows) == 4
-    scaling = benchstats.plain_scaling(rows)
+    scaling = stats.plain_scaling(rows)
     assert [n for n, _ in scaling[0]] == [1, 2] and all(t > 0 for _, t in scaling[0])
     assert (tmp_path / "plots" / "bench.html").is_file()
 
@@ -100,8 +86,8 @@ def test_plain_only_concurrency_sweep_with_plots(tiny_dirs, prompts, tmp_path, m
     (["--ctx-len", "0,-5"], "--ctx-len"),
     (["--max-new-tokens", "2000"], "positions"),  # the tiny model has 1024
 ])
-def test_bad_sweep_arguments_exit_2_with_one_line(tiny_dirs, prompts, tmp_path, capsys, extra, why):
-    code, _ = run(tiny_dirs, prompts, tmp_path, *extra)
+def test_bad_sweep_arguments_exit_2_with_one_line(tiny_dirs, bench_prompts, tmp_path, capsys, extra, why):
+    code, _ = run(tiny_dirs, bench_prompts, tmp_path, *extra)
     assert code == 2
     # one line of reason (a model load before it may draw its own progress bar on stderr)
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
@@ -109,10 +95,10 @@ def test_bad_sweep_arguments_exit_2_with_one_line(tiny_dirs, prompts, tmp_path, 
 
 
 def test_formula():
-    assert benchstats.formula(0.0, 4, 0.0) == pytest.approx(1.0)
-    assert benchstats.formula(0.5, 1, 0.0) == pytest.approx(1.5)
-    assert benchstats.formula(1.0, 4, 1.5) == pytest.approx(2.0)
-    assert benchstats.formula(0.999999, 4, 1.5) == pytest.approx(2.0, rel=1e-4)
+    assert stats.formula(0.0, 4, 0.0) == pytest.approx(1.0)
+    assert stats.formula(0.5, 1, 0.0) == pytest.approx(1.5)
+    assert stats.formula(1.0, 4, 1.5) == pytest.approx(2.0)
+    assert stats.formula(0.999999, 4, 1.5) == pytest.approx(2.0, rel=1e-4)
 
 
 SMALL = [
@@ -138,9 +124,9 @@ def test_plots_build_from_a_small_csv(tmp_path):
         w = csv.DictWriter(f, fieldnames=list({k: 0 for r in SMALL for k in r}))
         w.writeheader()
         w.writerows(SMALL)
-    rows = benchstats.load_rows(path)
-    figs = benchplot.figures(rows)
-    assert list(figs) == benchplot.FIGURES
+    rows = load_rows(path)
+    figs = plot.figures(rows)
+    assert list(figs) == plot.FIGURES
     conc = figs["speedup_concurrency"]["data"]
     assert len(conc) == 1 and conc[0]["x"] == [1, 4] and conc[0]["y"] == pytest.approx([2.0, 1.2])
     acc = figs["speedup_acceptance"]["data"]
@@ -148,14 +134,14 @@ def test_plots_build_from_a_small_csv(tmp_path):
     assert curve["y"][0] == pytest.approx(1 / 1.4) and "c=0.40" in curve["name"]
     assert any(t["name"].startswith("real drafters") for t in acc)
     assert len(figs["acceptance_position"]["data"]) == 2
-    code = benchplot.main([str(path), "--out", str(tmp_path / "plots"), "--no-png"])
+    code = plot.main([str(path), "--out", str(tmp_path / "plots"), "--no-png"])
     assert code == 0
     page = (tmp_path / "plots" / "bench.html").read_text()
-    assert all(f'id="{name}"' in page for name in benchplot.FIGURES)
+    assert all(f'id="{name}"' in page for name in plot.FIGURES)
     assert "<script src=" not in page and "plotly.js v" in page  # plotly.js inline: the page opens offline
 
 
 def test_empty_rows_give_figures_that_say_so():
-    figs = benchplot.figures([])
+    figs = plot.figures([])
     for fig in figs.values():
         assert fig["data"] == [] and fig["layout"]["annotations"]

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.benchlive import LiveBenchError, LivePlan, run_live
-from engine.benchplot import FIGURES
+from engine.bench.live import LiveBenchError, LivePlan, run_live
+from engine.bench.plot import FIGURES
 from engine.params import GenParams
 from engine.scheduler import Scheduler
 from engine.slots import Engine

@@ -2,6 +2,9 @@
 
 Sends a copy prompt and checks the marks of accepted, bonus and rejected tokens, the acceptance chart and the
 lossless badge; stops a long answer and sends another prompt that then works. Saves assets/screenshot.png.
+On a projector's 1024x768 it types a message (Shift+Enter for a new line, Enter to send), hides and shows the
+rejected drafts, and checks that nothing scrolls sideways; with SPECPLAY_SCREENSHOT_DIR set (docs/) it saves
+that view there as screenshot-1024.png.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOT = ROOT / "assets" / "screenshot.png"
+SCREENSHOT_DIR_ENV = "SPECPLAY_SCREENSHOT_DIR"
+PROJECTOR = {"width": 1024, "height": 768}
+QUOTE_ASK = "Repeat the following text exactly, word for word:"
+QUOTE = ("The quick brown fox jumps over the lazy dog. The dog sleeps in the warm sun while the fox runs into the "
+         "forest to find its friends.")
 START_TIMEOUT_S = 300  # model load + calibration on a busy 2-core machine
 ANSWER_TIMEOUT_MS = 180_000
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -164,3 +172,83 @@ def test_sessions_are_separate(page, server):
     assert other.locator("#chat .msg-bot").count() == 0
     assert answers(page).count() == 3
     other.close()
+
+
+def sideways_scrollers(page) -> list[str]:
+    """The page, the chat and the rounds table: those of them wider than the window or than their own box."""
+    return page.evaluate(
+        "() => { const out = []; const d = document.documentElement; "
+        "if (d.scrollWidth > window.innerWidth) out.push(`page ${d.scrollWidth} > ${window.innerWidth}`); "
+        "for (const sel of ['#chat .chat', '#timeline .timeline']) { const e = document.querySelector(sel); "
+        "if (e && e.scrollWidth > e.clientWidth) out.push(`${sel} ${e.scrollWidth} > ${e.clientWidth}`); } "
+        "return out; }")
+
+
+def count(page, selector: str) -> int:
+    return page.locator(selector).count()
+
+
+def wait_count(page, selector: str, n: int) -> None:
+    page.wait_for_function("([sel, n]) => document.querySelectorAll(sel).length === n", arg=[selector, n])
+
+
+def projector_screenshot(page, tmp_path: Path) -> Path:
+    """The top of the page with the answer in view, as a 1024x768 projector shows it."""
+    folder = Path(os.environ.get(SCREENSHOT_DIR_ENV) or tmp_path)
+    if not folder.is_absolute():
+        folder = ROOT / folder
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "screenshot-1024.png"
+    page.evaluate("() => { window.scrollTo(0, 0); const s = document.querySelector('.sidebar-content'); "
+                  "if (s) s.scrollTop = 0; }")
+    page.screenshot(path=str(path))
+    return path
+
+
+@pytest.fixture
+def projector(page, server):
+    """Another tab (its own session, so the first tab's answers stay as its tests count them) at 1024x768."""
+    pg = page.context.browser.new_page(viewport=PROJECTOR)
+    pg.set_default_timeout(60_000)
+    yield pg
+    pg.close()
+
+
+def test_projector_enter_sends_and_rejected_drafts_toggle(projector, server, tmp_path):
+    """Shift+Enter breaks the line, Enter sends, a Send click in the same breath does not start a second answer,
+    the toggle takes the rejected drafts out of the chat and puts them back, and nothing scrolls sideways."""
+    pg = projector
+    pg.goto(server, wait_until="domcontentloaded")
+    msg = pg.locator("#msg textarea")
+    msg.wait_for()
+    pg.locator("#adaptive input").uncheck()  # verify every draft: rejections are sure to happen
+    set_number(pg, "max-new", 48)
+
+    msg.fill(QUOTE_ASK)
+    msg.press("Shift+Enter")
+    msg.press("Shift+Enter")
+    pg.keyboard.insert_text(QUOTE)
+    time.sleep(1)  # time for a wrongly sent message to show up
+    assert msg.input_value() == f"{QUOTE_ASK}\n\n{QUOTE}"
+    assert count(pg, "#chat .msg-user") == 0, "Shift+Enter sent the message"
+
+    msg.press("Enter")
+    pg.locator("#chat .msg-user").wait_for()
+    pg.locator("#send-btn").click()  # while the answer streams: ignored, not a second turn nor a warning
+    wait_answer_done(pg, 1)
+    assert count(pg, "#chat .msg-user") == 1 and count(pg, "#notice .notice-warn") == 0
+    assert QUOTE_ASK in pg.locator("#chat .msg-user").inner_text() and msg.input_value() == ""
+
+    rejected, accepted = count(pg, "#chat .tok-rej"), count(pg, "#chat .tok-acc")
+    assert rejected > 0 and accepted > 0
+    pg.locator("#show-rej input").uncheck()
+    wait_count(pg, "#chat .tok-rej", 0)
+    assert count(pg, "#chat .tok-acc") == accepted and count(pg, "#chat .rej-tag") == 0
+    pg.locator("#show-rej input").check()
+    wait_count(pg, "#chat .tok-rej", rejected)
+
+    pg.wait_for_selector("#summary .badge", timeout=ANSWER_TIMEOUT_MS)  # the comparison run is over
+    pg.locator("#timeline tr.row-rej").first.wait_for()
+    assert sideways_scrollers(pg) == []
+    shot = projector_screenshot(pg, tmp_path)
+    assert shot.stat().st_size > 10_000

@@ -9,11 +9,11 @@ import torch
 
 from engine.drafters.chain import NGRAM_CHAIN
 from engine.drafters.draft_head import DraftHeadDrafter, DraftHeadParams, head_fits
-from engine.heads.model import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
-from engine.heads.unroll import step_loss, unroll
+from engine.drafters.head_net import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.slots import Engine
+from training.unroll import step_loss, unroll
 
 PROMPTS = [
     [1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
@@ -264,7 +264,7 @@ def test_shipped_head_is_lossless_on_the_embedded_model(embedded_engine, embedde
 
 
 def test_eval_acceptance_sweep_counts_only_drafted_rounds_and_checks_losslessness(tmp_path, capsys):
-    from engine.heads import eval as head_eval
+    from training import eval as head_eval
 
     prompts = tmp_path / "one.jsonl"
     prompts.write_text((ROOT / "assets" / "prompts" / "heldout.jsonl").read_text().splitlines()[3] + "\n")

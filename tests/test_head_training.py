@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from engine.drafters.draft_head import DraftHeadParams
-from engine.heads import train
-from engine.heads.data import DataParams, data_layers, data_path, load_or_build, local_texts, self_distill
-from engine.heads.model import load_head, target_fingerprint
-from engine.heads.prompts import check_disjoint, load_jsonl_contents, training_prompts
+from engine.drafters.head_net import load_head, target_fingerprint
 from engine.params import GenParams, SpecParams
 from engine.slots import Engine
+from training import train
+from training.data import DataParams, data_layers, data_path, load_or_build, local_texts, self_distill
+from training.prompts import check_disjoint, load_jsonl_contents, training_prompts
 
 QUICK = ["--parts", "1", "--n-topic", "6", "--n-copy", "2", "--max-new-tokens", "12", "--doc-tokens", "512",
          "--epochs", "2", "--draft-vocab", "40", "--layers", "0", "1", "2", "--batch-tokens", "256", "--threads", "1"]

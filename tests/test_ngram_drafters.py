@@ -100,16 +100,15 @@ def test_sequences_are_independent(name):
 def test_seq_rm_forgets(name):
     d = started(name, REPEAT, seq=3)
     run(d, REPEAT, BASE[5], seq=3)
-    assert d.get_state(3) is not None
+    assert 3 in d._seqs
     d.seq_rm(3)
-    assert d.get_state(3) is None
+    assert 3 not in d._seqs
     d.seq_rm(3)  # twice is harmless
 
 
 def test_simple_is_stateless():
     d = started("ngram-simple", REPEAT)
-    assert d.get_state(0) is None
-    d.set_state(0, None)
+    assert not hasattr(d, "_seqs")
     assert run(d, REPEAT, BASE[5]) == BASE[6:10]
 
 
@@ -199,18 +198,6 @@ def test_map_k_length_follows_last_acceptance():
     assert run(d, REPEAT, BASE[5]) == BASE[6:8]
 
 
-def test_map_get_set_state_round_trip():
-    d = started("ngram-map-k", REPEAT)
-    run(d, REPEAT, BASE[5])
-    saved = d.get_state(0)
-    d.accept(0, 1, is_other=False)
-    assert run(d, REPEAT, BASE[5]) == BASE[6:7]
-    d.set_state(0, saved)
-    assert run(d, REPEAT, BASE[5]) == BASE[6:10]
-
-
-
-
 K4V_KEY = [1, 2, 3]
 A, B = [10, 11, 12, 13], [20, 21, 22, 23]
 
@@ -297,18 +284,6 @@ def test_mod_low_acceptance_streak_breaks_and_ignores_other():
     assert d.pool_used(0) > 0
 
 
-def test_mod_get_set_state_round_trip():
-    d = started("ngram-mod", REPEAT)
-    run(d, REPEAT, BASE[5])
-    saved = d.get_state(0)
-    low_rounds(d, 4)
-    d.set_state(0, saved)  # the low streak is rolled back
-    low_rounds(d, 4)
-    assert d.pool_used(0) > 0
-    low_rounds(d, 1)
-    assert d.pool_used(0) == 0
-
-
 def test_mod_catches_up_in_chunks():
     d = mod()
     d.begin(0, FILLER)
@@ -360,13 +335,3 @@ def test_cache_static_cache_drafts_and_file_round_trip(tmp_path):
     d.begin(0, FILLER)
     assert run(d, FILLER + [7], 8) == [9, 7, 8, 9]
 
-
-def test_cache_get_set_state_round_trip():
-    d = started("ngram-cache", REPEAT)
-    first = run(d, REPEAT, BASE[5])
-    saved = d.get_state(0)
-    longer = REPEAT + BASE[5:] + FILLER[:3]
-    run(d, longer, FILLER[3])
-    d.set_state(0, saved)
-    assert run(d, REPEAT, BASE[5]) == first == BASE[6:10]
-    assert run(d, longer, FILLER[3]) == FILLER[4:8]

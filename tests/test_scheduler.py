@@ -5,7 +5,8 @@ import time
 import pytest
 
 from engine.params import GenParams, SpecParams
-from engine.scheduler import ErrorEvent, Scheduler
+from engine.events import ErrorEvent
+from engine.scheduler import Scheduler
 from engine.slots import Engine
 
 

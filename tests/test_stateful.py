@@ -155,14 +155,14 @@ def test_the_bench_runs_a_recurrent_target_on_either_path(arch_dirs, tmp_path, e
     import csv
     import json
 
-    from engine import bench
+    from engine.bench import cli
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "loop", "prompt": "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2"}) + "\n")
     out = tmp_path / "t.csv"
-    code = bench.main(["--prompts", str(prompts), "--out", str(out), "--target", str(arch_dirs["mamba2"]),
-                       "--spec", "ngram-simple,synthetic", "--max-new-tokens", "24", "--no-adaptive", "--n-max", "4",
-                       *extra])
+    code = cli.main(["--prompts", str(prompts), "--out", str(out), "--target", str(arch_dirs["mamba2"]),
+                     "--spec", "ngram-simple,synthetic", "--max-new-tokens", "24", "--no-adaptive", "--n-max", "4",
+                     *extra])
     assert code == 0
     rows = list(csv.DictReader(open(out)))
     spec = [r for r in rows if r["spec_decode"] == "on"]

@@ -14,7 +14,7 @@ from engine.events import RoundEvent
 from engine.stats import DrafterStats
 from ui import charts
 from ui.kvview import kv_html
-from ui.render import compare_html, first_difference, legend_html, round_html, speed_line
+from ui.render import compare_html, first_difference, legend_html, round_html, speed_line, transcript_html
 from ui.run import RunRecord
 from ui.settings import Settings, settings_from
 from ui.timeline import step_html, timeline_html, timeline_row
@@ -123,6 +123,22 @@ def test_stop_inside_accepted_run_hides_the_rest_and_specials_show_raw(vocab):
 def test_html_in_tokens_is_escaped(vocab):
     out = round_html(spec_event(drafted=[10], n_accepted=1, emitted=[10, 9], rm_range=None), vocab, [])
     assert "&lt;b&gt;" in out and ">&lt;b&gt;<" in out
+
+
+def test_rejected_drafts_shown_or_left_out_of_the_chat(vocab):
+    run = RunRecord(vocab=vocab, prompt_ids=[1])
+    run.add(spec_event())
+    run.add(spec_event(round=4, p0=14, drafted=[13, EOS, 12], n_accepted=1, emitted=[13, 9], p_target=[0.9, 0.6],
+                       done=True, stop_reason="length"))  # a rejected '</s>' must not end the cut early
+    turns = [run.answer_html(live=False), run.answer_html(live=False)]
+    shown, plain = transcript_html(turns), transcript_html(turns, show_rejected=False)
+    assert classes(shown, "tok-rej") == 2 * 4 and "rej-tag" in shown
+    assert classes(plain, "tok-rej") == 0 and "rej-tag" not in plain and "&lt;/s&gt;" not in plain
+    for cls in ("tok-acc", "tok-bonus"):
+        assert classes(plain, cls) == classes(shown, cls) > 0
+    words = re.sub(r"<[^>]+>", "", plain)
+    assert words.count(" cat sat on.") == 2  # the answer as the target wrote it
+    assert words.count("stop: length") == 2  # each cut ends at its own run: both footers stay
 
 
 def test_legend_names_every_mark():

@@ -85,10 +85,15 @@ def chat_column(examples: list, v: dict) -> dict:
     """Legend, chat, message box, buttons, examples, speed summary. Returns the input widgets by name."""
     w: dict = {}
     gr.HTML(legend_html())
+    w["show_rej"] = gr.Checkbox(value=True, label="Show rejected drafts (off: the answer as plain coloured text)",
+                                elem_id="show-rej", container=False)
     v["chat"] = gr.HTML(elem_id="chat")
     v["notice"] = gr.HTML(elem_id="notice")
-    w["msg"] = gr.Textbox(show_label=False, lines=2, max_lines=10, elem_id="msg",
-                          placeholder="Your message… (or click an example below)")
+    # lines=1 is what makes Gradio submit on Enter; max_lines lets the box grow, and Shift+Enter is then the
+    # textarea's own new line
+    w["msg"] = gr.Textbox(show_label=False, lines=1, max_lines=10, elem_id="msg",
+                          placeholder="Your message… Enter sends, Shift+Enter starts a new line "
+                                      "(or click an example below)")
     with gr.Row():
         w["send"] = gr.Button("Send", variant="primary", elem_id="send-btn", scale=2, min_width=90)
         w["stop"] = gr.Button("Stop", variant="stop", elem_id="stop-btn", scale=1, min_width=70)
@@ -163,13 +168,15 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: l
 
     inputs = [session, w["msg"], w["step_mode"]] + controls
     stream = dict(concurrency_limit=None, show_progress="hidden")  # the scheduler, not Gradio, limits sessions
-    w["send"].click(on_send, inputs, outputs, **stream)
-    w["msg"].submit(on_send, inputs, outputs, **stream)
+    # one event for both triggers: while its answer streams, another Enter or Send click is dropped by the
+    # page instead of racing it to start a second turn
+    gr.on([w["send"].click, w["msg"].submit], on_send, inputs, outputs, trigger_mode="once", **stream)
     for btn, prompt in w["examples"]:
         btn.click(filler(prompt), None, w["msg"], show_progress="hidden").then(on_send, inputs, outputs, **stream)
     w["stop"].click(lambda s: handlers.stop(app, s), session, outputs, **stream)
     w["step"].click(lambda s: handlers.step(app, s), session, outputs, **stream)
     w["clear"].click(lambda s: handlers.clear(app, s), session, outputs, **stream)
+    w["show_rej"].change(handlers.show_rejected, [session, w["show_rej"]], v["chat"], show_progress="hidden")
     c["load"].click(lambda t, d, types: handlers.load(app, t, d, types), [c["target"], c["draft"], controls[0]],
                     [c["model_status"], controls[0]], concurrency_limit=1)
     demo.load(on_open, session, outputs, show_progress="hidden")

@@ -1,8 +1,8 @@
-"""The Benchmark tab: seed 004's curves from a traces.csv, its download, and a small live run on the loaded model.
+"""The Benchmark tab: the speedup curves from a traces.csv, its download, and a small live run on the loaded model.
 
-The pictures are engine.benchplot's figures (the same ones `python -m engine.bench --plots` writes), so what
+The pictures are engine.bench.plot's figures (the same ones `python -m engine.bench --plots` writes), so what
 the tab shows and what the bench writes cannot drift apart. The live run goes through the app's Scheduler
-like a chat session (engine.benchlive): concurrent chats keep going and share its forwards, which also makes
+like a chat session (engine.bench.live): concurrent chats keep going and share its forwards, which also makes
 its timings noisier than the command-line bench's. Render functions are pure: rows in, figures / HTML out.
 """
 
@@ -13,8 +13,9 @@ import html
 import tempfile
 from pathlib import Path
 
-from engine.benchplot import FIGURES, figures
-from engine.benchstats import load_rows, sweep_summary
+from engine.bench.plot import FIGURES, figures
+from engine.bench.rows import load_rows, write_rows
+from engine.bench.stats import sweep_summary
 
 SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "bench" / "traces.csv"
 LIVE_PROMPT = ("Repeat the following list exactly, one item a line: red apple, green pear, yellow banana, "
@@ -53,19 +54,14 @@ def tab_views(rows: list[dict], note: str) -> tuple:
 
 def write_traces(rows: list[dict], directory: str | Path) -> Path:
     """rows -> directory/traces.csv with the bench's columns (a download for the user)."""
-    from engine.bench import COLUMNS
-
     path = Path(directory) / "traces.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, restval="", extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(rows, path)
     return path
 
 
 def run_live_bench(app, prompt: str, progress=None) -> tuple[list[dict], str, Path | None]:
     """A small benchmark on the loaded model through its scheduler: (rows, note, CSV path or None)."""
-    from engine.benchlive import LiveBenchError, LivePlan, run_live
+    from engine.bench.live import LiveBenchError, LivePlan, run_live
 
     runtime = app.runtime
     if runtime is None:
@@ -93,7 +89,7 @@ def build(app) -> None:
     shipped = SHIPPED if SHIPPED.is_file() else None
     rows, note = read_traces(shipped)
     views = tab_views(rows, note)
-    gr.Markdown("Seed 004's question: when does speculation pay? Curves from a `traces.csv` of "
+    gr.Markdown("When does speculation pay? Curves from a `traces.csv` of "
                 "`python -m engine.bench` (shipped: `assets/bench/traces.csv`, made by `scripts/bench_curves.sh`), "
                 "an uploaded one, or a short run on the loaded model.")
     with gr.Row():

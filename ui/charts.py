@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import html
 
+from engine.plotstyle import BLUE, GREEN, MAGENTA, ORANGE, PURPLE, TEAL, axis, message
+from engine.plotstyle import layout as base_layout
 from engine.stats import DrafterStats
 
-COLORS = ["#1b7f3b", "#1f5fbf", "#b35900", "#7a3db8", "#00838f", "#a0004f"]
-FONT = dict(family="Inter, Segoe UI, Helvetica, Arial, sans-serif", size=14, color="#1f2937")
-GRID = "#e5e7eb"
+COLORS = [GREEN, BLUE, ORANGE, PURPLE, TEAL, MAGENTA]  # green first: drafters keep the colours the UI has always shown
 
 
 def stats_from_events(events) -> dict[str, DrafterStats]:
@@ -28,21 +28,11 @@ def stats_from_events(events) -> dict[str, DrafterStats]:
     return out
 
 
-def axis(title: str, **extra) -> dict:
-    return dict(title=dict(text=title), gridcolor=GRID, linecolor="#9ca3af", zeroline=False, **extra)
-
-
 def layout(title: str, xaxis: dict, yaxis: dict, height: int = 360, **extra) -> dict:
-    """Title top left, legend under the x axis (long drafter names must not cover the bars), white plot."""
-    return dict(title=dict(text=title, x=0.01, y=0.97, font=dict(size=17)), height=height, font=FONT,
-                margin=dict(l=60, r=20, t=40, b=100), paper_bgcolor="white", plot_bgcolor="white",
-                legend=dict(orientation="h", yanchor="top", y=-0.32, xanchor="left", x=0, font=dict(size=12)),
-                xaxis=xaxis, yaxis=yaxis, **extra)
-
-
-def message(text: str) -> dict:
-    return dict(text=text, showarrow=False, font=dict(size=16, color="#777"), xref="paper", yref="paper",
-                x=0.5, y=0.5)
+    """The shared style with the legend under the x axis (long drafter names must not cover the bars)."""
+    return base_layout(title, xaxis, yaxis, title_y=0.97, height=height, margin=dict(l=60, r=20, t=40, b=100),
+                       legend=dict(orientation="h", yanchor="top", y=-0.32, xanchor="left", x=0, font=dict(size=12)),
+                       **extra)
 
 
 def acceptance_figure(stats: dict[str, DrafterStats]) -> dict:
@@ -84,13 +74,13 @@ def speed_figure(rounds: list[int], emitted: list[int], seconds: list[float], pl
     data = [dict(type="bar", x=list(rounds), y=per_round, name="tokens this round", marker=dict(color="#9ec5f8"),
                  yaxis="y2", hovertemplate="round %{x}: %{y} token(s)<extra></extra>"),
             dict(type="scatter", x=list(rounds), y=running, mode="lines", name="tokens/s so far",
-                 line=dict(color="#1f5fbf", width=3), hovertemplate="round %{x}: %{y:.1f} tok/s<extra></extra>")]
+                 line=dict(color=BLUE, width=3), hovertemplate="round %{x}: %{y:.1f} tok/s<extra></extra>")]
     shapes, notes = [], []
     if plain_tps:
         shapes.append(dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=plain_tps, y1=plain_tps,
-                           line=dict(color="#b35900", dash="dash", width=2)))
+                           line=dict(color=ORANGE, dash="dash", width=2)))
         notes.append(dict(text=f"plain {plain_tps:.1f} tok/s", showarrow=False, xref="paper", x=1, xanchor="right",
-                          yref="y", y=plain_tps, yanchor="bottom", font=dict(color="#b35900", size=13)))
+                          yref="y", y=plain_tps, yanchor="bottom", font=dict(color=ORANGE, size=13)))
     empty = not rounds
     yaxis = axis("tokens/s", rangemode="tozero", range=[0, 10] if empty else None)
     yaxis2 = axis("tokens/round", overlaying="y", side="right", rangemode="tozero", showgrid=False)
@@ -100,7 +90,7 @@ def speed_figure(rounds: list[int], emitted: list[int], seconds: list[float], pl
 
 
 def plotly_figure(fig: dict):
-    """The dict as a plotly Figure for gr.Plot. Validation is skipped: it costs ~40 ms a chart in pure Python,
+    """The dict as a plotly Figure for gr.Plot. Validation is skipped: it walks every chart in pure Python,
     holding the GIL the engine's round loop needs, and these dicts are built here from known keys."""
     import plotly.graph_objects as go
 

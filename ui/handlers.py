@@ -15,7 +15,7 @@ from ui.render import notice_html
 from ui.session import UserError, converse, step_turn, stop_turn
 from ui.settings import DRAFT_MODEL_TYPE, chain_for_target, settings_from
 from ui.state import AppState, SessionState
-from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views
+from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views, chat_view
 
 VIEWS = TEXT_VIEWS + CHART_VIEWS
 CLEARED = ("history", "turns_html", "pending_user", "run", "plain", "compare_html", "notice", "seq_stats",
@@ -57,6 +57,13 @@ def step(app: AppState, s: SessionState) -> tuple:
     except UserError as e:
         return warn(app, s, e)
     return pack(all_views(app, s, force_charts=True))
+
+
+def show_rejected(s: SessionState, on: bool) -> str:
+    """The rejected-drafts toggle: the chat is redrawn now, not at the next answer; a streaming answer picks
+    the flag up at its next update."""
+    s.show_rejected = bool(on)
+    return chat_view(s)
 
 
 def clear(app: AppState, s: SessionState) -> tuple:

@@ -2,13 +2,15 @@
 
 Pure functions of RoundEvents (and the target vocabulary) to HTML strings. CSS classes are a contract with
 assets/style.css and the browser test: .tok-acc accepted draft, .tok-bonus the target's own token after a
-verified draft (bonus or correction), .tok-rej rejected draft (struck through, where it was proposed),
-.tok-tgt the target's token in a round without a draft, .tok-special a special token such as end-of-turn.
+verified draft (bonus or correction), .tok-rej rejected draft (struck through, where it was proposed, in an
+s.rej-group with its drafter's tag), .tok-tgt the target's token in a round without a draft, .tok-special a
+special token such as end-of-turn.
 """
 
 from __future__ import annotations
 
 import html
+import re
 
 from ui.tokens import Vocab, tip, visible
 
@@ -16,6 +18,10 @@ from ui.tokens import Vocab, tip, visible
 # each of the thousands of token spans carries only its own numbers: the answer's HTML stays small.
 CLASSES = {"acc": "tok tok-acc", "bonus": "tok tok-bonus", "fix": "tok tok-bonus tok-fix", "rej": "tok tok-rej",
            "tgt": "tok tok-tgt", "first": "tok tok-tgt tok-first"}
+
+# A rejected run is an <s> element (text no longer relevant) and nothing inside it is an <s> (token text is
+# escaped), so finished turns, cached as HTML, can drop their rejected drafts without being rendered again.
+REJECTED_RUN = re.compile(r'<s class="rej-group">.*?</s>', re.DOTALL)
 
 
 def drafter_tag(name: str | None) -> str:
@@ -82,7 +88,7 @@ def round_html(ev, vocab: Vocab, context: list[int]) -> str:
             spans.append(token_span("rej", rej_pieces[j - m], tok, ev.p0 + j, vocab, ev, p,
                                     fmt_prob("q", ev.q_draft, j)))
         tag = html.escape(drafter_tag(ev.drafter))
-        parts.append(f'<span class="rej-group"><span class="rej-tag">{tag}</span>{"".join(spans)}</span>')
+        parts.append(f'<s class="rej-group"><span class="rej-tag">{tag}</span>{"".join(spans)}</s>')
     for i in range(m, len(emitted)):
         parts.append(token_span(emitted_kind(ev, i), pieces[i], emitted[i], ev.p0 + i, vocab, ev,
                                 fmt_prob("p", ev.p_target, i), ""))
@@ -113,10 +119,17 @@ def answer_bubble(body: str, meta: str = "", live: bool = False) -> str:
             f'<div class="bubble answer">{body}{cursor}</div>{foot}</div>')
 
 
-def transcript_html(turns: list[str], empty_hint: str = "") -> str:
+def without_rejected(turn: str) -> str:
+    """A turn's HTML without its rejected drafts: the answer as the target wrote it, still coloured."""
+    return REJECTED_RUN.sub("", turn)
+
+
+def transcript_html(turns: list[str], empty_hint: str = "", show_rejected: bool = True) -> str:
     """The whole chat: cached HTML of finished turns plus the live one, newest at the bottom."""
     if not turns:
         return f'<div class="chat chat-empty">{html.escape(empty_hint)}</div>'
+    if not show_rejected:
+        turns = [without_rejected(t) for t in turns]
     return f'<div class="chat">{"".join(turns)}</div>'
 
 

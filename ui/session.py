@@ -11,6 +11,7 @@ import queue
 import time
 from typing import Iterator
 
+from engine.events import ErrorEvent
 from ui.render import compare_html, user_bubble
 from ui.run import RunRecord
 from ui.settings import Settings
@@ -85,11 +86,11 @@ def take(session: SessionState, active: Active, events: list) -> None:
     """Apply events to the run; at the last one snapshot the engine's counters and free the slot."""
     now = time.perf_counter()
     for ev in events:
-        if hasattr(ev, "kind"):
-            active.run.add(ev, now)
-        else:  # ErrorEvent: the engine failed this generation and already released it
+        if isinstance(ev, ErrorEvent):  # the engine failed this generation and already released it
             active.run.fail(ev.message)
             session.notice = (ev.message, "error")
+        else:
+            active.run.add(ev, now)
         if ev.done:
             close_active(session, active)
 

@@ -77,6 +77,7 @@ class SessionState:
     seq_stats: dict = field(default_factory=dict)  # engine counters of the last run's sequence (snapshot)
     plot_due: float = 0.0  # perf_counter time after which the charts may be redrawn
     charts_key: tuple = ()  # which run (and whether finished) the charts on the page show
+    show_rejected: bool = True  # the chat shows rejected drafts; read by every redraw, a streaming one too
 
     @property
     def busy(self) -> bool:

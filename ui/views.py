@@ -27,7 +27,7 @@ def chat_view(session: SessionState) -> str:
     turns = list(session.turns_html)
     if session.pending_user and session.run is not None:
         turns += [user_bubble(session.pending_user), session.run.answer_html(live=True)]
-    return transcript_html(turns, EMPTY_HINT)
+    return transcript_html(turns, EMPTY_HINT, session.show_rejected)
 
 
 def summary_view(session: SessionState) -> str:

@@ -74,6 +74,13 @@ class DraftStreams:
         self.tuning.pop(seq, None)
 
 
+def top_k_q(logits: torch.Tensor, k: int, temp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A model drafter's q: the k most likely tokens, softmax at the target's temperature (at 1 when the target
+    is greedy, so q still ranks candidates and gives p_min something to compare). Returns (probs [k], ids [k])."""
+    top = torch.topk(logits.float(), min(k, logits.shape[-1]))
+    return torch.softmax(top.values / (temp if temp > 0 else 1.0), dim=-1), top.indices
+
+
 class Drafter:
     """Base class: a drafter that never drafts. Subclasses override what they need."""
 
@@ -106,10 +113,3 @@ class Drafter:
     def seq_cp(self, src: int, dst: int, n: int) -> None:
         """The target's cache gave `dst` the first `n` positions of `src` (a shared prompt prefix, llama.cpp's
         seq_cp): drafters that keep per-position state of the target copy it, since dst never forwards them."""
-
-    def get_state(self, seq: int) -> Any:
-        """Private per-sequence state for a checkpoint (llama.cpp's data_spec); None if nothing to save."""
-        return None
-
-    def set_state(self, seq: int, state: Any) -> None:
-        """Restore what get_state returned."""

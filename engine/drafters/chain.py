@@ -33,10 +33,8 @@ PRIORITY = [t for t in DRAFTER_TYPES if t != "synthetic"]  # what a user picks f
 def default_params() -> dict:
     """Our defaults where they differ from llama.cpp's. Its 12-token keys (24 for ngram-mod, with 48-token
     minimum drafts) suit long code-editing sessions; a chat answer that copies a paragraph realigns with its
-    source after every small change, and a 3-token key finds the source again within a few tokens. On the
-    embedded model's copy prompts, ngram-simple alone went from a 1.14x to a 1.57x speedup (rounds weighted
-    by the measured forward costs) going from n=12 to n=3. Drafts that do not pay are cut by the length
-    policy, not by long keys."""
+    source after every small change, and a 3-token key finds the source again within a few tokens (measured in
+    docs/engine.md). Drafts that do not pay are cut by the length policy, not by long keys."""
     from engine.drafters.ngram import NgramMapParams, NgramSimpleParams
     from engine.drafters.ngram_mod import NgramModParams
 
@@ -93,9 +91,8 @@ class DrafterChain:
         self.seq_stats[seq] = {}
         for name in types:
             s, s_seq = self._both(seq, name)
-            with timed(s_seq, "t_begin_us"):
+            with timed("t_begin_us", s, s_seq):
                 self.pool[name].begin(seq, prompt)
-            s.t_begin_us += s_seq.t_begin_us
             s.n_call_begin += 1
             s_seq.n_call_begin += 1
 
@@ -122,11 +119,12 @@ class DrafterChain:
                     for r in active:  # a network drafts token by token: do not draft what the policy would cut
                         if self._uses_policy(r.seq):
                             r.n_max = max(1, self.policy.best_k(r.seq, name, r.n_max))
-                with timed(s, "t_draft_us"):
+                # one call drafts for every sequence in `active`: each sequence is charged an equal share
+                per_seq = [self._both(r.seq, name)[1] for r in active]
+                with timed("t_draft_us", s, *per_seq, share=1 / len(active)):
                     self.pool[name].draft(active)
                 s.n_call_draft += 1
-                for r in active:
-                    s_seq = self._both(r.seq, name)[1]
+                for r, s_seq in zip(active, per_seq):
                     s_seq.n_call_draft += 1
                     k = self._cut(r, name)
                     if k == 0:
@@ -168,7 +166,7 @@ class DrafterChain:
             return
         impl = self.pool[name]
         s, s_seq = self._both(seq, name)
-        with timed(s, "t_accept_us"):
+        with timed("t_accept_us", s, s_seq):
             s.on_accept(n_accepted)
             s_seq.on_accept(n_accepted)
             impl.accept(seq, n_accepted, False)

@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.batch import Batch
-from engine.drafters.base import Drafter, DraftRequest, DraftStreams
-from engine.heads.model import DraftHead, HeadConfig, load_head, target_fingerprint
+from engine.drafters.base import Drafter, DraftRequest, DraftStreams, top_k_q
+from engine.drafters.head_net import DraftHead, HeadConfig, load_head, target_fingerprint
+from engine.prefix import common_prefix
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[2] / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
 
@@ -34,7 +35,7 @@ class DraftHeadParams:
     top_k: int = 10  # candidates kept in q when the target samples (llama.cpp's draft sampler keeps 10)
     grow: int = 256  # positions added at a time to the per-sequence stores
     # stop drafting below this top probability, when the request leaves it to the drafter: the value at which
-    # the shipped head was fastest on the held-out prompts (engine.heads.eval --p-min ...; README)
+    # the shipped head was fastest on the held-out prompts (training.eval --p-min ...; README)
     p_min: float = 0.3
 
 
@@ -107,12 +108,6 @@ class DraftHeadDrafter(Drafter):
         b.feats[:m] = a.feats[:m]
         b.feat_tok[:m] = a.feat_tok[:m]
 
-    def get_state(self, seq: int):
-        # nothing to save: features and KV entries are checked against the confirmed tokens at every draft, and
-        # the draft's random stream runs on through a restore, so the round after the replay draws what the
-        # round after a range removal draws (same text on both rollback paths, rejection sampling included)
-        return None
-
     def process(self, batch: Batch, result=None) -> None:
         if result is None or result.hidden is None:
             return
@@ -143,10 +138,7 @@ class DraftHeadDrafter(Drafter):
         for i, r in enumerate(requests):
             st = self._state(r.seq)
             confirmed = r.prompt + [r.id_last]
-            n = 0
-            limit = min(len(st.kv_tokens), len(confirmed) - 1)  # id_last's entry is always remade: cheap
-            while n < limit and st.kv_tokens[n] == confirmed[n]:
-                n += 1
+            n = common_prefix(st.kv_tokens, confirmed, limit=len(confirmed) - 1)  # id_last's entry is always remade
             st.k, st.v, st.kv_tokens = st.k[:n], st.v[:n], st.kv_tokens[:n]
             st.reserve(len(confirmed), self.params.grow)
             for t in range(n, len(confirmed)):
@@ -176,13 +168,11 @@ class DraftHeadDrafter(Drafter):
         """Pick a draft token from head logits [draft_vocab]; return (target id, p of top, p of it, full q)."""
         d2t = self.head.d2t
         if r.want_q:
-            temp = self.streams.temp(r.seq) or 1.0
-            top = torch.topk(logits, min(self.params.top_k, logits.shape[-1]))
-            q_small = torch.softmax(top.values / temp, dim=-1)
+            q_small, ids = top_k_q(logits, self.params.top_k, self.streams.temp(r.seq))
             j = int(torch.multinomial(q_small, 1, generator=self.streams.generator(r.seq)))
             q = torch.zeros(self.head.cfg.target_vocab)
-            q[d2t[top.indices]] = q_small
-            return int(d2t[top.indices[j]]), float(q_small.max()), float(q_small[j]), q
+            q[d2t[ids]] = q_small
+            return int(d2t[ids[j]]), float(q_small.max()), float(q_small[j]), q
         probs = torch.softmax(logits, dim=-1)
         j = int(probs.argmax())
         return int(d2t[j]), float(probs[j]), float(probs[j]), None

@@ -19,8 +19,10 @@ import torch
 
 from engine.batch import Batch
 from engine.context import ModelContext
-from engine.drafters.base import Drafter, DraftRequest, DraftStreams
+from engine.drafters.base import Drafter, DraftRequest, DraftStreams, top_k_q
+from engine.prefix import common_prefix
 from engine.probe import PART, probe_context
+
 
 @dataclass
 class DraftModelParams:
@@ -28,6 +30,9 @@ class DraftModelParams:
     p_min: float = 0.75  # stop drafting below this top probability, when the request leaves it to the drafter
     n_ctx: int = 4096  # cells of the draft cache
     n_seq_max: int = 4  # sequences the draft cache holds
+    # the target's vocabulary size: a wider draft head never proposes ids the target cannot embed (q is then
+    # defined over the target's ids, so rejection sampling stays exact); None = the draft's own width
+    n_vocab: int | None = None
 
 
 class DraftModelDrafter(Drafter):
@@ -42,7 +47,7 @@ class DraftModelDrafter(Drafter):
             self.ctx = ModelContext(model, n_ctx=self.params.n_ctx, n_seq_max=self.params.n_seq_max)
         except (AttributeError, TypeError, ValueError) as e:
             raise ValueError(f"this model cannot be a draft model: it does not fit the cell cache ({e})") from e
-        # the seed probes the draft context too: drafting rewinds the draft cache every round, so it must cut tails
+        # llama.cpp probes the draft context too: drafting rewinds the draft cache every round, so it must cut tails
         self.probe = probe_context(self.ctx)
         if self.probe.kind != PART:
             raise ValueError(f"this model cannot be a draft model (rollback {self.probe.kind}): {self.probe.reason}")
@@ -62,29 +67,11 @@ class DraftModelDrafter(Drafter):
         self.cached.pop(seq, None)
         self.streams.forget(seq)
 
-    def get_state(self, seq: int):
-        g = self.streams.generators.get(seq)
-        return (list(self.cached.get(seq, [])), None if g is None else g.get_state())
-
-    def set_state(self, seq: int, state) -> None:
-        tokens, g_state = state
-        cached = self.cached.get(seq, [])
-        n = 0
-        while n < min(len(tokens), len(cached)) and tokens[n] == cached[n]:
-            n += 1
-        self.ctx.seq_rm(seq, n, -1)
-        self.cached[seq] = list(cached[:n])
-        if g_state is not None:
-            self.streams.generator(seq).set_state(g_state)
-
     def _catch_up(self, batch: Batch, r: DraftRequest) -> None:
         """Add to `batch` what the draft cache lacks of r's confirmed tokens; the last row outputs."""
         confirmed = r.prompt + [r.id_last]
         cached = self.cached.setdefault(r.seq, [])
-        n = 0
-        limit = min(len(confirmed) - 1, len(cached))  # id_last always goes in: its logits give d1
-        while n < limit and confirmed[n] == cached[n]:
-            n += 1
+        n = common_prefix(confirmed, cached, limit=len(confirmed) - 1)  # id_last always goes in: its logits give d1
         if n < len(cached):
             self.ctx.seq_rm(r.seq, n, -1)
             del cached[n:]
@@ -93,12 +80,12 @@ class DraftModelDrafter(Drafter):
             cached.append(confirmed[i])
 
     def _q(self, logits: torch.Tensor, temp: float) -> torch.Tensor:
-        """The draft distribution: top-k, then temperature (softmax at 1 when the target is greedy)."""
-        k = min(self.params.top_k, logits.shape[-1])
-        top = torch.topk(logits.float(), k)
-        scaled = top.values / (temp if temp > 0 else 1.0)
+        """The draft distribution over the whole vocabulary, zero outside the top k."""
+        if self.params.n_vocab is not None:
+            logits = logits[: self.params.n_vocab]
+        probs, ids = top_k_q(logits, self.params.top_k, temp)
         q = torch.zeros_like(logits, dtype=torch.float32)
-        q.scatter_(-1, top.indices, torch.softmax(scaled, dim=-1))
+        q.scatter_(-1, ids, probs)
         return q
 
     def draft(self, requests: list[DraftRequest]) -> None:

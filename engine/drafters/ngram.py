@@ -164,19 +164,6 @@ class NgramMapK(Drafter):
     def seq_rm(self, seq: int) -> None:
         self._seqs.pop(seq, None)
 
-    def get_state(self, seq: int) -> MapSeqState | None:
-        state = self._seqs.get(seq)
-        if state is None:
-            return None
-        # the index only grows over confirmed tokens and rebuilds itself if the history shrinks: share it
-        return MapSeqState(state.index, dict(state.n_accepted), state.last_used)
-
-    def set_state(self, seq: int, state: MapSeqState | None) -> None:
-        if state is None:
-            self._seqs.pop(seq, None)
-            return
-        self._seqs[seq] = MapSeqState(state.index, dict(state.n_accepted), state.last_used)
-
     def _catch_up(self, state: MapSeqState, prompt: list[int]) -> None:
         index = state.index
         if len(prompt) < index.n_seen or (index.n_seen and prompt[index.n_seen - 1] != index.tail):

@@ -175,17 +175,6 @@ class NgramCache(Drafter):
     def seq_rm(self, seq: int) -> None:
         self._seqs.pop(seq, None)
 
-    def get_state(self, seq: int) -> CacheSeqState | None:
-        # the context cache only grows over confirmed tokens and rebuilds itself if the history shrinks: share it
-        state = self._seqs.get(seq)
-        return CacheSeqState(state.context) if state is not None else None
-
-    def set_state(self, seq: int, state: CacheSeqState | None) -> None:
-        if state is None:
-            self._seqs.pop(seq, None)
-        else:
-            self._seqs[seq] = CacheSeqState(state.context)
-
     def _catch_up(self, state: CacheSeqState, prompt: list[int], extra: list[int]) -> None:
         """Count the tokens of prompt + extra that the context cache has not seen yet."""
         ctx = state.context

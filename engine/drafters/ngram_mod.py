@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -156,17 +156,6 @@ class NgramMod(Drafter):
         self._seqs.pop(seq, None)
         if not self.params.shared_pool:
             self._pools.pop(seq, None)
-
-    def get_state(self, seq: int) -> ModSeqInfo | None:
-        # the pool is not copied: it holds confirmed tokens only, and re-adding an n-gram is harmless
-        info = self._seqs.get(seq)
-        return replace(info) if info is not None else None
-
-    def set_state(self, seq: int, state: ModSeqInfo | None) -> None:
-        if state is None:
-            self._seqs.pop(seq, None)
-        else:
-            self._seqs[seq] = replace(state)
 
     def _pool_key(self, seq: int) -> int | None:
         return None if self.params.shared_pool else seq

@@ -2,8 +2,8 @@
 
 With `SpecParams.synthetic_accept = P` the engine keeps each draft token with probability P whatever it is
 (llama.cpp's synthetic acceptance), so what is drafted does not matter, only that a full-length draft exists
-every round: the speed-versus-acceptance curve can then be measured at a fixed k and laid over seed 004's
-formula. It proposes the context's last tokens again, which costs nothing to compute.
+every round: the speed-versus-acceptance curve can then be measured at a fixed k and laid over the
+formula speedup = (1 - a^(k+1)) / ((1 - a)(c + 1)). It proposes the context's last tokens again, which costs nothing to compute.
 """
 
 from __future__ import annotations

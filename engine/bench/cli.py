@@ -2,35 +2,31 @@
 
 For every prompt it runs our plain decoding and our speculative decoding with the same seed, checks that the
 outputs are identical (the lossless check comes before any speed claim), and writes one row per prompt and
-configuration with the columns of seed 004's schema. `--compare hf` adds transformers' own generate() greedy
-and prompt-lookup decoding on the same prompts. `--n-max`, `--parallel`, `--ctx-len` and `--synthetic-accept`
-take comma-separated lists and the bench runs their cross product (engine.benchsweep); synthetic-acceptance
-rows keep tokens the target did not choose, so they are not lossless by design: their `lossless_ok` is "n/a"
-and never fails the run. `--plots DIR` writes the speedup curves (engine.benchplot). Exit status: 0 ok, 1 if
-any lossless check failed, 2 on bad arguments or models (with a one-line reason on stderr).
+configuration with the columns of engine.bench.rows.COLUMNS. A run with a drafter that gives its distribution
+(draft-simple, draft-head) at --temp > 0 is verified by rejection sampling, which is lossless in distribution
+but draws differently from plain sampling, so the same seed gives other tokens: its `lossless_ok` is "n/a"
+(`python -m engine.bench.dist` checks the distribution instead); n-gram drafters at --temp > 0 are verified by
+sample-and-match and are still compared token for token. `--compare hf` adds transformers' own generate()
+greedy and prompt-lookup decoding on the same prompts. `--n-max`, `--parallel`, `--ctx-len` and
+`--synthetic-accept` take comma-separated lists and the bench runs their cross product (engine.bench.sweep);
+synthetic-acceptance rows keep tokens the target did not choose, so they are not lossless by design: their
+`lossless_ok` is "n/a" and never fails the run. `--plots DIR` writes the speedup curves (engine.bench.plot).
+Exit status: 0 ok, 1 if any lossless check failed ("n/a" rows are not checks), 2 on bad arguments or models
+(with a one-line reason on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import math
-import statistics
 import sys
 from pathlib import Path
 
-from engine.benchrun import BenchConfig, RunResult
-from engine.benchsweep import cells_needed, run_sweep, sweep_from_args
-
-COLUMNS = [
-    "prompt_id", "spec_decode", "spec_types", "n_max", "temp", "seed", "concurrency", "ctx_len", "quant_bits",
-    "n_gen", "tps", "tps_baseline", "speedup", "lossless_ok", "mean_acc_len", "draft_accept_rate",
-    "acc_rate_pos", "verify_cost_c", "rollback_mode", "n_rounds", "n_drafted", "n_accepted", "t_draft_ms",
-    "t_verify_ms", "t_rollback_ms", "t_round_ms", "t_plain_step_ms", "model", "prompt_kind",
-    # sweeps: decode-only speeds (the prefill excluded), the group's aggregate, seed 004's alpha, synthetic P
-    "tps_decode", "tps_decode_baseline", "speedup_decode", "tps_group", "accept_p", "synthetic_accept",
-]
+from engine.bench.lossless import WHY_NA, why_na
+from engine.bench.rows import write_rows
+from engine.bench.run import BenchConfig
+from engine.bench.stats import geomean, print_sweep_summary
+from engine.bench.sweep import cells_needed, run_sweep, sweep_from_args
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,7 +42,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--p-min", type=float, default=None,
                     help="model drafters stop below this top probability (default: each drafter's own)")
     ap.add_argument("--no-adaptive", action="store_true", help="verify whatever the drafter offers")
-    ap.add_argument("--temp", type=float, default=0.0)
+    ap.add_argument("--temp", type=float, default=0.0,
+                    help="> 0 with draft-simple or draft-head: verified by rejection sampling, lossless in "
+                         "distribution but not token for token, so lossless_ok is n/a (python -m engine.bench.dist "
+                         "checks the distribution)")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--parallel", default="1", help="prompts decoded at once (slots); a list sweeps: 1,2,4")
@@ -87,46 +86,6 @@ def load_prompts(path: str) -> list[dict]:
     return out
 
 
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else 0.0
-
-
-def _ratio(a: float, b: float):
-    return round(a / b, 4) if a > 0 and b > 0 else ""
-
-
-def make_row(cfg: BenchConfig, prompt: dict, res: list[RunResult], base: list[RunResult] | None,
-             spec_types: str, model: str, tps_group: float = 0.0) -> dict:
-    pid = prompt["id"]
-    r0 = res[0]
-    tps = _median([r.tps for r in res])
-    tps_base = _median([b.tps for b in base]) if base else tps
-    tpd = _median([r.tps_decode for r in res])
-    tpd_base = _median([b.tps_decode for b in base]) if base else tpd
-    return {
-        "prompt_id": pid, "spec_decode": "on" if r0.spec_on else "off", "spec_types": spec_types,
-        "n_max": cfg.spec.n_max if r0.spec_on else 0, "temp": cfg.sampling.temp, "seed": cfg.sampling.seed,
-        "concurrency": cfg.parallel, "ctx_len": cfg.ctx_len, "quant_bits": cfg.quant_bits, "n_gen": len(r0.tokens),
-        "tps": round(tps, 3), "tps_baseline": round(tps_base, 3),
-        "speedup": round(tps / tps_base, 4) if tps_base > 0 else "",
-        "lossless_ok": r0.lossless_ok, "mean_acc_len": round(r0.mean_acc_len, 4),
-        "draft_accept_rate": round(r0.accept_rate, 4),
-        "acc_rate_pos": ";".join(f"{a:.3f}" for a in r0.acc_rate_pos), "verify_cost_c": round(r0.verify_cost_c, 4),
-        "rollback_mode": r0.rollback_mode, "n_rounds": r0.n_rounds, "n_drafted": r0.n_drafted,
-        "n_accepted": r0.n_accepted, "t_draft_ms": round(r0.t_draft_ms, 2), "t_verify_ms": round(r0.t_verify_ms, 2),
-        "t_rollback_ms": round(r0.t_rollback_ms, 3), "t_round_ms": round(r0.t_round_ms, 2),
-        "t_plain_step_ms": round(r0.t_plain_step_ms, 2), "model": model, "prompt_kind": prompt.get("kind", ""),
-        "tps_decode": round(tpd, 3), "tps_decode_baseline": round(tpd_base, 3), "speedup_decode": _ratio(tpd, tpd_base),
-        "tps_group": round(tps_group, 3), "accept_p": round(r0.accept_p, 4),
-        "synthetic_accept": cfg.spec.synthetic_accept if r0.spec_on and cfg.spec.synthetic_accept is not None else "",
-    }
-
-
-def geomean(xs: list[float]) -> float:
-    xs = [x for x in xs if x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
-
-
 def _label(r: dict) -> str:
     name = r["spec_types"] or "plain"
     return f"synthetic P={float(r['synthetic_accept']):g}" if r.get("synthetic_accept") not in (None, "") else name
@@ -155,6 +114,8 @@ def print_summary(rows: list[dict]) -> None:
                 by_cfg.setdefault((name, kind), []).append(float(r["speedup"] or 0))
     for (name, kind), xs in by_cfg.items():
         print(f"geomean speedup {name} [{kind}]: {geomean(xs):.3f}x over our plain decoding ({len(xs)} prompts)")
+    for reason in sorted({why_na(r) for r in rows} - {None}):
+        print(f"lossless n/a: {WHY_NA[reason]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,24 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows = run_sweep(cfg, engine, prompts, sweep, args.repeat, args.compare, make_row, args.target)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
+    rows = run_sweep(cfg, engine, prompts, sweep, args.repeat, args.compare, args.target)
+    write_rows(rows, args.out)
     print_summary(rows)
     if len(sweep.n_max) * len(sweep.parallel) * len(sweep.ctx_len) > 1 or sweep.synthetic:
-        from engine.benchstats import print_sweep_summary
-
         print_sweep_summary(rows)
     print(f"wrote {len(rows)} rows to {args.out}")
     if args.plots:
-        from engine.benchplot import write_plots
+        from engine.bench.plot import write_plots  # plotly and Playwright: only when plots are asked for
 
         for line in write_plots(rows, args.plots):
             print(line)
     return 1 if any(r["lossless_ok"] is False for r in rows) else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from engine.heads.prompts import check_disjoint, training_prompts
+from training.prompts import check_disjoint, training_prompts
 
 TOP_K = 8  # target probabilities kept per position as the soft label
 

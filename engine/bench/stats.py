@@ -8,11 +8,9 @@ curve towards 1. Rows written before the sweep columns existed fall back to `spe
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 
 @dataclass
@@ -34,12 +32,8 @@ def num(value, default: float = 0.0) -> float:
         return default
 
 
-def load_rows(path: str | Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def geomean(xs: list[float]) -> float:
+    """Geometric mean of the positive values (a failed run's 0 would zero it); 0.0 if there are none."""
     xs = [x for x in xs if x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
 
@@ -64,7 +58,9 @@ def speedup_of(r: dict) -> float:
 
 
 def formula(alpha: float, k: int, c: float) -> float:
-    """Seed 004: speedup ~ (1 - a^(k+1)) / ((1 - a)(c + 1)); the a -> 1 limit is (k + 1) / (c + 1)."""
+    """speedup = (1 - a^(k+1)) / ((1 - a)(c + 1)): a round emits (1 - a^(k+1)) / (1 - a) tokens on average
+    when each of k draft tokens is kept with chance a given the ones before it were, and costs (c + 1) plain
+    steps. The a -> 1 limit is (k + 1) / (c + 1)."""
     tokens = k + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
     return tokens / (c + 1.0)
 

@@ -1,10 +1,15 @@
-"""One benchmark run: a group of prompts through our engine (plain or speculative) or through HF generate."""
+"""One benchmark run: a group of prompts through our engine (plain or speculative) or through HF generate.
+
+BenchConfig says what runs, RunResult holds one prompt's tokens and round events and derives every number a
+traces.csv row reports from them; group_tps is what the group's slots decoded together.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
+from engine.bench.lossless import lossless_check, verify_modes
 from engine.events import RoundEvent
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
@@ -30,7 +35,7 @@ class BenchConfig:
 
     @classmethod
     def from_args(cls, a, n_max: int, parallel: int, ctx_len: int) -> "BenchConfig":
-        """The first configuration of a sweep (engine.benchsweep varies n_max, parallel, ctx_len from it)."""
+        """The first configuration of a sweep (engine.bench.sweep varies n_max, parallel, ctx_len from it)."""
         from engine.drafters.chain import parse_types
 
         spec = SpecParams(types=parse_types(a.spec), n_max=n_max, n_min=a.n_min, p_min=a.p_min,
@@ -72,7 +77,8 @@ class RunResult:
     tokens: list[int]
     seconds: float  # wall time of the group this prompt ran in
     spec_on: bool
-    lossless_ok: bool | str = True  # identical to the plain run ("" when not checkable, "n/a" for synthetic)
+    # identical to the plain run; "" when not checkable, "n/a" when tokens cannot match (engine.bench.lossless)
+    lossless_ok: bool | str = True
     events: list[RoundEvent] = field(default_factory=list)
     rollback_mode: str = "seq_rm"
     t_plain_step_ms: float = 0.0  # mean time of one plain decoding step (from the plain run)
@@ -83,6 +89,10 @@ class RunResult:
 
     def _spec(self) -> list[RoundEvent]:
         return [e for e in self.events if e.kind == "spec"]
+
+    @property
+    def verify_modes(self) -> list[str]:
+        return verify_modes(self.events)
 
     @property
     def n_rounds(self) -> int:
@@ -108,9 +118,9 @@ class RunResult:
 
     @property
     def accept_p(self) -> float:
-        """Seed 004's alpha: the chance that a draft token is kept given the ones before it were, i.e.
-        accepted / (accepted + first rejections). accept_rate (accepted / drafted) is lower whenever tokens
-        after a rejection go unjudged; with synthetic acceptance P this estimates P itself."""
+        """alpha of the speedup formula (engine.bench.stats.formula): the chance that a draft token is kept given
+        the ones before it were, i.e. accepted / (accepted + first rejections). accept_rate (accepted / drafted)
+        is lower whenever tokens after a rejection go unjudged; with synthetic acceptance P this estimates P."""
         spec = self._spec()
         tries = sum(e.n_accepted + (e.n_accepted < len(e.drafted)) for e in spec)
         return self.n_accepted / tries if tries else 0.0
@@ -171,10 +181,19 @@ class RunResult:
 
     @property
     def verify_cost_c(self) -> float:
-        """Seed 004's c: a speculative round costs (c + 1) plain steps."""
+        """c of the speedup formula (engine.bench.stats.formula): a speculative round costs (c + 1) plain steps."""
         if not self._spec() or self.t_plain_step_ms <= 0:
             return 0.0
         return self.t_round_ms / self.t_plain_step_ms - 1.0
+
+
+def group_tps(results: list[RunResult]) -> float:
+    """Aggregate decode tokens/s of every slot of a group (the fillers too): what N slots serve together."""
+    spans = [r.decode_span for r in results if r.decode_span[1] > 0]
+    if not spans:
+        return 0.0
+    seconds = max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans)
+    return sum(r.n_decoded for r in results) / seconds if seconds > 0 else 0.0
 
 
 def prompt_ids(engine, p: dict, ctx_len: int) -> list[int]:
@@ -221,9 +240,9 @@ def run_ours(cfg: BenchConfig, engine, group: list[dict], spec: bool, reference:
                         # the setting and what the probe found, e.g. auto/PART (seq_rm), auto/FULL (checkpoints)
                         rollback_mode=f"{cfg.spec.rollback}/{engine.probe.kind}" if spec else "none")
         if reference is not None:
-            # synthetic acceptance keeps tokens the target did not choose: not lossless by design, not checked
+            # synthetic acceptance and rejection sampling cannot reproduce the plain tokens: "n/a", not checked
             synthetic = spec and cfg.spec.synthetic_accept is not None
-            res.lossless_ok = "n/a" if synthetic else toks == reference[i].tokens
+            res.lossless_ok = lossless_check(toks, reference[i].tokens, evs, synthetic)
             res.t_plain_step_ms = reference[i].t_verify_ms + reference[i].t_draft_ms
         else:
             res.t_plain_step_ms = res.t_verify_ms

@@ -3,8 +3,8 @@
 It submits generations like any chat session does (Scheduler.submit, one queue of RoundEvents per slot), so
 it shares the engine and its forwards with whoever else is chatting and never touches the engine outside
 the scheduler's lock. Per concurrency N it runs N copies of one prompt plain, then with the drafter chain,
-then with synthetic acceptance at each P; the rows are the bench's own (engine.bench.make_row), so the same
-plots read them. Other users' slots in the same forwards make these timings noisier than the CLI bench's.
+then with synthetic acceptance at each P; the rows are the bench's own (engine.bench.rows.make_row), so the
+same plots read them. Other users' slots in the same forwards make these timings noisier than the CLI bench's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ import queue
 import time
 from dataclasses import dataclass, field
 
-from engine.benchrun import BenchConfig, RunResult
+from engine.bench.lossless import lossless_check
+from engine.bench.rows import make_row
+from engine.bench.run import BenchConfig, RunResult, group_tps
+from engine.events import ErrorEvent
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 
@@ -44,7 +47,7 @@ def _collect(scheduler, seqs: list[int], queues: list[queue.Queue]) -> list[list
                     ev = q.get(timeout=READ_TIMEOUT_S)
                 except queue.Empty:
                     raise LiveBenchError(f"no round in {READ_TIMEOUT_S:.0f} s: benchmark abandoned") from None
-                if not hasattr(ev, "kind"):  # the scheduler's ErrorEvent
+                if isinstance(ev, ErrorEvent):
                     raise LiveBenchError(ev.message)
                 out[i].append(ev)
     finally:
@@ -84,19 +87,16 @@ def run_group(scheduler, prompt: list[int], n: int, spec: SpecParams, plan: Live
         if reference is None:
             res.t_plain_step_ms = res.t_verify_ms
         else:
-            res.lossless_ok = "n/a" if spec.synthetic_accept is not None else toks == reference[i].tokens
+            res.lossless_ok = lossless_check(toks, reference[i].tokens, evs, spec.synthetic_accept is not None)
             res.t_plain_step_ms = reference[i].t_verify_ms + reference[i].t_draft_ms
         out.append(res)
     return out
 
 
 def run_live(scheduler, prompt: list[int], plan: LivePlan, model: str, quant_bits: int, progress=None) -> list[dict]:
-    """The plan's runs on the scheduler's engine; traces.csv rows (engine.bench's columns).
+    """The plan's runs on the scheduler's engine; traces.csv rows (engine.bench.rows.COLUMNS).
 
     `progress(done, total, what)` is called before each run, for a progress bar."""
-    from engine.bench import make_row
-    from engine.benchsweep import group_tps
-
     n_slots = scheduler.engine.ctx.n_seq_max
     too_many = [n for n in plan.concurrency if n > n_slots]
     if too_many:

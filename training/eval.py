@@ -1,4 +1,4 @@
-"""Held-out evaluation of the draft head: `python -m engine.heads.eval`.
+"""Held-out evaluation of the draft head: `python -m training.eval`.
 
 On prompts the head was never trained on (assets/prompts/heldout.jsonl by default; `prompts.check_disjoint`
 keeps them out of the training set), through the real engine, one prompt at a time:
@@ -10,22 +10,24 @@ keeps them out of the training set), through the real engine, one prompt at a ti
   engine's adaptive length policy, timed back to back so the ratios share the machine's load (`--no-speed`
   leaves these out: a p_min sweep of acceptance, whose counts do not depend on the machine's load);
 * lossless: every speculative run must give plain decoding's tokens (temperature 0), or the exit status is 1;
-* cost: the head's draft time per drafted token against a one-token target forward, and seed 004's estimate
-  speedup = (1 - a^(k+1)) / ((1 - a)(c + 1)) with the measured a and c, with where it stops paying.
+* cost: the head's draft time per drafted token against a one-token target forward, and the estimate
+  speedup = (1 - a^(k+1)) / ((1 - a)(c + 1)) with the measured a and c, with where it stops paying: the expected
+  walltime improvement factor of Leviathan et al., "Fast Inference from Transformers via Speculative Decoding"
+  (arXiv:2211.17192), with c the whole round's extra cost in one-token target forwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.bench.stats import formula, geomean
 from engine.drafters.chain import NGRAM_CHAIN
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -109,15 +111,6 @@ def fastest(repeat: int, fn, *args):
     return events, best
 
 
-def geomean(xs):
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
-
-def seed_formula(a: float, c: float, k: int) -> float:
-    """Seed 004: tokens per round (1 - a^(k+1)) / (1 - a) over a round's cost (c + 1) plain steps."""
-    return (k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)) / (c + 1)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Held-out acceptance and speed of the draft head.")
     ap.add_argument("--prompts", type=Path, nargs="+", default=[ROOT / "assets" / "prompts" / "heldout.jsonl"])
@@ -129,7 +122,7 @@ def main(argv=None) -> int:
                          "DraftHeadParams.p_min)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--repeat", type=int, default=1, help="time every run this often and keep the fastest "
-                    "(this machine's timings wander by 20%%)")
+                    "(timings on a shared machine wander)")
     ap.add_argument("--no-speed", action="store_true", help="acceptance runs only (a quick p_min sweep: the "
                     "acceptance counts do not depend on the machine's load)")
     args = ap.parse_args(argv)
@@ -201,13 +194,13 @@ def main(argv=None) -> int:
           f"{per_tok / (t1 * 1e3):.3f} of a one-token target forward")
     # a: the per-position rate that gives the measured mean acceptance length at k = n_max
     k = args.n_max
-    a = next((x / 1000 for x in range(1, 1000) if seed_formula(x / 1000, 0, k) >= mean_len), 0.999)
-    print(f"seed 004: a = {a:.3f} (fits the mean length; per-position unconditional "
+    a = next((x / 1000 for x in range(1, 1000) if formula(x / 1000, k, 0) >= mean_len), 0.999)
+    print(f"estimate: a = {a:.3f} (fits the mean length; per-position unconditional "
           f"{', '.join(f'{u:.2f}' for u in uncond)})")
     for kk in range(1, k + 1):
         c = engine.cost.c(kk + 1) - 1 + kk * per_tok / (t1 * 1e3)
-        even = next((x / 1000 for x in range(1, 1000) if seed_formula(x / 1000, c, kk) >= 1.0), 1.0)
-        print(f"  k={kk}: c = {c:.2f}, estimated speedup {seed_formula(a, c, kk):.2f}x, pays while a > {even:.2f}")
+        even = next((x / 1000 for x in range(1, 1000) if formula(x / 1000, kk, c) >= 1.0), 1.0)
+        print(f"  k={kk}: c = {c:.2f}, estimated speedup {formula(a, kk, c):.2f}x, pays while a > {even:.2f}")
     print("\nmeasured speedup over plain decoding (geometric mean per prompt kind; timings noisy, ratios "
           "measured back to back):")
     for name, kinds in speed.items():

@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, replace
 
-from engine.benchrun import BenchConfig, RunResult, prompt_ids_of, run_hf, run_ours
+from engine.bench.rows import make_row
+from engine.bench.run import BenchConfig, RunResult, group_tps, prompt_ids_of, run_hf, run_ours
 from engine.params import SpecParams
 
 SLACK = 8  # cells per slot beyond prompt + context + answer + draft (the engine keeps a little room)
@@ -91,15 +92,6 @@ def spec_configs(cfg: BenchConfig, sweep: Sweep) -> list[tuple[str, BenchConfig]
     return out
 
 
-def group_tps(results: list[RunResult]) -> float:
-    """Aggregate decode tokens/s of every slot of a group (the fillers too): what N slots serve together."""
-    spans = [r.decode_span for r in results if r.decode_span[1] > 0]
-    if not spans:
-        return 0.0
-    seconds = max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans)
-    return sum(r.n_decoded for r in results) / seconds if seconds > 0 else 0.0
-
-
 def _median_run(runs: list[list[RunResult]]) -> list[RunResult]:
     """Of the repeats of a group, the one with the median aggregate speed (its rows stay self-consistent)."""
     ranked = sorted(runs, key=group_tps)
@@ -107,10 +99,8 @@ def _median_run(runs: list[list[RunResult]]) -> list[RunResult]:
 
 
 def run_sweep(cfg: BenchConfig, engine, prompts: list[dict], sweep: Sweep, repeat: int, compare: str | None,
-              make_row, model: str) -> list[dict]:
-    """Every configuration of the sweep on every prompt; one row per prompt and configuration.
-
-    `make_row` is engine.bench.make_row, passed in because bench imports this module (no import cycle)."""
+              model: str) -> list[dict]:
+    """Every configuration of the sweep on every prompt; one row per prompt and configuration."""
     from tqdm import tqdm
 
     rows = []
@@ -122,13 +112,13 @@ def run_sweep(cfg: BenchConfig, engine, prompts: list[dict], sweep: Sweep, repea
         for parallel in sweep.parallel:
             base_cfg = replace(cfg, parallel=parallel, ctx_len=ctx_len, spec=replace(cfg.spec, n_max=sweep.n_max[0]))
             for own, fill in groups_of(prompts, parallel):
-                rows.extend(_run_group(base_cfg, engine, own, fill, sweep, repeat, compare, make_row, model, bar))
+                rows.extend(_run_group(base_cfg, engine, own, fill, sweep, repeat, compare, model, bar))
     bar.close()
     return rows
 
 
 def _run_group(cfg: BenchConfig, engine, own: list[dict], fill: list[dict], sweep: Sweep, repeat: int,
-               compare: str | None, make_row, model: str, bar) -> list[dict]:
+               compare: str | None, model: str, bar) -> list[dict]:
     """The plain run and every speculative configuration of one group, repeats interleaved (plain, spec...,
     plain, spec...) so that a slow spell of a shared machine hits both sides of a ratio alike."""
     group = own + fill

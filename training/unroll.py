@@ -1,4 +1,5 @@
-"""EAGLE-3's training-time test: run the head on whole sequences the way it drafts, step after step.
+"""EAGLE-3's training-time test (Li et al., "EAGLE-3: Scaling up Inference Acceleration of Large Language Models
+via Training-Time Test", arXiv:2503.01840): run the head on whole sequences the way it drafts, step after step.
 
 Step 1 at every position t reads the target's fused feature of t-1 and token t, attending causally to step-1
 entries (these are exactly the entries the head's KV cache holds when it drafts: positions fed by the target).
@@ -15,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.heads.model import DraftHead
+from engine.drafters.head_net import DraftHead
 
 
 def _heads_first(t: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""The speedup curves of seed 004 from traces.csv rows, as plotly figures, an HTML page and PNG files.
+"""The speedup curves from traces.csv rows, as plotly figures, an HTML page and PNG files.
 
-    python -m engine.benchplot traces.csv [more.csv ...] --out DIR [--merged all.csv] [--no-png]
+    python -m engine.bench.plot traces.csv [more.csv ...] --out DIR [--merged all.csv] [--no-png]
 
 Figures are plain dicts (plotly's JSON), built by pure functions of the rows, so the UI's Benchmark tab shows
 the very same pictures and tests need no browser. The HTML page carries plotly.js inline: it opens with no
@@ -17,32 +17,27 @@ import html
 import sys
 from pathlib import Path
 
-from engine.benchstats import (acceptance_by_position, concurrency_curves, config_c, formula, is_chain, load_rows,
-                               num, plain_scaling, short_name, speedup_of, synthetic_points)
+from engine.bench.rows import load_rows
+from engine.bench.stats import (acceptance_by_position, concurrency_curves, config_c, formula, is_chain, num,
+                                plain_scaling, short_name, speedup_of, synthetic_points)
+from engine.plotstyle import COLORS, RULE, axis, message
+from engine.plotstyle import layout as base_layout
 
-COLORS = ["#1f5fbf", "#b35900", "#1b7f3b", "#7a3db8", "#00838f", "#a0004f", "#5f6b00", "#c0392b"]
 DASHES = ["solid", "dash", "dot", "dashdot"]
-FONT = dict(family="Inter, Segoe UI, Helvetica, Arial, sans-serif", size=14, color="#1f2937")
 CHROMIUM = "/usr/bin/chromium"  # Debian's browser, as in tests/test_browser.py
 FIGURES = ["speedup_concurrency", "speedup_acceptance", "acceptance_position", "plain_scaling"]
 
 
-def _axis(title: str, **extra) -> dict:
-    return dict(title=dict(text=title), gridcolor="#e5e7eb", linecolor="#9ca3af", zeroline=False, **extra)
-
-
 def _layout(title: str, xaxis: dict, yaxis: dict, empty: str | None = None, **extra) -> dict:
-    notes = [dict(text=empty, showarrow=False, font=dict(size=15, color="#777"), xref="paper", yref="paper",
-                  x=0.5, y=0.5)] if empty else []
-    return dict(title=dict(text=title, x=0.01, font=dict(size=17)), height=420, font=FONT, paper_bgcolor="white",
-                plot_bgcolor="white", margin=dict(l=60, r=20, t=50, b=60), xaxis=xaxis, yaxis=yaxis,
-                legend=dict(font=dict(size=12)), annotations=notes, **extra)
+    """The shared style on a page of figures; `empty` says why a figure has no data."""
+    return base_layout(title, xaxis, yaxis, height=420, margin=dict(l=60, r=20, t=50, b=60),
+                       annotations=[message(empty, size=15)] if empty else [], **extra)
 
 
 def _break_even() -> dict:
     """speedup = 1: below it speculation costs time."""
     return dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=1, y1=1,
-                line=dict(color="#9ca3af", dash="dash", width=1.5))
+                line=dict(color=RULE, dash="dash", width=1.5))
 
 
 def speedup_concurrency_figure(rows: list[dict]) -> dict:
@@ -62,16 +57,16 @@ def speedup_concurrency_figure(rows: list[dict]) -> dict:
                          hovertemplate=f"{html.escape(label)}<br>N=%{{x}}: %{{y:.2f}}x "
                                        "(geomean of %{customdata} prompts)<extra></extra>"))
     xs = sorted({n for pts in curves.values() for n, _, _ in pts})
-    xaxis = _axis("concurrency (slots in one batched forward)", type="log", tickvals=xs or [1, 2, 4],
+    xaxis = axis("concurrency (slots in one batched forward)", type="log", tickvals=xs or [1, 2, 4],
                   ticktext=[str(x) for x in xs or [1, 2, 4]])
     layout = _layout("Speculation's decode speedup against concurrency", xaxis,
-                     _axis("speedup (spec tok/s ÷ plain tok/s)", rangemode="tozero"),
+                     axis("speedup (spec tok/s ÷ plain tok/s)", rangemode="tozero"),
                      None if data else "no speculative rows with real drafters", shapes=[_break_even()])
     return dict(data=data, layout=layout)
 
 
 def speedup_acceptance_figure(rows: list[dict], n_curve: int = 60) -> dict:
-    """Synthetic-acceptance points against seed 004's formula drawn with each configuration's measured c;
+    """Synthetic-acceptance points against engine.bench.stats.formula drawn with each configuration's measured c;
     the real drafters' rows as hollow markers (their k varies round to round, so no single curve is theirs)."""
     points = synthetic_points(rows)
     cs = config_c(points)
@@ -97,8 +92,8 @@ def speedup_acceptance_figure(rows: list[dict], n_curve: int = 60) -> dict:
                          marker=dict(size=8, color="rgba(0,0,0,0)", line=dict(color="#6b7280", width=1.5)),
                          hovertemplate="%{text}: alpha %{x:.2f}, %{y:.2f}x<extra></extra>"))
     layout = _layout("Speedup against acceptance: measured points and (1-a^(k+1)) / ((1-a)(c+1))",
-                     _axis("acceptance alpha (realised: kept / (kept + first rejections))", range=[0, 1.02]),
-                     _axis("decode speedup", rangemode="tozero"),
+                     axis("acceptance alpha (realised: kept / (kept + first rejections))", range=[0, 1.02]),
+                     axis("decode speedup", rangemode="tozero"),
                      None if data else "no synthetic-acceptance rows (run with --synthetic-accept)",
                      shapes=[_break_even()])
     return dict(data=data, layout=layout)
@@ -111,8 +106,8 @@ def acceptance_position_figure(rows: list[dict]) -> dict:
         data.append(dict(type="scatter", mode="lines+markers", name=label, x=list(range(1, len(rates) + 1)),
                          y=rates, line=dict(color=COLORS[i % len(COLORS)], width=2.5),
                          hovertemplate=f"{html.escape(label)}<br>d%{{x}}: %{{y:.0%}}<extra></extra>"))
-    layout = _layout("Acceptance by draft position", _axis("draft position", dtick=1),
-                     _axis("kept / drafts that reached it", range=[0, 1.05], tickformat=".0%"),
+    layout = _layout("Acceptance by draft position", axis("draft position", dtick=1),
+                     axis("kept / drafts that reached it", range=[0, 1.05], tickformat=".0%"),
                      None if data else "no speculative rows")
     return dict(data=data, layout=layout)
 
@@ -130,8 +125,8 @@ def plain_scaling_figure(rows: list[dict]) -> dict:
             data.append(dict(type="scatter", mode="lines", name=f"N x one slot, ctx {ctx}", x=[n for n, _ in pts],
                              y=[n * one for n, _ in pts], line=dict(color=color, width=1, dash="dot"),
                              hoverinfo="skip"))
-    layout = _layout("Plain decoding: aggregate tokens/s of N slots", _axis("concurrency (slots)", dtick=1),
-                     _axis("aggregate decode tokens/s", rangemode="tozero"),
+    layout = _layout("Plain decoding: aggregate tokens/s of N slots", axis("concurrency (slots)", dtick=1),
+                     axis("aggregate decode tokens/s", rangemode="tozero"),
                      None if data else "no plain rows with group speeds")
     return dict(data=data, layout=layout)
 
@@ -213,7 +208,7 @@ def merge(paths: list[str], out: str | None) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m engine.benchplot", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m engine.bench.plot", description=__doc__.splitlines()[0])
     ap.add_argument("traces", nargs="+", help="traces.csv file(s) written by python -m engine.bench")
     ap.add_argument("--out", default="bench-plots", help="directory for bench.html and the PNGs")
     ap.add_argument("--merged", default=None, help="also write the rows of every file into this one CSV")

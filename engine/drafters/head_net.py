@@ -1,4 +1,5 @@
-"""The draft head network: EAGLE-3's shape at the scale of a 135M target.
+"""The draft head network: the shape of EAGLE-3 (Li et al., arXiv:2503.01840) at the scale of a 135M target.
+Trained offline by the `training` package (python -m training.train); loaded here by the draft-head drafter.
 
 Input at position t: the target's hidden states h(t-1) of a low, a middle and a high layer, standardised per
 dimension (a few dimensions of a small LM's residual stream reach 10^4, which a linear layer cannot take raw)

@@ -1,4 +1,4 @@
-"""Train the draft head of the embedded model: `python -m engine.heads.train`.
+"""Train the draft head of the embedded model: `python -m training.train`.
 
 Makes (or reuses, from the cache directory) the training data of `data.py`, picks the draft vocabulary (the
 target tokens most often predicted in that data), standardises the features, and trains with the training-time
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from engine.heads.data import DataParams, data_path, load_or_build
-from engine.heads.model import DraftHead, HeadConfig, save_head, target_fingerprint
-from engine.heads.unroll import step_loss, unroll
+from engine.drafters.head_net import DraftHead, HeadConfig, save_head, target_fingerprint
+from training.data import DataParams, data_path, load_or_build
+from training.unroll import step_loss, unroll
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
 HELD_OUT = [ROOT / "assets" / "prompts" / name for name in ("heldout.jsonl", "unseen.jsonl", "all.jsonl")]
 

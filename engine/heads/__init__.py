@@ -1,1 +1,0 @@
-"""The draft head of the embedded model: network (model.py), data, training (train.py, unroll.py), evaluation."""

@@ -1,0 +1,74 @@
+"""One slot: a chat's sequence in the shared memory, with its sampler, its tokens and what it has given out.
+
+A slot is llama-server's server_slot: the engine (slots.py) starts and frees it, the round (rounds.py) advances
+it, and both hand its new tokens to the user through `emit`, which cuts them at end-of-sequence or the token
+limit and keeps the text free of half-decoded characters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from engine import checkpoint
+from engine.events import RoundEvent
+from engine.params import GenParams
+from engine.sampling import Sampler
+
+
+@dataclass
+class Slot:
+    seq: int  # sequence id in the shared cache
+    params: GenParams
+    sampler: Sampler  # the target's sampler, with its own stream
+    prompt: list[int]  # prompt tokens
+    tokens: list[int] = field(default_factory=list)  # tokens in the target cache, in position order
+    generated: list[int] = field(default_factory=list)  # tokens emitted to the user
+    id_last: int = -1  # sampled last round, not yet in the cache
+    state: str = "prefill"  # "prefill" | "generating" | "done"
+    round: int = 0  # rounds run (prefill is round 0)
+    text: str = ""  # detokenised text given out so far
+    stop_reason: str | None = None
+    stop_requested: bool = False
+    replay: checkpoint.Replay | None = None  # decided tokens to re-run after a checkpoint restore
+    coins: torch.Generator | None = None  # synthetic acceptance's own stream (None unless it is on)
+    n_max_effective: int = 0  # the longest draft this slot can verify: n_max within the engine's capacity
+    notes: list[str] = field(default_factory=list)  # one line each, for the user: settings the engine adjusted
+    refill: list[int] = field(default_factory=list)  # confirmed tokens a resumed slot must forward again
+
+    @property
+    def n_remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.generated)
+
+    def finish(self, reason: str, ev: RoundEvent) -> RoundEvent:
+        self.state = "done"
+        self.stop_reason = reason
+        ev.done = True
+        ev.stop_reason = reason
+        return ev
+
+    def emit(self, tokens: list[int], ev: RoundEvent, eos: set[int],
+             detokenize: Callable[[list[int]], str]) -> RoundEvent:
+        """Give tokens to the user, cut at end-of-sequence or the token limit."""
+        out = []
+        reason = None
+        for tok in tokens:
+            out.append(tok)
+            if tok in eos and not self.params.ignore_eos:
+                reason = "eos"
+                break
+            if len(self.generated) + len(out) >= self.params.max_new_tokens:
+                reason = "length"
+                break
+        self.generated.extend(out)
+        ev.emitted = out
+        text = detokenize(self.generated)
+        stable = text.rstrip("\ufffd") if reason is None else text  # hold back a half-decoded character
+        if stable.startswith(self.text):
+            ev.text_delta = stable[len(self.text):]
+            self.text = stable
+        if reason is not None:
+            self.finish(reason, ev)
+        return ev

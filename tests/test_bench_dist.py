@@ -1,0 +1,32 @@
+"""`python -m engine.bench.dist` on its built-in tiny pair: rejection sampling matches the target's exact
+distribution of short continuations, and the check catches a verification that is not exact."""
+
+import torch
+
+from engine import verify
+from engine.bench import dist
+
+
+def test_rejection_sampling_passes_the_distribution_check(capsys):
+    assert dist.main([]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "plain sampling  TV" in out
+    line = next(s for s in out.splitlines() if s.startswith("speculative"))
+    n_rejection, n_spec = (int(w) for w in line.split("rejection sampling in ")[1].split(" verified")[0].split(" of "))
+    assert n_rejection == n_spec > 0, "no round was verified by rejection sampling: the check would test nothing"
+
+
+def test_a_residual_that_ignores_the_draft_fails_the_check(monkeypatch, capsys):
+    # with q taken as zero the correction is drawn from p instead of norm(max(0, p - q)): tokens the draft
+    # already proposed get picked twice over, and the output leans towards the draft
+    monkeypatch.setattr(verify, "align_q", lambda q, width: torch.zeros(width, dtype=q.dtype))
+    assert dist.main(["--no-plain"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_bad_arguments_exit_2_with_a_reason(capsys):
+    for argv, why in ((["--temp", "0"], "--temp must be > 0"), (["--spec", "nope"], "unknown drafter"),
+                      (["--samples", "0"], ">= 1"), (["--target", "/no/such/dir"], "not found")):
+        assert dist.main(argv) == 2
+        err = capsys.readouterr().err
+        assert why in err, err

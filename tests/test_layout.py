@@ -1,0 +1,104 @@
+"""The layout's rules, read from the source: dependencies point one way (ui -> engine, training -> engine), and no
+group of modules imports itself in a loop, lazily inside a function or not."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("engine", "ui", "training")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    found = {"app": ROOT / "app.py"}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            found[module_name(path)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules that `name` imports anywhere in its file (a `from pkg import sub` counts as pkg.sub)."""
+    out = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in known)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in known:
+                    out.add(f"{base}.{alias.name}")
+                elif base in known:
+                    out.add(base)
+    out.discard(name)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = project_modules()
+    return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_sees_the_known_edges():
+    graph = import_graph()
+    assert "engine.rounds" in graph["engine.slots"]
+    assert "engine.slot" in graph["engine.rounds"]
+    assert "engine.events" in graph["ui.session"]
+
+
+def test_no_modules_import_each_other():
+    assert cycles(import_graph()) == []
+
+
+def test_a_cycle_is_found_where_there_is_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_dependencies_point_one_way():
+    wrong = [(a, b) for a, deps in import_graph().items() for b in deps
+             if a.startswith("engine") and b.split(".")[0] in ("ui", "training", "app")
+             or a.startswith("training") and b.split(".")[0] in ("ui", "app")]
+    assert wrong == []
