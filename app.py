@@ -7,6 +7,7 @@ transformers, gradio) happen inside main(), so `import app` and `--help` stay fa
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 
 
@@ -19,15 +20,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--n-ctx", type=int, default=4096, help="KV cache cells shared by all sessions (default 4096)")
     p.add_argument("--parallel", type=int, default=4, help="slots: sessions generating at once (default 4)")
+    p.add_argument("--queue", type=int, default=64,
+                   help="requests that may wait for a slot when all are busy (default 64); past it, a message")
     p.add_argument("--n-rs", type=int, default=0,
                    help="recurrent models (Mamba, hybrids): undo rejected tails of up to N tokens from kept states "
                         "instead of a checkpoint restore (RS); 0 = checkpoints only (default)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow models whose code lives in their repository (off by default)")
+    p.add_argument("--allow-model-load", action="store_true",
+                   help="let visitors load other models from the page when --host is not loopback (on loopback "
+                        "it is always allowed); off by default so one visitor cannot swap the model under a class")
     args = p.parse_args(argv)
-    if args.parallel < 1 or args.n_rs < 0 or args.n_ctx < 1:
-        p.error("--parallel and --n-ctx must be >= 1, --n-rs >= 0")  # the engine checks that the slots fit
+    if args.parallel < 1 or args.n_rs < 0 or args.n_ctx < 1 or args.queue < 0:
+        p.error("--parallel and --n-ctx must be >= 1, --n-rs and --queue >= 0")  # the engine checks the slots fit
     return args
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def load_state(args: argparse.Namespace):
@@ -37,7 +50,8 @@ def load_state(args: argparse.Namespace):
     from ui.state import AppOptions, AppState
 
     options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code,
-                         n_rs=args.n_rs)
+                         n_rs=args.n_rs, queue_max=args.queue,
+                         allow_model_load=args.allow_model_load or is_loopback(args.host))
 
     def loader(name: str):
         return load_model(name, trust_remote_code=options.trust_remote_code)

@@ -1,7 +1,6 @@
 """The Benchmark tab: its pure render functions, and the live run through the app's scheduler next to a chat."""
 
 import csv
-import queue
 from types import SimpleNamespace
 
 import pytest
@@ -21,10 +20,10 @@ def scheduler(tiny_target):
     s.close()
 
 
-def drain(q: queue.Queue) -> list:
+def drain(gen) -> list:
     out = []
     while not out or not out[-1].done:
-        out.append(q.get(timeout=60))
+        out.append(gen.events.get(timeout=60))
     return out
 
 
@@ -55,23 +54,20 @@ def test_shipped_traces_render():
 def test_live_run_through_the_scheduler_leaves_a_chat_untouched(scheduler, tiny_target, tmp_path):
     chat = [1, 5, 6, 7, 8, 5, 6, 7]
     params = GenParams(max_new_tokens=300, ignore_eos=True)
-    alone = [t for e in drain(scheduler.submit(chat, params)[1]) for t in e.emitted]
-    for seq in list(scheduler.queues):
-        scheduler.finish(seq)
-    seq, q = scheduler.submit(chat, GenParams(max_new_tokens=300, ignore_eos=True))
+    alone = [t for e in drain(scheduler.submit(chat, params)) for t in e.emitted]
+    gen = scheduler.submit(chat, GenParams(max_new_tokens=300, ignore_eos=True))
     plan = LivePlan(concurrency=[1, 2], chain=["ngram-simple"], synthetic=[0.5], n_max=3, max_new_tokens=16)
     seen = []
     rows = run_live(scheduler, [1, 9, 10, 11, 9, 10], plan, "tiny", 32, lambda d, t, w: seen.append((d, t)))
-    events = drain(q)
+    events = drain(gen)
     beside = [t for e in events for t in e.emitted]
     assert max(e.batch_rows for e in events[1:]) > 1  # some of its rounds ran in the benchmark's forwards
-    scheduler.finish(seq)
     assert beside == alone  # the chat shared forwards with the benchmark and is token-identical
     assert [r["concurrency"] for r in rows] == [1, 1, 1, 2, 2, 2]
     assert [r["spec_types"] for r in rows[:3]] == ["", "ngram-simple", "synthetic"]
     assert rows[1]["lossless_ok"] is True and rows[2]["lossless_ok"] == "n/a"
     assert all(r["n_gen"] == 16 for r in rows) and seen[0] == (0, 6)
-    assert not scheduler.queues or set(scheduler.queues) == set()  # every benchmark slot was freed
+    assert not scheduler.running and not scheduler.waiting  # every benchmark slot was freed
     path = bench_tab.write_traces(rows, tmp_path)
     with open(path) as f:
         assert len(list(csv.DictReader(f))) == 6

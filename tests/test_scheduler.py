@@ -1,82 +1,303 @@
-"""The background round loop: sessions share forwards, stop answers at once, an abandoned slot is freed."""
+"""The engine's one owner: a command queue, a FIFO of waiting requests, stop and cancel by generation id, and
+failures that end only the generation at fault (drafting, the forward, verification), proven by injecting them."""
 
+import threading
 import time
 
 import pytest
 
+from engine import verify
+from engine.events import ErrorEvent, RoundEvent, WaitEvent
 from engine.params import GenParams, SpecParams
-from engine.events import ErrorEvent
-from engine.scheduler import Scheduler
+from engine.sampling import SamplerParams
+from engine.scheduler import QueueFull, Scheduler
 from engine.slots import Engine
+from test_engine import SMALL_NGRAMS
+
+PROMPTS = [[1, 5, 6, 7, 5, 6, 7, 5], [1, 9, 10, 11, 9, 10], [1, 12, 13, 14, 12, 13], [1, 8, 9, 8, 9, 8]]
+
+
+def params(n=24, types=("ngram-simple",), temp=0.0, seed=0, n_max=4):
+    return GenParams(max_new_tokens=n, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=seed),
+                     spec=SpecParams(types=list(types), n_max=n_max))
+
+
+def make(tiny_target, slots=2, queue_max=64):
+    return Scheduler(Engine(tiny_target, n_ctx=512, n_seq_max=slots, calibrate=False,
+                            drafter_params=SMALL_NGRAMS), queue_max=queue_max)
 
 
 @pytest.fixture()
 def scheduler(tiny_target):
-    s = Scheduler(Engine(tiny_target, n_ctx=512, n_seq_max=2, calibrate=False))
+    s = make(tiny_target)
     yield s
     s.close()
 
 
-def drain(q, timeout=60):
+@pytest.fixture(scope="module")
+def reference(tiny_target):
+    """Plain decoding of each prompt on an engine of its own: what every generation must emit."""
+    engine = Engine(tiny_target, n_ctx=512, n_seq_max=1, calibrate=False)
+
+    def plain(prompt, n=24, temp=0.0, seed=0):
+        events = list(engine.generate(prompt, params(n, types=(), temp=temp, seed=seed), seq=0))
+        engine.release(0)
+        return [t for e in events for t in e.emitted]
+    return plain
+
+
+def drain(gen, timeout=60):
     out = []
     deadline = time.time() + timeout
     while time.time() < deadline:
-        ev = q.get(timeout=timeout)
+        ev = gen.events.get(timeout=timeout)
         out.append(ev)
         if ev.done:
             return out
     raise AssertionError("no final event")
 
 
-def test_two_sessions_each_get_their_own_text(scheduler):
-    p = GenParams(max_new_tokens=30, ignore_eos=True, spec=SpecParams(types=["ngram-simple"]))
-    a, qa = scheduler.submit([1, 5, 6, 7, 5, 6], p)
-    b, qb = scheduler.submit([1, 9, 10, 11], GenParams(max_new_tokens=20, ignore_eos=True))
-    ea, eb = drain(qa), drain(qb)
-    assert a != b and {e.seq for e in ea} == {a} and {e.seq for e in eb} == {b}
-    assert sum(len(e.emitted) for e in ea) == 30 and sum(len(e.emitted) for e in eb) == 20
-    scheduler.finish(a)
-    scheduler.finish(b)
+def emitted(events):
+    return [t for e in events if isinstance(e, RoundEvent) for t in e.emitted]
 
 
-def test_stop_and_submit_do_not_wait_for_a_long_answer(scheduler):
-    seq, q = scheduler.submit([1, 5, 6, 7], GenParams(max_new_tokens=400, ignore_eos=True))
-    q.get(timeout=30)
-    t0 = time.time()
-    other, q2 = scheduler.submit([1, 8, 9], GenParams(max_new_tokens=5, ignore_eos=True))
-    assert time.time() - t0 < 2.0
-    scheduler.stop(seq)
-    events = drain(q)
-    assert events[-1].stop_reason == "stopped" and sum(len(e.emitted) for e in events) < 400
-    assert sum(len(e.emitted) for e in drain(q2)) == 5
-    scheduler.finish(seq)
-    scheduler.finish(other)
+def test_two_sessions_each_get_their_own_text(scheduler, reference):
+    a = scheduler.submit(PROMPTS[0], params(30))
+    b = scheduler.submit(PROMPTS[1], params(20, types=()))
+    ea, eb = drain(a), drain(b)
+    assert a.id != b.id and {e.seq for e in ea} == {a.seq} and {e.seq for e in eb} == {b.seq}
+    assert emitted(ea) == reference(PROMPTS[0], 30) and emitted(eb) == reference(PROMPTS[1], 20)
 
 
-def test_cancelled_generation_frees_its_slot(scheduler):
-    seqs = [scheduler.submit([1, 5, 6], GenParams(max_new_tokens=300, ignore_eos=True))[0] for _ in range(2)]
-    with pytest.raises(RuntimeError, match="busy"):
-        scheduler.submit([1, 5], GenParams(max_new_tokens=3))
-    scheduler.cancel(seqs[0])
-    deadline = time.time() + 30
-    while seqs[0] in scheduler.queues and time.time() < deadline:
-        time.sleep(0.05)
-    seq, q = scheduler.submit([1, 7], GenParams(max_new_tokens=3, ignore_eos=True))
-    assert seq == seqs[0] and drain(q)[-1].done
-    scheduler.cancel(seqs[1])
+def test_bad_input_is_refused_at_submit_and_queues_nothing(scheduler):
+    with pytest.raises(ValueError, match="empty prompt"):
+        scheduler.submit([], params())
+    with pytest.raises(ValueError, match="n_min"):
+        scheduler.submit(PROMPTS[0], GenParams(spec=SpecParams(types=["ngram-simple"], n_min=5, n_max=2)))
+    with pytest.raises(ValueError, match="unknown drafter"):
+        scheduler.submit(PROMPTS[0], params(types=("ngram-nonsense",)))
+    with pytest.raises(ValueError, match="does not fit"):
+        scheduler.submit([1] * 600, params())
+    assert not scheduler.waiting and not scheduler.running
+    assert drain(scheduler.submit(PROMPTS[0], params(5)))[-1].done
 
 
-def test_a_failing_round_reports_an_error_and_the_loop_goes_on(scheduler, monkeypatch):
-    seq, q = scheduler.submit([1, 5, 6], GenParams(max_new_tokens=5, ignore_eos=True))
-    original = scheduler.engine.step
+def test_requests_past_the_slots_wait_in_line_and_all_finish(scheduler, reference):
+    gens = [scheduler.submit(PROMPTS[i % 4], params(24)) for i in range(6)]
+    outs = [drain(g) for g in gens]
+    places = [[e.position for e in out if isinstance(e, WaitEvent)] for out in outs]
+    assert places[:2] == [[], []], "the first two get a slot at once"
+    assert places[2][0] == 1 and places[5][0] == 4, "the others hear their place in line"
+    assert all(p == sorted(p, reverse=True) for p in places), "a place only moves forward"
+    for i, out in enumerate(outs):
+        assert not any(isinstance(e, ErrorEvent) for e in out)
+        assert emitted(out) == reference(PROMPTS[i % 4], 24)
 
-    def broken(only=None):
-        raise RuntimeError("KV cache full")
 
-    monkeypatch.setattr(scheduler.engine, "step", broken)
-    ev = q.get(timeout=30)
-    assert isinstance(ev, ErrorEvent) and "KV cache full" in ev.message
-    monkeypatch.setattr(scheduler.engine, "step", original)
-    scheduler.finish(seq)
-    seq2, q2 = scheduler.submit([1, 5, 6], GenParams(max_new_tokens=5, ignore_eos=True))
-    assert drain(q2)[-1].done
+def test_the_wait_queue_is_bounded(tiny_target):
+    s = make(tiny_target, slots=1, queue_max=1)
+    try:
+        running = s.submit(PROMPTS[0], params(400))
+        waiting = s.submit(PROMPTS[1], params(5))
+        with pytest.raises(QueueFull, match="queue holds 1"):
+            s.submit(PROMPTS[2], params(5))
+        s.stop(running.id)
+        assert drain(running)[-1].stop_reason == "stopped"
+        assert len(emitted(drain(waiting))) == 5
+    finally:
+        s.close()
+
+
+def test_stop_while_waiting_leaves_the_queue(tiny_target):
+    s = make(tiny_target, slots=1)
+    try:
+        running = s.submit(PROMPTS[0], params(300))
+        first, second = s.submit(PROMPTS[1], params(5)), s.submit(PROMPTS[2], params(5))
+        s.stop(first.id)
+        out = drain(first)
+        assert out[-1].stop_reason == "stopped" and emitted(out) == []
+        assert drain_until_place(second, 1)[-1].position == 1, "the second moved up"
+        s.stop(running.id)
+        assert len(emitted(drain(second))) == 5
+    finally:
+        s.close()
+
+
+def drain_until_place(gen, place, timeout=30):
+    out = []
+    while True:
+        ev = gen.events.get(timeout=timeout)
+        if isinstance(ev, WaitEvent):
+            out.append(ev)
+            if ev.position == place:
+                return out
+
+
+def test_stop_names_a_generation_not_a_slot(tiny_target, reference):
+    s = make(tiny_target, slots=1)
+    try:
+        old = s.submit(PROMPTS[0], params(4))
+        drain(old)
+        new = s.submit(PROMPTS[1], params(40))
+        assert new.seq == old.seq, "the slot was given to someone else"
+        s.stop(old.id)  # a late click from the page that had the slot before
+        assert emitted(drain(new)) == reference(PROMPTS[1], 40)
+    finally:
+        s.close()
+
+
+def test_cancel_frees_the_slot_for_the_next_in_line(tiny_target):
+    s = make(tiny_target, slots=1)
+    try:
+        leaving = s.submit(PROMPTS[0], params(400))
+        waiting = s.submit(PROMPTS[1], params(5))
+        s.cancel(leaving.id)
+        assert len(emitted(drain(waiting, timeout=30))) == 5
+        assert not s.running and not s.waiting
+    finally:
+        s.close()
+
+
+def test_step_mode_runs_only_on_step_and_stops_at_once(scheduler):
+    gen = scheduler.submit(PROMPTS[0], params(50), manual=True)
+    time.sleep(0.3)
+    assert gen.events.empty(), "nothing runs a step-mode generation but step()"
+    assert scheduler.step(gen.id) == 1 and gen.events.get_nowait().kind == "prefill"
+    assert scheduler.step(gen.id) == 1 and gen.events.get_nowait().kind in ("spec", "plain")
+    scheduler.stop(gen.id)
+    assert drain(gen, timeout=10)[-1].stop_reason == "stopped"
+    with pytest.raises(ValueError, match="has ended"):
+        scheduler.step(gen.id)
+
+
+def test_call_runs_on_the_engine_thread_after_ending_every_generation(scheduler):
+    running = scheduler.submit(PROMPTS[0], params(400))
+    running.events.get(timeout=30)
+    seen = scheduler.call(lambda engine: (threading.current_thread().name, engine.active()))
+    assert seen == ("engine", [])
+    out = drain(running)
+    assert isinstance(out[-1], ErrorEvent) and "being replaced" in out[-1].message
+
+
+# ---- failures stay with the generation at fault --------------------------------------------------------
+
+
+def two_generations(scheduler):
+    """A generation on slot 0 (the one a fault will hit) and one on slot 1, started in the same round."""
+    return scheduler.submit_group([(PROMPTS[0], params(40)), (PROMPTS[1], params(40))])
+
+
+def test_a_drafter_that_raises_on_one_sequence_ends_only_that_generation(scheduler, reference):
+    drafter = scheduler.engine.drafter("ngram-simple")
+    real = drafter.draft
+
+    def draft(requests):
+        if any(r.seq == 0 for r in requests):
+            raise AssertionError("drafter bug on sequence 0")
+        real(requests)
+
+    drafter.draft = draft
+    victim, other = two_generations(scheduler)
+    assert_other_finishes_after(scheduler, victim, other, reference, "drafting",
+                                restore=lambda: setattr(drafter, "draft", real))
+
+
+def assert_other_finishes_after(scheduler, victim, other, reference, stage, restore):
+    out_v, out_o = drain(victim), drain(other)
+    if restore is not None:
+        restore()
+    assert isinstance(out_v[-1], ErrorEvent) and stage in out_v[-1].message, out_v[-1]
+    assert emitted(out_o) == reference(PROMPTS[1], 40)
+    assert scheduler.thread.is_alive() and not scheduler.running
+    assert emitted(drain(scheduler.submit(PROMPTS[2], params(10)))) == reference(PROMPTS[2], 10)
+
+
+def test_a_forward_that_raises_once_is_run_again_and_nobody_notices(scheduler, reference):
+    ctx = scheduler.engine.ctx
+    real, calls = ctx.decode, {"n": 0}
+
+    def decode(batch):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("out of memory (injected)")
+        return real(batch)
+
+    ctx.decode = decode
+    try:
+        a, b = two_generations(scheduler)
+        assert emitted(drain(a)) == reference(PROMPTS[0], 40)
+        assert emitted(drain(b)) == reference(PROMPTS[1], 40)
+    finally:
+        ctx.decode = real
+    assert calls["n"] > 4 and scheduler.thread.is_alive()
+
+
+def test_an_assertion_inside_verification_ends_only_its_generation(scheduler, reference, monkeypatch):
+    real = verify.sample_and_match
+    hits = {"n": 0}
+
+    def broken(sampler, logits, draft):
+        victim_slot = scheduler.engine.slots.get(0)
+        if victim_slot is not None and sampler is victim_slot.sampler:
+            hits["n"] += 1
+            assert hits["n"] < 3, "verification invariant broken (injected)"
+        return real(sampler, logits, draft)
+
+    monkeypatch.setattr(verify, "sample_and_match", broken)
+    victim, other = two_generations(scheduler)
+    assert_other_finishes_after(scheduler, victim, other, reference, "verification",
+                                restore=lambda: monkeypatch.setattr(verify, "sample_and_match", real))
+
+
+def test_the_engine_thread_survives_any_exception_type(scheduler, reference, monkeypatch):
+    gen = scheduler.submit(PROMPTS[0], params(5))
+    real = scheduler.engine.step
+    monkeypatch.setattr(scheduler.engine, "step", lambda only=None: {}["no such key"])
+    out = drain(gen)
+    assert isinstance(out[-1], ErrorEvent) and "KeyError" in out[-1].message
+    monkeypatch.setattr(scheduler.engine, "step", real)
+    assert scheduler.thread.is_alive()
+    assert emitted(drain(scheduler.submit(PROMPTS[1], params(10)))) == reference(PROMPTS[1], 10)
+
+
+# ---- step mode lends its slot while idle ----------------------------------------------------------------
+
+
+def step_to_end(scheduler, gen, limit=200):
+    out = []
+    for _ in range(limit):
+        scheduler.step(gen.id)
+        while not gen.events.empty():
+            out.append(gen.events.get_nowait())
+        if out and out[-1].done:
+            return out
+    raise AssertionError("the step-mode answer did not end")
+
+
+def take_all(gen) -> list:
+    out = []
+    while not gen.events.empty():
+        out.append(gen.events.get_nowait())
+    return out
+
+
+@pytest.mark.parametrize("other_prompt", [PROMPTS[1], PROMPTS[0][:5]])
+def test_an_idle_step_session_lends_its_slot_and_resumes_where_it_stopped(tiny_target, reference, other_prompt):
+    """With one slot: a step-mode answer goes idle, a waiting request takes the slot (its cells overwritten, or
+    kept where the two prompts agree), and the next steps resume the answer, token-identical to plain."""
+    s = Scheduler(Engine(tiny_target, n_ctx=512, n_seq_max=1, calibrate=False, drafter_params=SMALL_NGRAMS),
+                  step_idle_s=0.2)
+    try:
+        manual = s.submit(PROMPTS[0], params(30), manual=True)
+        for _ in range(3):
+            s.step(manual.id)
+        waiting = s.submit(other_prompt, params(12))
+        assert emitted(drain(waiting, timeout=30)) == reference(other_prompt, 12), "the waiting one was served"
+        seen = take_all(manual)
+        lent = [e for e in seen if isinstance(e, WaitEvent)]
+        assert lent and lent[-1].position == 0, "the step-mode page was told its slot went to someone else"
+        out = seen + step_to_end(s, manual)
+        assert emitted(out) == reference(PROMPTS[0], 30)
+        assert not any(isinstance(e, ErrorEvent) for e in out)
+    finally:
+        s.close()

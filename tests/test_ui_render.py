@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.events import RoundEvent
+from engine.events import RoundEvent, WaitEvent
+from engine.scheduler import QueueFull
 from engine.stats import DrafterStats
 from ui import charts
 from ui.kvview import kv_html
@@ -288,48 +289,49 @@ class FakeEngine:
 
 
 class FakeScheduler:
-    """Plays back prepared events: the speculative answer first, then the plain one."""
+    """Plays back prepared events: the speculative answer first, then the plain one. Generations are named
+    by id, as the real scheduler names them."""
 
     def __init__(self, scripts, busy=False):
         self.scripts, self.busy, self.engine, self.closed = list(scripts), busy, FakeEngine(), False
-        self.finished, self.submitted = [], []
+        self.cancelled, self.submitted, self.stopped = [], [], set()
 
     def close(self):
         self.closed = True
 
     def submit(self, prompt, params, manual=False):
         if self.busy:
-            raise RuntimeError("all 1 slots are busy; try again in a moment")
+            raise QueueFull("all 1 slots are busy and 64 requests are waiting (the queue holds 64)")
         params.validate()
         self.submitted.append(params)
-        q = queue.Queue()
-        self.held = self.scripts.pop(0)
+        self.held = list(self.scripts.pop(0))
+        self.gen = SimpleNamespace(id=len(self.submitted), events=queue.Queue(), manual=manual,
+                                   stats={"ngram-simple": DrafterStats("ngram-simple")})
         if not manual:
             for ev in self.held:
-                q.put(ev)
-        self.queue = q
-        self.engine.chain.seq_stats[0] = {"ngram-simple": DrafterStats("ngram-simple")}
-        return 0, q
+                self.gen.events.put(ev)
+        return self.gen
 
-    def step_once(self, seq):
+    def step(self, gen_id):
         """Step mode: release the next prepared event, or the stop event once a stop was asked for."""
-        if seq in self.engine.stopped:
-            ev = RoundEvent(seq=seq, round=9, kind="plain", drafter=None, pos_sampled=9, p0=10, done=True,
+        if gen_id in self.stopped:
+            ev = RoundEvent(seq=0, round=9, kind="plain", drafter=None, pos_sampled=9, p0=10, done=True,
                             stop_reason="stopped")
         else:
             ev = self.held.pop(0)
-        self.queue.put(ev)
-        return [ev]
+        self.gen.events.put(ev)
+        return 1
 
-    def finish(self, seq):
-        self.finished.append(seq)
+    def stop(self, gen_id):
+        self.stopped.add(gen_id)
+        if self.gen.manual:
+            self.step(gen_id)
 
-    def stop(self, seq):
-        self.engine.stop(seq)
+    def cancel(self, gen_id):
+        self.cancelled.append(gen_id)
 
-    def cancel(self, seq):
-        self.engine.stop(seq)
-        self.finished.append(seq)
+    def call(self, fn):
+        return fn(self.engine)
 
 
 @dataclass
@@ -372,7 +374,7 @@ def test_converse_streams_then_compares_and_keeps_history():
     views = all_views(app, session, force_charts=True)
     assert "lossless-ok" in session.compare_html
     assert [p.spec.types for p in app.runtime.scheduler.submitted][1] == []  # the baseline is plain decoding
-    assert app.runtime.scheduler.finished == [0, 0] and not session.busy
+    assert app.runtime.scheduler.cancelled == [] and not session.busy  # both runs were read to the end
     assert session.history[-1]["role"] == "assistant" and session.history[-1]["content"].startswith(" the")
     assert "tok-acc" in views["chat"] and "statistics" in views["counters"]
 
@@ -468,3 +470,68 @@ def test_loading_another_target_takes_the_head_out_of_the_chain_and_back(monkeyp
     # the same model again changes nothing: a user who took the head out keeps it out
     status, types = load(app, "embedded", "", ["ngram-mod"])
     assert types == ["ngram-mod"] and "Already loaded" in status and "joined" not in status
+
+
+# ---- a shared engine: waiting in line, notes, speedups under load, a shared demo -------------------------
+
+
+def test_a_request_in_line_says_where_it_waits_then_streams():
+    from ui.session import converse
+    from ui.state import SessionState
+
+    app, session = fake_app([[WaitEvent(position=3), WaitEvent(position=1)] + answer(), answer()]), SessionState()
+    notices = [session.notice[0] for _ in converse(app, session, "hi", Settings(max_new_tokens=8), manual=False)]
+    assert any("3rd in line" in n for n in notices) and any("1st in line" in n for n in notices)
+    assert session.run.ids and session.run.done and "in line" not in session.notice[0]
+
+
+def test_the_prefill_notes_of_the_engine_reach_the_page():
+    from ui.session import converse
+    from ui.state import SessionState
+
+    note = "n_max 32 is above this engine's draft capacity of 16: drafts are capped at 16"
+    first, last = answer()
+    first.notes = [note]
+    app, session = fake_app([[first, last], answer()]), SessionState()
+    notices = [session.notice for _ in converse(app, session, "hi", Settings(max_new_tokens=8), manual=False)]
+    assert (note, "warn") in notices
+
+
+def test_a_speedup_taken_under_load_says_so(vocab):
+    from ui.session import load_note
+
+    alone, crowded = RunRecord(vocab=vocab, prompt_ids=[1]), RunRecord(vocab=vocab, prompt_ids=[1])
+    for run, n_seqs in ((alone, 1), (crowded, 3)):
+        run.add(make_round(0, 3))
+        for i in range(1, 4):
+            run.add(spec_event(round=i, pos_sampled=3 + i, p0=4 + i, n_seqs=n_seqs))
+    assert load_note(alone, alone) == ""
+    note = load_note(alone, crowded)
+    assert "under load" in note and "3 of 3 plain steps" in note
+    page = compare_html([5, 6], [5, 6], 30.0, 10.0, vocab, load=note)
+    assert "speedup-load" in page and "under load" in page and "speedup-up" not in page
+    assert "speedup-up" in compare_html([5, 6], [5, 6], 30.0, 10.0, vocab)
+
+
+def test_a_shared_demo_refuses_model_loads_from_the_page(monkeypatch):
+    import ui.loader
+    from ui.loader import load_models
+    from ui.session import UserError
+
+    app = fake_app([])
+    built_on = []
+
+    def runtime_for(target, draft, options):
+        built_on.append(target.name)
+        return fake_app([]).runtime
+
+    monkeypatch.setattr(ui.loader, "make_runtime", runtime_for)
+    app.options.allow_model_load = False
+    app.loader = lambda name: FakeTarget(name=name)
+    with pytest.raises(UserError, match="--allow-model-load"):
+        load_models(app, "other", "")
+    assert built_on == []
+    app.options.allow_model_load = True
+    old = app.runtime
+    assert "Loaded" in load_models(app, "other", "")
+    assert built_on == ["other"] and old.scheduler.closed, "built through the old engine's queue, then closed"

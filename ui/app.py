@@ -43,7 +43,10 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
         c["draft"] = gr.Textbox(label="Draft model", value=rt.draft.name if rt and rt.draft else "",
                                 placeholder="none", info="same vocabulary as the target; enables draft-simple",
                                 elem_id="draft-box")
-        c["load"] = gr.Button("Load models", variant="secondary", elem_id="load-btn")
+        # a shared demo (not loopback) keeps its model unless the host allows loading (--allow-model-load)
+        allowed = app.options.allow_model_load
+        c["load"] = gr.Button("Load models" if allowed else "Loading models is off on this shared demo",
+                              variant="secondary", elem_id="load-btn", interactive=allowed)
         c["model_status"] = gr.HTML(model_status(app), elem_id="model-status")
         gr.Markdown("### Speculation")
         types = gr.Dropdown(ALL_TYPES, value=default_types(rt.target if rt else None), multiselect=True,
@@ -170,14 +173,15 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: l
     stream = dict(concurrency_limit=None, show_progress="hidden")  # the scheduler, not Gradio, limits sessions
     # one event for both triggers: while its answer streams, another Enter or Send click is dropped by the
     # page instead of racing it to start a second turn
-    gr.on([w["send"].click, w["msg"].submit], on_send, inputs, outputs, trigger_mode="once", **stream)
+    gr.on([w["send"].click, w["msg"].submit], on_send, inputs, outputs, trigger_mode="once", api_name="send",
+          **stream)
     for btn, prompt in w["examples"]:
         btn.click(filler(prompt), None, w["msg"], show_progress="hidden").then(on_send, inputs, outputs, **stream)
-    w["stop"].click(lambda s: handlers.stop(app, s), session, outputs, **stream)
-    w["step"].click(lambda s: handlers.step(app, s), session, outputs, **stream)
-    w["clear"].click(lambda s: handlers.clear(app, s), session, outputs, **stream)
+    w["stop"].click(lambda s: handlers.stop(app, s), session, outputs, api_name="stop", **stream)
+    w["step"].click(lambda s: handlers.step(app, s), session, outputs, api_name="step", **stream)
+    w["clear"].click(lambda s: handlers.clear(app, s), session, outputs, api_name="clear", **stream)
     w["show_rej"].change(handlers.show_rejected, [session, w["show_rej"]], v["chat"], show_progress="hidden")
     c["load"].click(lambda t, d, types: handlers.load(app, t, d, types), [c["target"], c["draft"], controls[0]],
-                    [c["model_status"], controls[0]], concurrency_limit=1)
+                    [c["model_status"], controls[0]], concurrency_limit=1, api_name="load_models")
     demo.load(on_open, session, outputs, show_progress="hidden")
     demo.unload(on_close)

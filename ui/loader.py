@@ -1,5 +1,9 @@
-"""Loading models from the UI: a new target (or draft) means a new Engine and Scheduler, built beside the old
-ones; the old scheduler is closed only once the new one runs, and a failed load keeps what was loaded."""
+"""Loading models from the UI: a new target (or draft) means a new Engine and Scheduler.
+
+The weights load beside the running engine, which goes on serving; then the load waits its turn in the old
+engine's command queue, which ends the answers in flight with a message and builds the new engine on its own
+thread, so the new engine's cost calibration times forwards on a quiet machine. A failed load keeps what was
+loaded."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ def make_runtime(target, draft, options: AppOptions) -> Runtime:
     from engine.slots import Engine
 
     engine = Engine(target, draft, n_ctx=options.n_ctx, n_seq_max=options.parallel, n_rs=options.n_rs)
-    return Runtime(target=target, draft=draft, engine=engine, scheduler=Scheduler(engine),
+    return Runtime(target=target, draft=draft, engine=engine, scheduler=Scheduler(engine, options.queue_max),
                    vocab=Vocab.of(target.tokenizer))
 
 
@@ -40,6 +44,9 @@ def load_models(app: AppState, target_name: str | None, draft_name: str | None) 
 
     target_name = clean_name(target_name) or "embedded"
     draft_name = clean_name(draft_name)
+    if not app.options.allow_model_load:
+        raise UserError("Loading models from the page is off on a shared demo: the host starts the app with "
+                        "--allow-model-load to allow it.", "error")
     if not app.load_lock.acquire(blocking=False):
         raise UserError("Another model load is in progress; wait for it to finish.")
     try:
@@ -51,7 +58,10 @@ def load_models(app: AppState, target_name: str | None, draft_name: str | None) 
         try:
             target = _get(app, target_name, loaded)
             draft = _get(app, draft_name, loaded + [target]) if draft_name else None
-            runtime = make_runtime(target, draft, app.options)
+            if old is None:
+                runtime = make_runtime(target, draft, app.options)
+            else:
+                runtime = old.scheduler.call(lambda _engine: make_runtime(target, draft, app.options))
         except VocabMismatchError as e:
             raise UserError(f"The draft model cannot draft for this target: {e}", "error") from e
         except ModelLoadError as e:
@@ -60,7 +70,7 @@ def load_models(app: AppState, target_name: str | None, draft_name: str | None) 
             raise UserError(f"Load failed: {type(e).__name__}: {e}", "error") from e
         app.runtime = runtime
         if old is not None:
-            old.scheduler.close()  # its sessions see the closed scheduler and end their answers with a note
+            old.scheduler.close()
         return f"Loaded: {runtime.describe()}"
     finally:
         app.load_lock.release()

@@ -162,11 +162,12 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def compare_html(spec_ids: list[int], plain_ids: list[int], tps_spec: float | None, tps_plain: float | None,
-                 vocab: Vocab, sampled: bool = False) -> str:
-    """Speedup of speculative over plain decoding and the lossless badge (same seed, same prompt)."""
+                 vocab: Vocab, sampled: bool = False, load: str = "") -> str:
+    """Speedup of speculative over plain decoding and the lossless badge (same seed, same prompt). `load` says
+    why the ratio was taken under load; the figure is then shown greyed, with that reason beside it."""
     if tps_spec and tps_plain:
         ratio = tps_spec / tps_plain
-        cls = "speedup-up" if ratio >= 1.0 else "speedup-down"
+        cls = "speedup-load" if load else "speedup-up" if ratio >= 1.0 else "speedup-down"
         speed = (f'<span class="speedup {cls}">{ratio:.2f}&times;</span> '
                  f'<span class="cmp-detail">{tps_spec:.1f} tok/s speculative vs {tps_plain:.1f} tok/s plain</span>')
     else:
@@ -181,7 +182,8 @@ def compare_html(spec_ids: list[int], plain_ids: list[int], tps_spec: float | No
             if sampled else ""
         badge = (f'<span class="badge lossless-diff">differs at token {diff}: speculative {a}, plain {b}</span>'
                  f'<span class="cmp-detail">{why}</span>')
-    return f'<div class="compare">{speed} {badge}</div>'
+    under_load = f'<div class="cmp-load">{html.escape(load)}</div>' if load else ""
+    return f'<div class="compare">{speed} {badge}{under_load}</div>'
 
 
 def notice_html(text: str, level: str = "info") -> str:

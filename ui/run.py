@@ -105,6 +105,11 @@ class RunRecord:
     def stats(self):
         return charts.stats_from_events(self.events)
 
+    def shared_rounds(self) -> tuple[int, int]:
+        """(decode rounds whose forward other generations shared, all decode rounds)."""
+        decode = [ev for ev in self.events if ev.kind != "prefill" and ev.emitted]
+        return sum(ev.n_seqs > 1 for ev in decode), len(decode)
+
     def used_rejection(self) -> bool:
         return any(getattr(ev, "verify_mode", "match") == "rejection" for ev in self.events)
 

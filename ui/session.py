@@ -6,18 +6,18 @@ flow is testable without a browser. Bad input raises UserError with the message 
 
 from __future__ import annotations
 
-import copy
 import queue
 import time
 from typing import Iterator
 
-from engine.events import ErrorEvent
+from engine.events import ErrorEvent, WaitEvent
 from ui.render import compare_html, user_bubble
 from ui.run import RunRecord
 from ui.settings import Settings
 from ui.state import Active, AppState, SessionState
 
 POLL_S = 0.5  # how long a reader waits for an event before checking that its scheduler still runs
+STOP_WAIT_S = 5.0  # how long Stop waits for the engine thread to deliver a step-mode answer's last event
 REFRESH_S = 0.3  # the page is updated at most this often while an answer streams
 COMPARE_REFRESH_S = 0.5  # progress refresh while the plain run of the comparison runs
 
@@ -46,13 +46,13 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
         raise UserError(f"Invalid settings: {e}") from e
     ids = prompt_ids if prompt_ids is not None else runtime.target.encode_chat(messages_for(session, text))
     try:
-        seq, events = runtime.scheduler.submit(ids, params, manual=manual)
-    except RuntimeError as e:  # every slot is taken by other sessions
-        raise UserError(f"The engine is busy: {e}. Other sessions are generating.", "error") from e
+        gen = runtime.scheduler.submit(ids, params, manual=manual)
     except ValueError as e:  # the engine refused the request (prompt too long, drafter needs a draft model...)
         raise UserError(f"Cannot start: {e}", "error") from e
+    except RuntimeError as e:  # the wait queue is full, or the engine is being replaced
+        raise UserError(f"The engine is busy: {e}", "error") from e
     run = RunRecord(vocab=runtime.vocab, prompt_ids=list(ids), manual=manual)
-    return Active(scheduler=runtime.scheduler, seq=seq, queue=events, run=run, manual=manual)
+    return Active(scheduler=runtime.scheduler, gen=gen, run=run, manual=manual)
 
 
 def start_turn(app: AppState, session: SessionState, text: str, settings: Settings, manual: bool) -> Active:
@@ -71,25 +71,44 @@ def start_turn(app: AppState, session: SessionState, text: str, settings: Settin
 
 def read_events(active: Active, timeout: float) -> list:
     """Events that arrived: wait up to `timeout` for the first, then take whatever else is queued, so a slow
-    page merges rounds instead of falling behind the engine."""
+    page merges rounds instead of falling behind the engine. A place in line ends the batch: it is shown alone."""
     out = []
+    events = active.gen.events
     try:
-        out.append(active.queue.get(timeout=timeout) if timeout > 0 else active.queue.get_nowait())
-        while not out[-1].done:
-            out.append(active.queue.get_nowait())
+        out.append(events.get(timeout=timeout) if timeout > 0 else events.get_nowait())
+        while not out[-1].done and not isinstance(out[-1], WaitEvent):
+            out.append(events.get_nowait())
     except queue.Empty:
         pass
     return out
 
 
+def wait_text(position: int, manual: bool) -> str:
+    if position == 0:
+        return ("Step mode was idle while others waited, so this answer gave its slot to them; the next Step "
+                "takes a slot again and goes on where it stopped.")
+    then = "the next round runs" if manual else "the answer starts"
+    return f"Waiting for a slot: {ordinal(position)} in line. Other sessions are generating; {then} when one frees."
+
+
+def ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def take(session: SessionState, active: Active, events: list) -> None:
-    """Apply events to the run; at the last one snapshot the engine's counters and free the slot."""
+    """Apply events to the run; at the last one keep the engine's counters of it."""
     now = time.perf_counter()
     for ev in events:
-        if isinstance(ev, ErrorEvent):  # the engine failed this generation and already released it
+        if isinstance(ev, WaitEvent):
+            session.notice = (wait_text(ev.position, active.manual), "info")
+            continue
+        if isinstance(ev, ErrorEvent):  # the engine ended this generation and already released its slot
             active.run.fail(ev.message)
             session.notice = (ev.message, "error")
         else:
+            if ev.kind == "prefill":
+                session.notice = (" ".join(ev.notes), "warn") if ev.notes else ("", "info")
             active.run.add(ev, now)
         if ev.done:
             close_active(session, active)
@@ -98,10 +117,8 @@ def take(session: SessionState, active: Active, events: list) -> None:
 def close_active(session: SessionState, active: Active) -> None:
     if active.finished:
         return
-    if active.run is session.run:  # the counters of the shown run; the slot is ours until finish()
-        stats = active.scheduler.engine.chain.seq_stats.get(active.seq, {})
-        session.seq_stats = copy.deepcopy(stats)
-    active.scheduler.finish(active.seq)
+    if active.run is session.run:  # the counters of the shown run, as the engine thread last copied them
+        session.seq_stats = active.gen.stats
     active.finished = True
 
 
@@ -119,7 +136,8 @@ def follow(session: SessionState, active: Active) -> Iterator[None]:
         events = read_events(active, POLL_S)
         if events:
             take(session, active, events)
-            if active.finished or active.manual or time.perf_counter() >= due:
+            waiting = isinstance(events[-1], WaitEvent)
+            if active.finished or active.manual or waiting or time.perf_counter() >= due:
                 due = time.perf_counter() + REFRESH_S
                 yield
         elif scheduler_gone(active):
@@ -161,10 +179,22 @@ def compare(app: AppState, session: SessionState, settings: Settings) -> Iterato
     plain = active.run
     if plain.stop_reason != "stopped" and plain.error is None:
         sampled = settings.temp > 0 and run.used_rejection()
-        session.compare_html = compare_html(run.ids, plain.ids, run.tps, plain.tps, run.vocab, sampled=sampled)
+        session.compare_html = compare_html(run.ids, plain.ids, run.tps, plain.tps, run.vocab, sampled=sampled,
+                                            load=load_note(run, plain))
     else:
         session.compare_html = '<div class="compare muted">comparison stopped</div>'
     yield
+
+
+def load_note(spec: RunRecord, plain: RunRecord) -> str:
+    """Why the speedup is not this prompt's own, when other generations shared the forwards of either run
+    (each forward then costs more, and not equally for the two runs); empty when both ran alone."""
+    shared = [r.shared_rounds() for r in (spec, plain)]
+    if not any(n for n, _ in shared):
+        return ""
+    (ns, ms), (npl, mpl) = shared
+    return (f"taken under load: other generations shared {ns} of {ms} speculative rounds and {npl} of {mpl} "
+            f"plain steps, so this ratio is not the speedup of this prompt alone")
 
 
 def stop(session: SessionState) -> None:
@@ -172,10 +202,11 @@ def stop(session: SessionState) -> None:
     active = session.active
     if active is None or active.finished:
         return
-    active.scheduler.stop(active.seq)  # lock-free: sets the slot's flag, the next round delivers the stop
-    if active.manual:  # nobody else advances a step-mode generation: run the round that delivers the stop
-        active.scheduler.step_once(active.seq)
-        take(session, active, read_events(active, 0))
+    active.scheduler.stop(active.gen.id)  # a command: the next round boundary delivers the stop
+    if active.manual:  # the engine thread delivers a step-mode stop at once: show it
+        deadline = time.perf_counter() + STOP_WAIT_S
+        while not active.finished and time.perf_counter() < deadline:
+            take(session, active, read_events(active, POLL_S))
 
 
 def step(session: SessionState) -> None:
@@ -183,17 +214,19 @@ def step(session: SessionState) -> None:
     active = session.active
     if active is None or active.finished or not active.manual:
         raise UserError("Step mode: tick 'Step mode' and send a message first; each Step runs one round.")
-    active.scheduler.step_once(active.seq)
+    try:
+        active.scheduler.step(active.gen.id)
+    except (ValueError, RuntimeError) as e:
+        raise UserError(f"Step failed: {e}", "error") from e
     take(session, active, read_events(active, 0))
 
 
 def release(session: SessionState) -> None:
-    """Free the slot of an abandoned generation (closed tab, cancelled stream): the scheduler stops it and
-    frees the slot once it has stopped, with nobody needing to read to the end."""
+    """Free the slot of an abandoned generation (closed tab, cancelled stream), or its place in the queue."""
     active = session.active
     if active is None or active.finished:
         return
-    active.scheduler.cancel(active.seq)
+    active.scheduler.cancel(active.gen.id)
     active.finished = True
 
 
@@ -202,7 +235,8 @@ def converse(app: AppState, session: SessionState, text: str, settings: Settings
     Yields whenever the views should be refreshed. In step mode it only submits; Step does the rounds."""
     active = start_turn(app, session, text, settings, manual)
     if manual:
-        session.notice = ("Step mode: press Step to run one round at a time (Stop ends the answer).", "info")
+        session.notice = ("Step mode: press Step to run one round at a time (Stop ends the answer). Idle for a "
+                          "minute while others wait, it lends its slot and takes one back at the next Step.", "info")
         yield
         return
     try:
@@ -233,15 +267,9 @@ def stop_turn(app: AppState, session: SessionState) -> None:
 
 
 def counters(session: SessionState) -> dict:
-    """The engine's counters for the shown run: a live copy while it generates, the final snapshot after.
-
-    Read without the scheduler lock so the UI never holds up a round; a copy that races a round (a drafter
-    added to the dict mid-copy) is skipped and the last good one stays on screen."""
+    """The engine's counters for the shown run: the engine thread copies them after every round, so reading
+    them never holds up a round."""
     active = session.active
     if active is not None and not active.finished and active.run is session.run:
-        try:
-            live = dict(active.scheduler.engine.chain.seq_stats.get(active.seq, {}))
-            session.seq_stats = copy.deepcopy(live)
-        except RuntimeError:
-            pass
+        session.seq_stats = active.gen.stats
     return session.seq_stats

@@ -21,6 +21,8 @@ class AppOptions:
     parallel: int = 4  # slots: sessions that can generate at the same time
     trust_remote_code: bool = False
     n_rs: int = 0  # recurrent models: tail length undone from kept states instead of a checkpoint (0 = off)
+    queue_max: int = 64  # requests that may wait for a slot; past it a new one is told to come back later
+    allow_model_load: bool = True  # whether a visitor may load other models from the page (off on a shared demo)
 
 
 @dataclass
@@ -52,14 +54,13 @@ class AppState:
 
 @dataclass
 class Active:
-    """A generation in flight: which scheduler and slot it runs in, and the queue its events arrive on."""
+    """A generation in flight: the scheduler it runs on and its handle there (id, events, counters)."""
 
-    scheduler: object
-    seq: int
-    queue: object
+    scheduler: object  # engine.scheduler.Scheduler
+    gen: object  # engine.scheduler.Generation
     run: RunRecord
-    manual: bool = False  # step mode: advanced only by scheduler.step_once
-    finished: bool = False  # scheduler.finish(seq) called: the slot is free
+    manual: bool = False  # step mode: advanced only by scheduler.step
+    finished: bool = False  # its last event was read (or the page left): nothing more to read
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """A small benchmark run through a running Scheduler: what the UI's Benchmark tab starts from the browser.
 
-It submits generations like any chat session does (Scheduler.submit, one queue of RoundEvents per slot), so
-it shares the engine and its forwards with whoever else is chatting and never touches the engine outside
-the scheduler's lock. Per concurrency N it runs N copies of one prompt plain, then with the drafter chain,
+It submits generations like any chat session does (Scheduler.submit_group: the N copies are admitted together),
+so it shares the engine and its forwards with whoever else is chatting and never touches the engine itself.
+Per concurrency N it runs N copies of one prompt plain, then with the drafter chain,
 then with synthetic acceptance at each P; the rows are the bench's own (engine.bench.rows.make_row), so the
 same plots read them. Other users' slots in the same forwards make these timings noisier than the CLI bench's.
 """
@@ -10,13 +10,12 @@ same plots read them. Other users' slots in the same forwards make these timings
 from __future__ import annotations
 
 import queue
-import time
 from dataclasses import dataclass, field
 
 from engine.bench.lossless import lossless_check
 from engine.bench.rows import make_row
 from engine.bench.run import BenchConfig, RunResult, group_tps
-from engine.events import ErrorEvent
+from engine.events import ErrorEvent, RoundEvent
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 
@@ -37,48 +36,42 @@ class LiveBenchError(RuntimeError):
     """A message for the user: slots busy, engine failure, timeout."""
 
 
-def _collect(scheduler, seqs: list[int], queues: list[queue.Queue]) -> list[list]:
-    """Every slot's events until its done event; frees the slots (also on failure)."""
-    out: list[list] = [[] for _ in seqs]
+def _collect(scheduler, gens: list) -> list[list[RoundEvent]]:
+    """Every generation's round events until its done event; cancels what is left on failure."""
+    out: list[list[RoundEvent]] = [[] for _ in gens]
     try:
-        for i, q in enumerate(queues):
+        for i, gen in enumerate(gens):
             while not out[i] or not out[i][-1].done:
                 try:
-                    ev = q.get(timeout=READ_TIMEOUT_S)
+                    ev = gen.events.get(timeout=READ_TIMEOUT_S)
                 except queue.Empty:
                     raise LiveBenchError(f"no round in {READ_TIMEOUT_S:.0f} s: benchmark abandoned") from None
                 if isinstance(ev, ErrorEvent):
                     raise LiveBenchError(ev.message)
-                out[i].append(ev)
+                if isinstance(ev, RoundEvent):  # a WaitEvent only says the group is still in line
+                    out[i].append(ev)
     finally:
-        for seq, evs in zip(seqs, out):
-            if evs and evs[-1].done:
-                scheduler.finish(seq)  # read to the end: the slot is free at once for the next run
-            else:
-                scheduler.cancel(seq)  # still running (we gave up): stopped, then freed by the round loop
+        for gen, evs in zip(gens, out):
+            if not evs or not evs[-1].done:
+                scheduler.cancel(gen.id)
     return out
 
 
 def run_group(scheduler, prompt: list[int], n: int, spec: SpecParams, plan: LivePlan,
               reference: list[RunResult] | None) -> list[RunResult]:
-    """n copies of the prompt submitted in the same round (under the scheduler's lock), read to the end."""
-    seqs, queues = [], []
+    """n copies of the prompt, admitted together so they share every forward, read to the end."""
     params = [GenParams(max_new_tokens=plan.max_new_tokens, sampling=SamplerParams(temp=0.0, seed=plan.seed),
                         spec=SpecParams(**{**vars(spec), "types": list(spec.types)}), ignore_eos=True)
               for _ in range(n)]
-    t0 = time.perf_counter()
-    with scheduler.lock:  # re-entrant: submit() takes it too; the round loop waits until all n are in
-        try:
-            for p in params:
-                seq, q = scheduler.submit(list(prompt), p)
-                seqs.append(seq)
-                queues.append(q)
-        except (RuntimeError, ValueError) as e:
-            for seq in seqs:
-                scheduler.cancel(seq)
-            raise LiveBenchError(f"cannot start {n} slot(s): {e}") from e
-    events = _collect(scheduler, seqs, queues)
-    seconds = time.perf_counter() - t0
+    try:
+        gens = scheduler.submit_group([(list(prompt), p) for p in params])
+    except (RuntimeError, ValueError) as e:
+        raise LiveBenchError(f"cannot start {n} slot(s): {e}") from e
+    events = _collect(scheduler, gens)
+    # from the start of the first prefill to the last round, by the engine's own stamps: a wait in line for a
+    # slot is not the engine's speed
+    t_start = min(evs[0].t_end - evs[0].t_verify_ms / 1e3 for evs in events)
+    seconds = max(evs[-1].t_end for evs in events) - t_start
     out = []
     for i, evs in enumerate(events):
         toks = [t for e in evs for t in e.emitted]
