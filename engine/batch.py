@@ -27,6 +27,15 @@ class Batch:
         return [i for i, o in enumerate(self.output) if o]
 
 
+def check_batch(batch: Batch, n_outputs_max: int | None) -> None:
+    """Refuse what a context cannot run: no rows, or more logits rows than it reserved."""
+    if len(batch) == 0:
+        raise ValueError("empty batch")
+    n_out = sum(batch.output)
+    if n_outputs_max is not None and n_out > n_outputs_max:
+        raise ValueError(f"batch asks for {n_out} logits rows, the context reserves {n_outputs_max}")
+
+
 @dataclass
 class OutputLimits:
     total: int  # logits rows one forward may return, over all sequences (llama.cpp's n_outputs_max)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import cell_groups, use_cell_attention
-from engine.batch import Batch
+from engine.batch import Batch, check_batch
 from engine.memory import CellCache
 
 
@@ -51,11 +51,7 @@ class ModelContext:
     @torch.inference_mode()
     def decode(self, batch: Batch) -> DecodeResult:
         """One forward over the batch. Cells are claimed for every row; logits come back for output rows."""
-        if len(batch) == 0:
-            raise ValueError("empty batch")
-        n_out = sum(batch.output)
-        if self.n_outputs_max is not None and n_out > self.n_outputs_max:
-            raise ValueError(f"batch asks for {n_out} logits rows, the context reserves {self.n_outputs_max}")
+        check_batch(batch, self.n_outputs_max)
         t0 = time.perf_counter()
         mask = self.cache.prepare(batch)
         try:

@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
-from engine.batch import Batch
+from engine.batch import Batch, check_batch
 from engine.context import DecodeResult
 from engine.rs_steps import StepRecorder
 
@@ -179,11 +179,7 @@ class StatefulContext:
 
     @torch.inference_mode()
     def decode(self, batch: Batch) -> DecodeResult:
-        if len(batch) == 0:
-            raise ValueError("empty batch")
-        n_out = sum(batch.output)
-        if self.n_outputs_max is not None and n_out > self.n_outputs_max:
-            raise ValueError(f"batch asks for {n_out} logits rows, the context reserves {self.n_outputs_max}")
+        check_batch(batch, self.n_outputs_max)
         by_seq: dict[int, list[int]] = {}
         for i, s in enumerate(batch.seq):
             by_seq.setdefault(s, []).append(i)

@@ -34,6 +34,14 @@ def scheduler(tiny_target):
     s.close()
 
 
+@pytest.fixture()
+def one_slot(tiny_target):
+    """A scheduler with one slot: every second request waits in line."""
+    s = make(tiny_target, slots=1)
+    yield s
+    s.close()
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_target):
     """Plain decoding of each prompt on an engine of its own: what every generation must emit."""
@@ -108,19 +116,15 @@ def test_the_wait_queue_is_bounded(tiny_target):
         s.close()
 
 
-def test_stop_while_waiting_leaves_the_queue(tiny_target):
-    s = make(tiny_target, slots=1)
-    try:
-        running = s.submit(PROMPTS[0], params(300))
-        first, second = s.submit(PROMPTS[1], params(5)), s.submit(PROMPTS[2], params(5))
-        s.stop(first.id)
-        out = drain(first)
-        assert out[-1].stop_reason == "stopped" and emitted(out) == []
-        assert drain_until_place(second, 1)[-1].position == 1, "the second moved up"
-        s.stop(running.id)
-        assert len(emitted(drain(second))) == 5
-    finally:
-        s.close()
+def test_stop_while_waiting_leaves_the_queue(one_slot):
+    running = one_slot.submit(PROMPTS[0], params(300))
+    first, second = one_slot.submit(PROMPTS[1], params(5)), one_slot.submit(PROMPTS[2], params(5))
+    one_slot.stop(first.id)
+    out = drain(first)
+    assert out[-1].stop_reason == "stopped" and emitted(out) == []
+    assert drain_until_place(second, 1)[-1].position == 1, "the second moved up"
+    one_slot.stop(running.id)
+    assert len(emitted(drain(second))) == 5
 
 
 def drain_until_place(gen, place, timeout=30):
@@ -133,29 +137,21 @@ def drain_until_place(gen, place, timeout=30):
                 return out
 
 
-def test_stop_names_a_generation_not_a_slot(tiny_target, reference):
-    s = make(tiny_target, slots=1)
-    try:
-        old = s.submit(PROMPTS[0], params(4))
-        drain(old)
-        new = s.submit(PROMPTS[1], params(40))
-        assert new.seq == old.seq, "the slot was given to someone else"
-        s.stop(old.id)  # a late click from the page that had the slot before
-        assert emitted(drain(new)) == reference(PROMPTS[1], 40)
-    finally:
-        s.close()
+def test_stop_names_a_generation_not_a_slot(one_slot, reference):
+    old = one_slot.submit(PROMPTS[0], params(4))
+    drain(old)
+    new = one_slot.submit(PROMPTS[1], params(40))
+    assert new.seq == old.seq, "the slot was given to someone else"
+    one_slot.stop(old.id)  # a late click from the page that had the slot before
+    assert emitted(drain(new)) == reference(PROMPTS[1], 40)
 
 
-def test_cancel_frees_the_slot_for_the_next_in_line(tiny_target):
-    s = make(tiny_target, slots=1)
-    try:
-        leaving = s.submit(PROMPTS[0], params(400))
-        waiting = s.submit(PROMPTS[1], params(5))
-        s.cancel(leaving.id)
-        assert len(emitted(drain(waiting, timeout=30))) == 5
-        assert not s.running and not s.waiting
-    finally:
-        s.close()
+def test_cancel_frees_the_slot_for_the_next_in_line(one_slot):
+    leaving = one_slot.submit(PROMPTS[0], params(400))
+    waiting = one_slot.submit(PROMPTS[1], params(5))
+    one_slot.cancel(leaving.id)
+    assert len(emitted(drain(waiting, timeout=30))) == 5
+    assert not one_slot.running and not one_slot.waiting
 
 
 def test_step_mode_runs_only_on_step_and_stops_at_once(scheduler):
