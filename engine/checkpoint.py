@@ -2,10 +2,11 @@
 
 llama.cpp's common_prompt_checkpoint keeps what cannot be rebuilt by re-running tokens: the target's partial
 state (sliding-window K/V, recurrent state; empty for plain attention), the draft's, the drafters' private
-state (`data_spec`) and a clone of the sampler. On partial acceptance the slot restores the target's part and
-the sampler, removes the whole verification batch from the cache, and runs a *replay* round next: the accepted
-tokens go through the target again in one forward while the sampler re-draws exactly what the verification
-drew, so the replay decides nothing new and the text is the same as on the range-removal path, only slower.
+state (`data_spec`) and a clone of the sampler (and of the slot's grammar state, which moves with it). On
+partial acceptance the slot restores the target's part and the sampler, removes the whole verification batch
+from the cache, and runs a *replay* round next: the accepted tokens go through the target again in one forward
+while the sampler re-draws exactly what the verification drew (and the grammar consumes them again), so the
+replay decides nothing new and the text is the same as on the range-removal path, only slower.
 
 The drafters are not rolled back. They hear the verdict on the draft they made before the restore, and what
 they keep is checked against the confirmed tokens at every draft (n-gram indexes, a draft model's cache), so
@@ -25,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from engine.grammar import Grammar
 from engine.sampling import Sampler
 
 
@@ -33,6 +35,7 @@ class Checkpoint:
     n_tokens: int  # tokens of the slot in the target cache when it was taken
     pos_max: int  # last position of the slot in the target cache (-1 if empty)
     sampler: Sampler  # clone of the target sampler before verification
+    grammar: Grammar | None = None  # clone of the slot's grammar state: it follows the sampler back
     data_tgt: Any = None  # partial target state that a replay cannot rebuild (none for the cell cache)
     seconds: float = 0.0  # time to take it
 
@@ -50,6 +53,7 @@ def take(slot, cache) -> Checkpoint:
         n_tokens=len(slot.tokens),
         pos_max=cache.seq_pos_max(slot.seq),
         sampler=slot.sampler.clone(),
+        grammar=slot.grammar.clone() if slot.grammar is not None else None,
         data_tgt=cache.state_save(slot.seq),
     )
     ckpt.seconds = time.perf_counter() - t0
@@ -62,4 +66,6 @@ def restore(slot, cache, ckpt: Checkpoint) -> float:
     cache.state_restore(slot.seq, ckpt.data_tgt, ckpt.pos_max + 1)
     del slot.tokens[ckpt.n_tokens:]
     slot.sampler.copy_from(ckpt.sampler)
+    if ckpt.grammar is not None:
+        slot.grammar.copy_from(ckpt.grammar)
     return time.perf_counter() - t0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.grammar import GrammarSpec
 from engine.sampling import SamplerParams
 
 
@@ -40,9 +41,16 @@ class GenParams:
     sampling: SamplerParams = field(default_factory=SamplerParams)  # the target's sampler
     spec: SpecParams = field(default_factory=SpecParams)  # speculation settings
     ignore_eos: bool = False  # keep going past end-of-sequence (benchmarks of fixed length)
+    # constrains the target's sampler (and so the whole output, speculative or not); None = unconstrained
+    grammar: GrammarSpec | None = None
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         self.sampling.validate()
         self.spec.validate()
+        if self.grammar is not None:
+            if self.ignore_eos:
+                # a grammar ends the answer with end-of-sequence once it is complete; past it nothing is allowed
+                raise ValueError("a grammar and ignore_eos do not go together: the grammar ends the answer")
+            self.grammar.validate()

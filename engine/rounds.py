@@ -67,7 +67,8 @@ class Round:
             n_out_free -= n_max
             requests[slot.seq] = DraftRequest(
                 seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max,
-                n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min, want_q=slot.params.sampling.temp > 0)
+                n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min, want_q=slot.params.sampling.temp > 0,
+                grammar=slot.grammar.view() if slot.grammar is not None else None)
         t0 = time.perf_counter()
         failed: dict[int, ErrorEvent] = {}  # seq -> why its generation ends this round
         winners = self._draft(list(requests.values()), failed)
@@ -154,14 +155,21 @@ class Round:
                      t_forward: float, batch_rows: int) -> RoundEvent:
         t1 = time.perf_counter()
         use_rejection = r.result_q is not None and slot.params.sampling.temp > 0 and len(r.result) > 0
+        # row i is masked by the grammar after the draft tokens before it: the matcher walks the whole draft
+        # here, and after the verdict gives back the k - m tokens not kept and takes the target's own token
+        allowed = slot.grammar.masks_along(r.result, logits.shape[-1]) if slot.grammar is not None else None
         if slot.coins is not None:
-            verdict = verify.synthetic(slot.sampler, logits, r.result, slot.params.spec.synthetic_accept, slot.coins)
+            verdict = verify.synthetic(slot.sampler, logits, r.result, slot.params.spec.synthetic_accept, slot.coins,
+                                       allowed)
         elif use_rejection:
-            verdict = verify.rejection(slot.sampler, logits, r.result, r.result_q)
+            verdict = verify.rejection(slot.sampler, logits, r.result, r.result_q, allowed)
         else:
-            verdict = verify.sample_and_match(slot.sampler, logits, r.result)
-        t_verify = t_forward + (time.perf_counter() - t1) * 1e3
+            verdict = verify.sample_and_match(slot.sampler, logits, r.result, allowed)
         k, m = len(r.result), verdict.n_accepted
+        if slot.grammar is not None:
+            slot.grammar.rollback(k - m)
+            slot.grammar.consume(verdict.tokens[-1])
+        t_verify = t_forward + (time.perf_counter() - t1) * 1e3
         # the drafters hear the verdict before any rollback, while each still holds the draft it made; the
         # checkpoint path leaves them as the range-removal path does (see checkpoint.py)
         if k > 0:
@@ -212,8 +220,16 @@ class Round:
         replay = slot.replay
         t1 = time.perf_counter()
         verify.replay(slot.sampler, replay.tokens[1:], replay.n_draws)
-        tok = slot.sampler.sample(logits[-1])
-        p = float(slot.sampler.probs(logits[-1])[tok])
+        row = logits[-1]
+        if slot.grammar is not None:
+            # the restore put the grammar back after id_last: it takes the decided tokens again, as the first
+            # pass did, before it masks the one new token
+            slot.grammar.consume_all(replay.tokens[1:])
+            row = slot.grammar.mask(row)
+        tok = slot.sampler.sample(row)
+        p = float(slot.sampler.probs(row)[tok])
+        if slot.grammar is not None:
+            slot.grammar.consume(tok)
         p_sampled = len(slot.tokens)
         slot.tokens.extend(replay.tokens)  # every row of the replay batch is now in the cache
         slot.id_last = tok

@@ -14,6 +14,7 @@ import torch
 
 from engine import checkpoint
 from engine.events import RoundEvent
+from engine.grammar import Grammar
 from engine.params import GenParams
 from engine.sampling import Sampler
 
@@ -37,6 +38,7 @@ class Slot:
     n_max_effective: int = 0  # the longest draft this slot can verify: n_max within the engine's capacity
     notes: list[str] = field(default_factory=list)  # one line each, for the user: settings the engine adjusted
     refill: list[int] = field(default_factory=list)  # confirmed tokens a resumed slot must forward again
+    grammar: Grammar | None = None  # the output's grammar state, through every emitted token (None: unconstrained)
 
     @property
     def n_remaining(self) -> int:

@@ -18,6 +18,7 @@ from engine.context import ModelContext
 from engine.drafters.base import Drafter
 from engine.drafters.chain import DrafterChain, default_params, make_drafter, parse_types
 from engine.events import ErrorEvent, RoundEvent, failure
+from engine.grammar import Grammar
 from engine.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
 from engine.policy import CostModel, DraftLengthPolicy
@@ -69,6 +70,7 @@ class Engine:
         self.slots: dict[int, Slot] = {}
         self.parked: dict[int, Slot] = {}  # seq -> a parked slot whose cells the sequence still holds
         self.eos = target.eos_ids()
+        self._grammar_tokenizer = None  # llguidance's view of the target's tokenizer, built at the first grammar
         self.round = Round(self.ctx, self.chain, self.probe, self.limits, self.n_pos_max, self.eos, target.decode)
 
     # ---- set-up ----------------------------------------------------------------------------------------------
@@ -97,6 +99,18 @@ class Engine:
         for i in range(1, len(seconds)):  # noise must not make a bigger batch look cheaper
             seconds[i] = max(seconds[i], seconds[i - 1])
         return CostModel(sizes=list(sizes), seconds=seconds)
+
+    def grammar_tokenizer(self):
+        """The target's tokenizer for grammar matchers (about 0.5 s to build, so once per engine). Its end of
+        sequence is the engine's: a complete grammar allows exactly the tokens that end the answer."""
+        if self._grammar_tokenizer is None:
+            from llguidance.hf import from_tokenizer
+
+            try:
+                self._grammar_tokenizer = from_tokenizer(self.target.tokenizer, eos_token=sorted(self.eos) or None)
+            except Exception as e:
+                raise ValueError(f"grammars need a fast tokenizer with a known decoder; this model's: {e}") from None
+        return self._grammar_tokenizer
 
     def drafter(self, name: str) -> Drafter:
         if name not in self.pool:
@@ -139,6 +153,8 @@ class Engine:
         limit = self.ctx.n_ctx if self.n_pos_max is None else min(self.ctx.n_ctx, self.n_pos_max)
         if len(prompt) + 1 > limit:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {limit} tokens")
+        if params.grammar is not None:
+            params.grammar.validate(self.grammar_tokenizer())
         if params.spec.types and not self.probe.can_speculate:
             raise ValueError(f"speculation is off for this model: {self.probe.reason}")
         for name in params.spec.types:
@@ -198,6 +214,8 @@ class Engine:
         kept = self._place(prompt, seq, len(prompt) - 1)
         slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
                     tokens=list(prompt[:kept]))
+        if params.grammar is not None:
+            slot.grammar = Grammar.start(params.grammar, self.grammar_tokenizer())
         if params.spec.types:
             # the logits buffer holds this many draft rows per slot (n_draft): a longer n_max would be cut
             # every round without a word, and the user would read the cut as the drafter's own choice
@@ -294,6 +312,7 @@ class Engine:
         # a slot prefilled in this step drafts from the next one on: round 0 stands alone, as in step mode
         generating = [s for s in self.active(only) if s.state == "generating" and s.seq not in prefilled]
         if generating:
+            self._make_room(generating)
             events.extend(self.round.run(generating))
         for ev in events:
             if isinstance(ev, ErrorEvent):
@@ -320,8 +339,11 @@ class Engine:
             self.chain.process(batch, res)
             logits = res.logits
             slot.tokens.extend(chunk)
-        tok = slot.sampler.sample(logits[-1])
-        p = float(slot.sampler.probs(logits[-1])[tok])
+        row = logits[-1] if slot.grammar is None else slot.grammar.mask(logits[-1])
+        tok = slot.sampler.sample(row)
+        p = float(slot.sampler.probs(row)[tok])
+        if slot.grammar is not None:
+            slot.grammar.consume(tok)
         slot.id_last = tok
         slot.state = "generating"
         ev = RoundEvent(seq=slot.seq, round=0, kind="prefill", drafter=None, pos_sampled=len(slot.tokens) - 1,
@@ -329,6 +351,17 @@ class Engine:
                         t_verify_ms=(time.perf_counter() - t0) * 1e3, notes=list(slot.notes))
         slot.round = 1
         return self.round.emit(slot, [tok], ev)
+
+    def _make_room(self, generating: list[Slot]) -> None:
+        """Give the generating slots the cells that finished or parked slots keep for prefix reuse, when the
+        round could need them: an answer must not stop for 'context' while idle slots fill the cache."""
+        want = sum(1 + (min(s.params.spec.n_max, self.limits.per_seq - 1) if s.params.spec.types else 0)
+                   for s in generating)
+        idle = [seq for seq, s in self.slots.items() if s.state == "done"] + list(self.parked)
+        for seq in idle:
+            if self.ctx.n_ctx - self.ctx.cache.n_used() >= want:
+                return
+            self.release(seq)
 
     def _refill(self, slot: Slot) -> None:
         """Forward the confirmed tokens a resumed slot lost from the cache; nothing is sampled."""

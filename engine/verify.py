@@ -12,6 +12,10 @@ round always makes progress.
 * rejection sampling: accept d with probability min(1, p(d)/q(d)); on rejection draw from norm(max(0, p - q)).
   The output is distributed exactly as p (Leviathan et al. 2023), and accepts more than matching when the
   draft samples.
+* grammar: with `allowed` (bool [k+1, V], row i = what the grammar allows after the draft tokens before row
+  i), every row's logits are masked to -inf outside it before the sampler's softmax, which renormalises p over
+  the allowed ids; rejection sampling masks and renormalises q likewise (`mask_q`). The chain has cut the draft
+  at its first forbidden token, so every draft token is allowed where it stands.
 * replay: after a checkpoint restore, re-run the sampler over already decided tokens so its stream advances
   exactly as it did the first time, deciding nothing new.
 """
@@ -48,9 +52,29 @@ def align_q(q: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(q, (0, width - q.shape[-1]))
 
 
-def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int]) -> Verdict:
-    """logits: [k+1, V]; draft: k tokens."""
+def apply_mask(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """logits with the ids a grammar forbids at -inf: the softmax after it is p renormalised over the rest."""
+    return logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+
+
+def mask_q(q: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """The draft distribution given that its token is allowed: a drafted token the grammar forbids never reaches
+    verification (the chain cuts the draft there, and the target samples that row from its own masked p), so
+    the tokens verified were drawn from q conditioned on the allowed set, q * allowed / Z. Without dividing by
+    Z, min(1, p/q) accepts too often and the residual misses mass: the output is no longer p. q: [V] aligned
+    to the target's width (align_q)."""
+    if allowed is None:
+        return q
+    q = q * allowed.to(q.dtype)
+    z = q.sum()
+    return q / z if float(z) > 0 else q
+
+
+def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int],
+                     allowed: torch.Tensor | None = None) -> Verdict:
+    """logits: [k+1, V]; draft: k tokens; allowed: the grammar's masks per row (None: unconstrained)."""
     assert logits.shape[0] == len(draft) + 1, "need one logits row per draft token plus the bonus row"
+    logits = apply_mask(logits, allowed)
     probs = sampler.probs(logits)  # [k+1, V]
     n_draws0 = sampler.n_draws
     tokens: list[int] = []
@@ -66,20 +90,24 @@ def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int]) -
                    n_draws=sampler.n_draws - n_draws0)
 
 
-def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[torch.Tensor]) -> Verdict:
-    """Speculative sampling. logits: [k+1, V]; q: k distributions [V] the draft tokens were sampled from."""
+def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[torch.Tensor],
+              allowed: torch.Tensor | None = None) -> Verdict:
+    """Speculative sampling. logits: [k+1, V]; q: k distributions [V] the draft tokens were sampled from;
+    allowed: the grammar's masks per row (None: unconstrained)."""
     assert logits.shape[0] == len(draft) + 1 and len(q) == len(draft)
     if sampler.greedy:
         # at temp 0, p and q are point masses: min(1, p/q) is 0 or 1, i.e. matching
-        return sample_and_match(sampler, logits, draft)
-    probs = sampler.probs(logits)
+        return sample_and_match(sampler, logits, draft, allowed)
+    probs = sampler.probs(apply_mask(logits, allowed))
     n_draws0 = sampler.n_draws
     tokens: list[int] = []
     p_target: list[float] = []
     for i, d in enumerate(draft):
         p_i = probs[i]
-        q_d = float(q[i][d]) if d < q[i].shape[-1] else 0.0
         q_i = align_q(q[i].to(probs.dtype), p_i.shape[-1])
+        if allowed is not None:
+            q_i = mask_q(q_i, allowed[i])
+        q_d = float(q_i[d]) if d < q_i.shape[-1] else 0.0
         p_d = p_of(p_i, d)
         # the uniform comes from the target sampler's own stream: independent of how the draft was drawn
         u = sampler.uniform()
@@ -105,7 +133,7 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
 
 
 def synthetic(sampler: Sampler, logits: torch.Tensor, draft: list[int], p_accept: float,
-              gen: torch.Generator) -> Verdict:
+              gen: torch.Generator, allowed: torch.Tensor | None = None) -> Verdict:
     """Keep each draft token with probability `p_accept` whatever it is, then one token of the target.
 
     Only for measuring how speed depends on acceptance (llama.cpp's synthetic acceptance): the text is not the
@@ -115,7 +143,7 @@ def synthetic(sampler: Sampler, logits: torch.Tensor, draft: list[int], p_accept
     m = 0
     while m < len(draft) and coins[m] < p_accept:
         m += 1
-    probs = sampler.probs(logits)
+    probs = sampler.probs(apply_mask(logits, allowed))
     n_draws0 = sampler.n_draws
     tok = int(probs[m].argmax()) if sampler.greedy else sampler.sample_probs(probs[m])
     p_target = [float(probs[i, d]) for i, d in enumerate(draft[:m])] + [float(probs[m, tok])]

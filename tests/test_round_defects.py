@@ -267,3 +267,17 @@ def test_plain_decoding_has_no_draft_capacity_note(tiny_target):
     engine = Engine(tiny_target, n_ctx=256, n_seq_max=1, calibrate=False)
     slot = engine.start(PROMPTS[0], spec_params([], n=5, n_max=64), seq=0)
     assert slot.n_max_effective == 0 and slot.notes == []
+
+
+# ---- idle slots give their cells to the generating ones ------------------------------------------------
+
+
+def test_a_running_answer_takes_the_cells_a_finished_slot_keeps(tiny_target, roomy):
+    """A finished slot keeps its cells for prefix reuse; when a generating slot needs them, they are given up
+    instead of the answer stopping early with 'context'."""
+    engine = Engine(tiny_target, n_ctx=256, n_seq_max=2, calibrate=False)
+    done = list(engine.generate(PROMPTS[0], spec_params([], n=150), seq=0))
+    assert done[-1].stop_reason == "length" and engine.ctx.cache.n_used() > 150
+    events = list(engine.generate(PROMPTS[1], spec_params(["ngram-simple"], n=150), seq=1))
+    assert events[-1].stop_reason == "length"
+    assert tokens(events) == plain(roomy, PROMPTS[1], 150)

@@ -232,12 +232,12 @@ def test_an_assertion_inside_verification_ends_only_its_generation(scheduler, re
     real = verify.sample_and_match
     hits = {"n": 0}
 
-    def broken(sampler, logits, draft):
+    def broken(sampler, *args, **kwargs):
         victim_slot = scheduler.engine.slots.get(0)
         if victim_slot is not None and sampler is victim_slot.sampler:
             hits["n"] += 1
             assert hits["n"] < 3, "verification invariant broken (injected)"
-        return real(sampler, logits, draft)
+        return real(sampler, *args, **kwargs)
 
     monkeypatch.setattr(verify, "sample_and_match", broken)
     victim, other = two_generations(scheduler)

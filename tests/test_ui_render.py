@@ -485,6 +485,16 @@ def test_a_request_in_line_says_where_it_waits_then_streams():
     assert session.run.ids and session.run.done and "in line" not in session.notice[0]
 
 
+def test_the_comparison_waiting_in_line_says_it_is_the_comparison():
+    from ui.session import converse
+    from ui.state import SessionState
+
+    app, session = fake_app([answer(), [WaitEvent(position=2)] + answer()]), SessionState()
+    notices = [session.notice[0] for _ in converse(app, session, "hi", Settings(max_new_tokens=8), manual=False)]
+    waits = [n for n in notices if "2nd in line" in n]
+    assert waits and all("comparison" in n and "answer starts" not in n for n in waits)
+
+
 def test_the_prefill_notes_of_the_engine_reach_the_page():
     from ui.session import converse
     from ui.state import SessionState

@@ -83,11 +83,12 @@ def read_events(active: Active, timeout: float) -> list:
     return out
 
 
-def wait_text(position: int, manual: bool) -> str:
+def wait_text(position: int, manual: bool, comparing: bool = False) -> str:
     if position == 0:
         return ("Step mode was idle while others waited, so this answer gave its slot to them; the next Step "
                 "takes a slot again and goes on where it stopped.")
-    then = "the next round runs" if manual else "the answer starts"
+    then = ("the plain run for the speedup comparison starts" if comparing else
+            "the next round runs" if manual else "the answer starts")
     return f"Waiting for a slot: {ordinal(position)} in line. Other sessions are generating; {then} when one frees."
 
 
@@ -101,7 +102,7 @@ def take(session: SessionState, active: Active, events: list) -> None:
     now = time.perf_counter()
     for ev in events:
         if isinstance(ev, WaitEvent):
-            session.notice = (wait_text(ev.position, active.manual), "info")
+            session.notice = (wait_text(ev.position, active.manual, active.run is session.plain), "info")
             continue
         if isinstance(ev, ErrorEvent):  # the engine ended this generation and already released its slot
             active.run.fail(ev.message)

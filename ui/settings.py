@@ -11,7 +11,7 @@ from engine.sampling import SamplerParams
 DEFAULT_CHAIN = list(NGRAM_CHAIN)
 DRAFT_MODEL_TYPE = "draft-simple"
 HEAD_TYPE = "draft-head"
-ALL_TYPES = list(PRIORITY)
+ALL_TYPES = [t for t in PRIORITY if t != "grammar"]  # the page has no output-format control yet
 
 
 def own_p_min_text() -> str:

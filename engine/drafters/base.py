@@ -27,6 +27,9 @@ class DraftRequest:
     n_max: int  # propose at most this many tokens
     n_min: int  # a draft shorter than this is not worth a verification: return none
     p_min: float | None  # model drafters stop when the top draft probability falls below this (None: their own)
+    # read-only view of the slot's grammar, after id_last (None: unconstrained). Drafters read the forced
+    # continuation from it (the grammar drafter), and the chain cuts every draft at its first forbidden token
+    grammar: Any = None
     want_q: bool = False  # fill result_q (draft distributions) so the target can use rejection sampling
     drafting: bool = True  # relay baton: True until a drafter fills `result`
     result: list[int] = field(default_factory=list)  # the drafted token ids

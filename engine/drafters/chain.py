@@ -17,6 +17,8 @@ from engine.stats import DrafterStats, timed
 
 # type name -> (module, class), in llama.cpp's priority order
 DRAFTER_TYPES: dict[str, tuple[str, str]] = {
+    # the grammar's forced tokens (a constrained generation only): certain, so asked before any guess
+    "grammar": ("engine.drafters.grammar", "GrammarDrafter"),
     "ngram-simple": ("engine.drafters.ngram", "NgramSimple"),
     "ngram-map-k": ("engine.drafters.ngram", "NgramMapK"),
     "ngram-map-k4v": ("engine.drafters.ngram", "NgramMapK4V"),
@@ -138,8 +140,13 @@ class DrafterChain:
         return winner
 
     def _cut(self, r: DraftRequest, name: str) -> int:
-        """Apply n_max, n_min and the length policy to a fresh result; return the kept length."""
+        """Apply the grammar, n_max, n_min and the length policy to a fresh result; return the kept length."""
         k = min(len(r.result), r.n_max)
+        if r.grammar is not None and k > 0:
+            # a token the grammar forbids can never be kept, nor anything after it: the draft ends before it,
+            # here rather than after the chain so the counters and the length policy see the draft that is
+            # verified, and a draft cut to nothing leaves the request to the next drafter
+            k = min(k, r.grammar.valid_prefix(r.result[:k]))
         if k < max(r.n_min, 1):
             k = 0
         if k > 0 and self._uses_policy(r.seq):
