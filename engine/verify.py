@@ -116,10 +116,7 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
             tokens.append(d)
             p_target.append(p_d)
             continue
-        residual = torch.clamp(p_i - q_i, min=0.0)
-        if float(residual.sum()) <= 0.0:
-            residual = p_i  # p == q where it matters: the residual is undefined, p itself is right
-        tok = sampler.sample_probs(residual)
+        tok = sampler.sample_probs(residual(p_i, q_i))
         tokens.append(tok)
         p_target.append(float(p_i[tok]))
         break
@@ -130,6 +127,13 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
     p_draft_rows = [p_of(probs[i], d) for i, d in enumerate(draft)]
     return Verdict(tokens=tokens, n_accepted=len(tokens) - 1, p_target=p_target, p_draft_rows=p_draft_rows,
                    n_draws=sampler.n_draws - n_draws0)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where to draw from after a rejection: max(0, p - q), normalised by the sampler. Drawing from p instead
+    would give the draft's tokens a second chance and tilt the output towards q."""
+    r = torch.clamp(p - q, min=0.0)
+    return r if float(r.sum()) > 0.0 else p  # p == q where it matters: the residual is undefined, p is right
 
 
 def synthetic(sampler: Sampler, logits: torch.Tensor, draft: list[int], p_accept: float,

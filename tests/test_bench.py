@@ -1,5 +1,8 @@
 """`python -m engine.bench` on a tiny model: the traces.csv contract, the lossless gate, exit codes."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from engine.bench import cli, sweep
@@ -112,3 +115,42 @@ def test_lossless_check_compares_tokens_only_where_the_run_promises_them():
     assert why_na({"lossless_ok": "n/a", "verify_mode": "match;rejection", "synthetic_accept": ""}) == "rejection"
     assert why_na({"lossless_ok": "n/a", "verify_mode": "", "synthetic_accept": "0.5"}) == "synthetic"
     assert why_na({"lossless_ok": "True", "verify_mode": "match"}) is None
+
+
+SCHEMA_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "schema.jsonl"
+
+
+def test_a_grammar_constrains_plain_and_speculative_runs_alike(embedded, tmp_path, monkeypatch):
+    """A prompt's own json_schema wins over the run's --regex; the other prompt takes the regex. Both runs are
+    constrained, so the lossless check compares like with like, and the grammar drafter leads the chain."""
+    import engine.models
+
+    monkeypatch.setattr(engine.models, "load_model", lambda name, **kw: embedded)  # the session's model, loaded once
+    record = json.loads(SCHEMA_PROMPTS.read_text().splitlines()[0])
+    yes_no = {"id": "yes-no", "messages": [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]}
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps(record) + "\n" + json.dumps(yes_no) + "\n")
+    out = tmp_path / "g.csv"
+    code = cli.main(["--prompts", str(prompts), "--out", str(out), "--spec", "ngram-simple", "--n-max", "8",
+                     "--max-new-tokens", "24", "--regex", "(yes|no)\\."])
+    assert code == 0
+    rows = load_rows(out)
+    assert {(r["prompt_id"], r["grammar"]) for r in rows} == {(record["id"], "json_schema"), ("yes-no", "regex")}
+    assert all(r["lossless_ok"] == "True" for r in rows)
+    spec = {r["prompt_id"]: r for r in rows if r["spec_decode"] == "on"}
+    assert all(r["spec_types"] == "grammar,ngram-simple" for r in spec.values())
+    assert int(spec[record["id"]]["forced_tokens"]) > 0  # '{"name":"' at least is forced by the schema
+    assert all(r["forced_tokens"] == "0" for r in rows if r["spec_decode"] == "off")
+
+
+@pytest.mark.parametrize("extra,why", [
+    (["--json-schema", "SCHEMA"], "JSON schema is not valid JSON"),
+    (["--regex", "(yes|no)", "--ignore-eos"], "ignore_eos"),
+    (["--regex", "a", "--grammar", "g.lark"], "not allowed with"),
+])
+def test_bad_grammar_arguments_exit_2_with_a_reason(tiny_dirs, bench_prompts, tmp_path, capsys, extra, why):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    args = ["--prompts", str(bench_prompts), "--out", str(tmp_path / "x.csv"), "--target", str(tiny_dirs["target"])]
+    assert cli.main(args + [str(bad) if x == "SCHEMA" else x for x in extra]) == 2
+    assert why in capsys.readouterr().err

@@ -144,8 +144,19 @@ def test_rejected_drafts_shown_or_left_out_of_the_chat(vocab):
 
 def test_legend_names_every_mark():
     out = legend_html()
-    for cls in ("tok-acc", "tok-bonus", "tok-rej", "tok-tgt"):
+    for cls in ("tok-acc", "tok-forced", "tok-bonus", "tok-rej", "tok-tgt"):
         assert cls in out
+
+
+def test_grammar_rounds_mark_their_accepted_tokens_as_forced(vocab):
+    """Tokens the output format forced are kept for another reason than a good guess: their own mark, while
+    the rest of the round (rejections, the target's token) reads as any round."""
+    out = round_html(spec_event(drafter="grammar"), vocab, context=[1, 4])
+    assert classes(out, "tok-forced") == 2 and classes(out, "tok-acc") == 0
+    assert classes(out, "tok-rej") == 2 and classes(out, "tok-bonus") == 1 and ">grammar<" in out
+    forced = re.findall(r'class="tok tok-forced" data-tip="([^"]*)"', out)
+    assert all("drafter grammar" in tip for tip in forced)
+    assert classes(round_html(spec_event(), vocab, context=[1, 4]), "tok-forced") == 0  # other drafters: accepted
 
 
 # ---- timeline, step mode, cache -------------------------------------------------------------------------
@@ -270,6 +281,55 @@ def test_settings_validation_messages():
     assert s.p_min_own and s.gen_params().spec.p_min is None  # each model drafter's own p_min by default
     s = settings_from([["draft-head"], 8.0, None, 0.5, True, 0.0, 0, 1.0, 0.0, 7.0, 32.0, True, "auto", False])
     assert s.gen_params().spec.p_min == 0.5  # the slider's value once the box is off
+    assert s.gen_params().grammar is None  # free text by default
+
+
+def test_output_format_sets_the_grammar_and_leads_the_chain_with_its_drafter():
+    from ui.settings import EXAMPLE_SCHEMA
+
+    s = settings_from([["ngram-simple"], 8.0, None, 0.5, True, 0.0, 0, 1.0, 0.0, 7.0, 32.0, True, "auto", True,
+                       "json_schema", EXAMPLE_SCHEMA])
+    spec, plain = s.gen_params(), s.gen_params(speculative=False)
+    assert spec.grammar.kind == "json_schema" and spec.grammar.text == EXAMPLE_SCHEMA
+    assert spec.spec.types == ["grammar", "ngram-simple"]
+    assert plain.grammar == spec.grammar and plain.spec.types == []  # the baseline is constrained too
+    assert Settings(types=[], output_format="json").gen_params().spec.types == []  # an empty chain stays plain
+    assert Settings(types=["grammar", "ngram-simple"], output_format="json").chain(True) == ["grammar", "ngram-simple"]
+    with pytest.raises(ValueError, match="JSON schema is not valid JSON"):
+        Settings(output_format="json_schema", format_text="{oops").gen_params()
+    with pytest.raises(ValueError, match="Lark"):
+        Settings(output_format="lark", format_text="start: nowhere").gen_params()
+
+
+def test_format_box_fills_an_example_and_keeps_the_users_text():
+    from ui.settings import EXAMPLE_SCHEMA, FORMAT_EXAMPLES, format_box
+
+    assert format_box("json_schema", "") == {"__type__": "update", "value": EXAMPLE_SCHEMA, "visible": True}
+    assert format_box("regex", EXAMPLE_SCHEMA)["value"] == FORMAT_EXAMPLES["regex"]  # an example is replaced
+    assert format_box("regex", "[a-z]+")["value"] == "[a-z]+"  # the user's own is not
+    assert format_box("free", "")["visible"] is False and format_box("json", "")["visible"] is False
+
+
+def test_answers_are_checked_against_their_format():
+    import json
+
+    from ui.formatcheck import check_answer, format_html, schema_violations
+    from ui.settings import EXAMPLE_SCHEMA
+
+    schema = json.loads(EXAMPLE_SCHEMA)
+    assert check_answer('{"name": "Ada", "age": 36, "city": "London"}', "json_schema", EXAMPLE_SCHEMA) == \
+        (True, "valid JSON, follows the schema")
+    ok, why = check_answer('{"name": "Ada", "age": "36"}', "json_schema", EXAMPLE_SCHEMA)
+    assert not ok and "missing 'city'" in why and "+1 more" in why  # and age is a string
+    ints = {"type": "object", "properties": {"a": {"items": {"type": "integer"}}}}
+    assert schema_violations({"a": [1, True]}, ints) == ["$.a[1]: expected integer, got bool"]  # true: no integer
+    assert schema_violations("Sunday", {"enum": ["Monday"]}) == ["$: 'Sunday' is not one of ['Monday']"]
+    assert schema_violations({"x": 1}, schema) == ["$: missing 'name'", "$: missing 'age'", "$: missing 'city'",
+                                                   "$: unexpected key 'x'"]
+    assert check_answer("[1, 2]", "json", "")[0] and not check_answer('{"a": ', "json", "")[0]
+    assert check_answer("yes", "regex", "yes|no") == (True, "matches the regex")
+    cut = format_html('{"name": "Ad', "json_schema", EXAMPLE_SCHEMA, "length")
+    assert "format-bad" in cut and "not valid JSON" in cut and "the answer was cut: stop length" in cut
 
 
 @dataclass
@@ -392,6 +452,22 @@ def test_bad_input_and_busy_slots_are_user_errors():
     with pytest.raises(UserError, match="busy") as e:
         next(converse(busy, SessionState(), "hi", Settings(), manual=False))
     assert e.value.level == "error"
+
+
+def test_a_bad_schema_starts_nothing_and_a_finished_answer_is_checked():
+    from ui.session import UserError, converse
+    from ui.state import SessionState
+    from ui.views import all_views
+
+    app = fake_app([answer()])
+    with pytest.raises(UserError, match="Invalid settings: the JSON schema is not valid JSON"):
+        next(converse(app, SessionState(), "hi", Settings(output_format="json_schema", format_text="{"), manual=False))
+    assert app.runtime.scheduler.submitted == []  # nothing was started
+    session = SessionState()
+    list(converse(app, session, "hi", Settings(max_new_tokens=8, output_format="json", compare=False), manual=False))
+    assert app.runtime.scheduler.submitted[0].grammar.kind == "json"
+    assert "format-bad" in session.format_html and "not valid JSON" in session.format_html  # ' the cat sat...'
+    assert "format-check" in all_views(app, session)["summary"]
 
 
 def test_step_mode_runs_one_round_per_click_and_stop_ends_the_turn():

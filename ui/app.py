@@ -12,7 +12,7 @@ from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
 from ui.render import legend_html
 from ui.session import release
-from ui.settings import ALL_TYPES, Settings, default_types, own_p_min_text
+from ui.settings import ALL_TYPES, FORMAT_EXAMPLES, FORMATS, Settings, default_types, format_box, own_p_min_text
 from ui.state import AppState, SessionState
 from ui.views import all_views
 
@@ -75,13 +75,30 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
         max_new = gr.Slider(1, 1024, value=d.max_new_tokens, step=1, label="max new tokens", elem_id="max-new")
         cmp = gr.Checkbox(value=d.compare, label="Compare with plain decoding afterwards (speedup, lossless)",
                           elem_id="compare")
+        gr.Markdown("### Output format")
+        c["format"] = gr.Radio(FORMATS, value=d.output_format, label="Output format", elem_id="output-format",
+                               info="constrains every token to the format; the grammar drafter then leads the "
+                                    "chain with the tokens the format forces")
+        c["format_text"] = gr.Textbox(value=d.format_text, lines=8, max_lines=20, label="Schema, regex or grammar",
+                                      visible=False, elem_id="format-text")
+        # .input, not .change: an example that sets the format and its schema must not have it replaced here
+        c["format"].input(format_box, [c["format"], c["format_text"]], c["format_text"], show_progress="hidden")
     return c, [types, n_max, n_min, p_min, adaptive, temp, top_k, top_p, min_p, seed, max_new, cmp, rollback,
-               p_min_own]
+               p_min_own, c["format"], c["format_text"]]
 
 
 def filler(text: str):
     """A handler that puts `text` into the message box (an example button)."""
     return lambda: text
+
+
+def example_filler(ex):
+    """An example button's handler: the message box, and the output format where the example has one (the
+    others leave the format as the user set it)."""
+    if not ex.format:
+        return lambda: (ex.prompt, gr.skip(), gr.skip())
+    box = gr.update(value=ex.format_text, visible=ex.format in FORMAT_EXAMPLES)  # json (any) takes no text
+    return lambda: (ex.prompt, ex.format, box)
 
 
 def chat_column(examples: list, v: dict) -> dict:
@@ -108,7 +125,7 @@ def chat_column(examples: list, v: dict) -> dict:
         for ex in examples:
             label = ("\u2713 " if ex.pays else "\u2717 ") + ex.title
             btn = gr.Button(label, size="sm", min_width=60, elem_classes=["ex-pays" if ex.pays else "ex-nopay"])
-            w["examples"].append((btn, ex.prompt))
+            w["examples"].append((btn, ex))
     gr.HTML('<div class="muted small">\u2713 the answer copies the prompt: drafts get accepted. '
             '\u2717 open writing: nothing to copy; only the draft head (embedded model) guesses.</div>')
     v["summary"] = gr.HTML(elem_id="summary")
@@ -175,8 +192,9 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: l
     # page instead of racing it to start a second turn
     gr.on([w["send"].click, w["msg"].submit], on_send, inputs, outputs, trigger_mode="once", api_name="send",
           **stream)
-    for btn, prompt in w["examples"]:
-        btn.click(filler(prompt), None, w["msg"], show_progress="hidden").then(on_send, inputs, outputs, **stream)
+    for btn, ex in w["examples"]:
+        btn.click(example_filler(ex), None, [w["msg"], c["format"], c["format_text"]],
+                  show_progress="hidden").then(on_send, inputs, outputs, **stream)
     w["stop"].click(lambda s: handlers.stop(app, s), session, outputs, api_name="stop", **stream)
     w["step"].click(lambda s: handlers.step(app, s), session, outputs, api_name="step", **stream)
     w["clear"].click(lambda s: handlers.clear(app, s), session, outputs, api_name="clear", **stream)

@@ -15,7 +15,9 @@ class Example:
     title: str
     prompt: str
     pays: bool  # True: the answer repeats text of the prompt, so n-gram drafts get accepted
-    why: str = ""
+    why: str = ""  # why it pays or not, for whoever edits the list
+    format: str = ""  # the output format the example sets (a GrammarSpec kind); "" leaves the user's format
+    format_text: str = ""  # that format's schema (JSON text), regex or grammar
 
 
 def load_examples(path: Path = EXAMPLES_PATH) -> list[Example]:
@@ -25,4 +27,12 @@ def load_examples(path: Path = EXAMPLES_PATH) -> list[Example]:
     except (OSError, ValueError):
         return []
     return [Example(title=str(x["title"]), prompt=str(x["prompt"]), pays=bool(x.get("pays", True)),
-                    why=str(x.get("why", ""))) for x in items if isinstance(x, dict) and "prompt" in x and "title" in x]
+                    why=str(x.get("why", "")), format=str(x.get("format", "")), format_text=format_text(x))
+            for x in items if isinstance(x, dict) and "prompt" in x and "title" in x]
+
+
+def format_text(item: dict) -> str:
+    """The example's schema as the format box shows it (indented JSON), or its regex or grammar as written."""
+    if "schema" in item:
+        return json.dumps(item["schema"], indent=2)
+    return str(item.get("format_text", ""))

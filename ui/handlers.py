@@ -18,8 +18,8 @@ from ui.state import AppState, SessionState
 from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views, chat_view
 
 VIEWS = TEXT_VIEWS + CHART_VIEWS
-CLEARED = ("history", "turns_html", "pending_user", "run", "plain", "compare_html", "notice", "seq_stats",
-           "charts_key")
+CLEARED = ("history", "turns_html", "pending_user", "run", "plain", "compare_html", "format_html", "notice",
+           "seq_stats", "charts_key")
 
 
 def pack(views: dict, msg_value: str | None = None) -> tuple:

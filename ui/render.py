@@ -2,7 +2,8 @@
 
 Pure functions of RoundEvents (and the target vocabulary) to HTML strings. CSS classes are a contract with
 assets/style.css and the browser test: .tok-acc accepted draft, .tok-bonus the target's own token after a
-verified draft (bonus or correction), .tok-rej rejected draft (struck through, where it was proposed, in an
+verified draft (bonus or correction), .tok-forced a token the grammar forced (accepted from the `grammar` drafter:
+constrained output, not a guess), .tok-rej rejected draft (struck through, where it was proposed, in an
 s.rej-group with its drafter's tag), .tok-tgt the target's token in a round without a draft, .tok-special a
 special token such as end-of-turn.
 """
@@ -17,7 +18,7 @@ from ui.tokens import Vocab, tip, visible
 # kind -> CSS classes. The tooltip's first line (what happened) comes from the class in assets/style.css, so
 # each of the thousands of token spans carries only its own numbers: the answer's HTML stays small.
 CLASSES = {"acc": "tok tok-acc", "bonus": "tok tok-bonus", "fix": "tok tok-bonus tok-fix", "rej": "tok tok-rej",
-           "tgt": "tok tok-tgt", "first": "tok tok-tgt tok-first"}
+           "forced": "tok tok-forced", "tgt": "tok tok-tgt", "first": "tok tok-tgt tok-first"}
 
 # A rejected run is an <s> element (text no longer relevant) and nothing inside it is an <s> (token text is
 # escaped), so finished turns, cached as HTML, can drop their rejected drafts without being rendered again.
@@ -48,7 +49,7 @@ def token_span(kind: str, piece: str, tok: int, pos: int, vocab: Vocab, ev, p: s
     if vocab.is_special(tok):
         classes += " tok-special"
         shown = html.escape(vocab.raw(tok))
-    drafter = f"drafter {ev.drafter}" if kind in ("acc", "rej") and ev.drafter else ""
+    drafter = f"drafter {ev.drafter}" if kind in ("acc", "forced", "rej") and ev.drafter else ""
     probs = "  ".join(x for x in (p, q) if x)
     data = tip([f"pos {pos} · round {ev.round}", drafter, probs, f"#{tok} {vocab.raw(tok)!r}"])
     return f'<span class="{classes}" data-tip="{data}">{shown}</span>'
@@ -56,7 +57,9 @@ def token_span(kind: str, piece: str, tok: int, pos: int, vocab: Vocab, ev, p: s
 
 def emitted_kind(ev, i: int) -> str:
     if i < ev.n_accepted:
-        return "acc"
+        # the grammar's tokens are kept because the output format leaves no other way on, not because a drafter
+        # guessed well: a mark of their own, so structured output does not pass for high acceptance
+        return "forced" if ev.drafter == "grammar" else "acc"
     if ev.kind == "prefill":
         return "first"
     if not ev.drafted:
@@ -75,7 +78,7 @@ def round_html(ev, vocab: Vocab, context: list[int]) -> str:
     pieces = vocab.pieces(context, emitted)
     parts = []
     for i, tok in enumerate(emitted[:m]):
-        parts.append(token_span("acc", pieces[i], tok, ev.p0 + i, vocab, ev, fmt_prob("p", ev.p_target, i),
+        parts.append(token_span(emitted_kind(ev, i), pieces[i], tok, ev.p0 + i, vocab, ev, fmt_prob("p", ev.p_target, i),
                                 fmt_prob("q", ev.q_draft, i)))
     if len(emitted) > m and ev.rejected:  # cut at a stop inside the accepted run: the rest was never shown
         rej_pieces = vocab.pieces(context + emitted[:m], ev.rejected)
@@ -98,6 +101,7 @@ def round_html(ev, vocab: Vocab, context: list[int]) -> str:
 def legend_html() -> str:
     items = [
         ("tok-acc", "accepted", "a drafted token the target agreed with"),
+        ("tok-forced", "forced", "fixed by the output format (grammar drafter), checked by the target"),
         ("tok-bonus", "target's token", "the bonus (all accepted) or the correction (after a rejection)"),
         ("tok-rej", "rejected", "drafted, refused by the target, removed from the cache (tag: drafter)"),
         ("tok-tgt", "plain", "the target's token in a round without a draft"),

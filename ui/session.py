@@ -11,6 +11,7 @@ import time
 from typing import Iterator
 
 from engine.events import ErrorEvent, WaitEvent
+from ui.formatcheck import format_html
 from ui.render import compare_html, user_bubble
 from ui.run import RunRecord
 from ui.settings import Settings
@@ -65,6 +66,7 @@ def start_turn(app: AppState, session: SessionState, text: str, settings: Settin
     active = submit(app, session, text, settings, manual=manual)
     session.active, session.run, session.plain = active, active.run, None
     session.pending_user, session.compare_html, session.seq_stats = text, "", {}
+    session.format_html = ""
     session.notice = ("", "info")
     return active
 
@@ -158,6 +160,16 @@ def end_turn(session: SessionState) -> None:
     session.pending_user = ""
 
 
+def check_format(session: SessionState, settings: Settings) -> None:
+    """Under an output format, say whether the finished answer parses and follows it (before the comparison,
+    which takes as long again)."""
+    run, spec = session.run, settings.grammar()
+    if run is None or spec is None or run.error is not None:
+        return
+    text = run.vocab.tokenizer.decode(run.ids, skip_special_tokens=True)
+    session.format_html = format_html(text, spec.kind, spec.text, run.stop_reason)
+
+
 def compare(app: AppState, session: SessionState, settings: Settings) -> Iterator[None]:
     """Plain decoding of the same prompt with the same seed: speedup and the lossless check."""
     run = session.run
@@ -245,6 +257,7 @@ def converse(app: AppState, session: SessionState, text: str, settings: Settings
         for _ in follow(session, active):
             yield
         end_turn(session)
+        check_format(session, settings)
         yield
         run = session.run
         if settings.compare and settings.types and run.error is None and run.stop_reason != "stopped":

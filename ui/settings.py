@@ -5,13 +5,42 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.drafters.chain import NGRAM_CHAIN, PRIORITY
+from engine.grammar import GrammarSpec
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 
 DEFAULT_CHAIN = list(NGRAM_CHAIN)
 DRAFT_MODEL_TYPE = "draft-simple"
 HEAD_TYPE = "draft-head"
-ALL_TYPES = [t for t in PRIORITY if t != "grammar"]  # the page has no output-format control yet
+ALL_TYPES = list(PRIORITY)
+GRAMMAR_TYPE = "grammar"
+
+# the "Output format" control: (label, value); the value is a GrammarSpec kind, "free" for no grammar
+FORMATS = [("free text", "free"), ("JSON (any object)", "json"), ("JSON schema", "json_schema"), ("regex", "regex"),
+           ("grammar (Lark)", "lark")]
+# what the format box holds when a format is picked: a working start the user edits
+EXAMPLE_SCHEMA = """{
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 30},
+    "age": {"type": "integer"},
+    "city": {"type": "string", "maxLength": 30}
+  },
+  "required": ["name", "age", "city"],
+  "additionalProperties": false
+}"""
+FORMAT_EXAMPLES = {"json_schema": EXAMPLE_SCHEMA, "regex": r"(yes|no), because [a-z ,]{10,80}\.",
+                   "lark": 'start: "The answer is " ANSWER "."\nANSWER: /[0-9]+/'}
+
+
+def format_box(kind: str, text: str):
+    """The format box after the user picks a format: shown only for formats that take a text, and filled with
+    that format's example unless it holds the user's own text."""
+    import gradio as gr  # only the page needs it; the settings themselves are plain data
+
+    own = (text or "").strip() and text not in FORMAT_EXAMPLES.values()
+    value = text if own else FORMAT_EXAMPLES.get(kind, "")
+    return gr.update(value=value, visible=kind in FORMAT_EXAMPLES)
 
 
 def own_p_min_text() -> str:
@@ -65,6 +94,21 @@ class Settings:
     compare: bool = True  # run plain decoding after the speculative run, for speedup and the lossless check
     rollback: str = "auto"  # "auto": seq_rm; "checkpoint": checkpoint, restore and replay on every rejection
     p_min_own: bool = True  # each model drafter uses its own p_min (own_p_min_text), not the p_min above
+    output_format: str = "free"  # "free" (no grammar) or a GrammarSpec kind: json | json_schema | regex | lark
+    format_text: str = ""  # the JSON schema, regex or Lark grammar of that format (unused for free and json)
+
+    def grammar(self) -> GrammarSpec | None:
+        """The output format as the engine's GrammarSpec; None for free text."""
+        kind = str(self.output_format or "free")
+        return None if kind == "free" else GrammarSpec(kind, str(self.format_text or ""))
+
+    def chain(self, speculative: bool) -> list[str]:
+        """The drafter chain sent to the engine: with an output format, `grammar` leads it (its forced tokens
+        cost no model call and are kept whenever the target agrees); plain decoding stays plain."""
+        types = list(self.types or []) if speculative else []
+        if types and self.grammar() is not None and GRAMMAR_TYPE not in types:
+            types.insert(0, GRAMMAR_TYPE)
+        return types
 
     def gen_params(self, speculative: bool = True) -> GenParams:
         """GenParams for the engine; speculative=False is the plain baseline with the same sampler and seed.
@@ -73,10 +117,12 @@ class Settings:
             max_new_tokens=int(self.max_new_tokens),
             sampling=SamplerParams(temp=float(self.temp), top_k=int(self.top_k), top_p=float(self.top_p),
                                    min_p=float(self.min_p), seed=int(self.seed)),
-            spec=SpecParams(types=list(self.types or []) if speculative else [], n_max=int(self.n_max),
+            spec=SpecParams(types=self.chain(speculative), n_max=int(self.n_max),
                             n_min=int(self.n_min), p_min=None if self.p_min_own else float(self.p_min),
                             adaptive=bool(self.adaptive),
                             rollback=str(self.rollback or "auto")),
+            # the plain baseline is constrained too, so the lossless check compares like with like
+            grammar=self.grammar(),
         )
         params.validate()
         return params

@@ -73,6 +73,7 @@ class SessionState:
     run: RunRecord | None = None  # the speculative run shown (live or last)
     plain: RunRecord | None = None  # the plain run of the comparison
     compare_html: str = ""  # speedup + lossless badge of the last comparison
+    format_html: str = ""  # whether the last answer parses and follows its output format ("" for free text)
     active: Active | None = None  # generation in flight, if any
     notice: tuple[str, str] = ("", "info")  # (text, level) of the message box
     seq_stats: dict = field(default_factory=dict)  # engine counters of the last run's sequence (snapshot)

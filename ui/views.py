@@ -35,7 +35,7 @@ def summary_view(session: SessionState) -> str:
     if run is None:
         return '<div class="summary muted">Speed and the lossless check appear here after an answer.</div>'
     return (f'<div class="summary"><div class="summary-line"><span class="summary-label">speculative</span> '
-            f'{run.meta_html()}</div>{session.compare_html}</div>')
+            f'{run.meta_html()}</div>{session.format_html}{session.compare_html}</div>')
 
 
 def text_views(app: AppState, session: SessionState) -> dict[str, str]:

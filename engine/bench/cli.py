@@ -24,7 +24,7 @@ from pathlib import Path
 
 from engine.bench.lossless import WHY_NA, why_na
 from engine.bench.rows import write_rows
-from engine.bench.run import BenchConfig
+from engine.bench.run import BenchConfig, prompt_grammar
 from engine.bench.stats import geomean, print_sweep_summary
 from engine.bench.sweep import cells_needed, run_sweep, sweep_from_args
 
@@ -61,6 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--n-rs", type=int, default=0,
                     help="recurrent targets: undo rejected tails of up to N tokens from kept states (RS)")
     ap.add_argument("--compare", choices=["hf"], default=None)
+    fmt = ap.add_mutually_exclusive_group()
+    fmt.add_argument("--json-schema", default=None, metavar="FILE",
+                     help="constrain every answer to this JSON schema (a prompt's own json_schema or regex wins)")
+    fmt.add_argument("--regex", default=None, metavar="R", help="constrain every answer to this regex")
+    fmt.add_argument("--grammar", default=None, metavar="FILE", help="constrain every answer to this Lark grammar")
     ap.add_argument("--trust-remote-code", action="store_true")
     return ap.parse_args(argv)
 
@@ -84,6 +89,24 @@ def load_prompts(path: str) -> list[dict]:
     if not out:
         raise ValueError(f"no prompts in {path}")
     return out
+
+
+def setup_grammar(cfg, engine, prompts: list[dict], args) -> None:
+    """Check every output format of the run against the target's tokenizer (a bad one stops the run before it
+    starts) and put the grammar drafter first in the chain when any prompt has a format."""
+    specs = [s for s in [cfg.grammar] + [prompt_grammar(p) for p in prompts] if s is not None]
+    if not specs:
+        return
+    if args.compare or args.synthetic_accept:
+        # generate() is unconstrained and synthetic acceptance keeps tokens the grammar may forbid: neither
+        # would be compared with constrained plain decoding
+        raise ValueError("a grammar does not go with --compare hf or --synthetic-accept")
+    if args.ignore_eos:
+        raise ValueError("a grammar and --ignore-eos do not go together: the grammar ends the answer")
+    for spec in specs:
+        spec.validate(engine.grammar_tokenizer())
+    if cfg.spec.types and "grammar" not in cfg.spec.types:
+        cfg.spec.types.insert(0, "grammar")  # free drafts of the forced tokens; other prompts skip it
 
 
 def _label(r: dict) -> str:
@@ -130,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         target, draft = cfg.load()
         cfg.n_ctx = max(cfg.n_ctx, cells_needed(target, prompts, sweep, cfg.max_new_tokens))
         engine = cfg.build(target, draft, n_seq_max=max(sweep.parallel), n_draft=max(sweep.n_max))
+        setup_grammar(cfg, engine, prompts, args)
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -23,6 +23,8 @@ COLUMNS = [
     "tps_decode", "tps_decode_baseline", "speedup_decode", "tps_group", "accept_p", "synthetic_accept",
     # how the drafts were verified (match;rejection;synthetic): why lossless_ok is "n/a" (engine.bench.lossless)
     "verify_mode",
+    # structured output: the grammar's kind ("" unconstrained) and the tokens accepted from the grammar drafter
+    "grammar", "forced_tokens",
 ]
 
 
@@ -61,7 +63,13 @@ def make_row(cfg: BenchConfig, prompt: dict, res: list[RunResult], base: list[Ru
         "tps_group": round(tps_group, 3), "accept_p": round(r0.accept_p, 4),
         "synthetic_accept": cfg.spec.synthetic_accept if r0.spec_on and cfg.spec.synthetic_accept is not None else "",
         "verify_mode": ";".join(r0.verify_modes),
+        "grammar": _grammar_kind(cfg, prompt), "forced_tokens": r0.forced_tokens,
     }
+
+
+def _grammar_kind(cfg: BenchConfig, prompt: dict) -> str:
+    spec = cfg.grammar_of(prompt)
+    return spec.kind if spec is not None else ""
 
 
 def write_rows(rows: list[dict], path: str | Path) -> None:

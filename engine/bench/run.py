@@ -6,11 +6,14 @@ traces.csv row reports from them; group_tps is what the group's slots decoded to
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from engine.bench.lossless import lossless_check, verify_modes
 from engine.events import RoundEvent
+from engine.grammar import GrammarSpec
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 
@@ -32,6 +35,8 @@ class BenchConfig:
     quant_bits: int = 0  # filled once the target is loaded
     ignore_eos: bool = False  # generate max_new_tokens whatever the text (fixed-length sweeps)
     n_rs: int = 0  # recurrent targets: tail undone from kept states instead of a checkpoint (engine.rs_steps)
+    # the output format of every prompt (--json-schema, --regex, --grammar); a prompt's own field overrides it
+    grammar: GrammarSpec | None = None
 
     @classmethod
     def from_args(cls, a, n_max: int, parallel: int, ctx_len: int) -> "BenchConfig":
@@ -43,11 +48,17 @@ class BenchConfig:
         sampling = SamplerParams(temp=a.temp, seed=a.seed)
         cfg = cls(target=a.target, draft=a.draft, spec=spec, sampling=sampling, max_new_tokens=a.max_new_tokens,
                   parallel=parallel, ctx_len=ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code,
-                  ignore_eos=a.ignore_eos, n_rs=a.n_rs)
+                  ignore_eos=a.ignore_eos, n_rs=a.n_rs, grammar=grammar_from_args(a))
         if a.repeat < 1 or a.max_new_tokens < 1 or a.n_rs < 0:
             raise ValueError("--repeat and --max-new-tokens must be >= 1, --n-rs >= 0")
-        GenParams(max_new_tokens=a.max_new_tokens, sampling=sampling, spec=spec).validate()
+        # the run's grammar compiles here, before any model loads; the prompts' own ones once the target is known
+        GenParams(max_new_tokens=a.max_new_tokens, sampling=sampling, spec=spec, ignore_eos=a.ignore_eos,
+                  grammar=cfg.grammar).validate()
         return cfg
+
+    def grammar_of(self, prompt: dict) -> GrammarSpec | None:
+        """The output format of one prompt: its own "json_schema" or "regex" field, else the run's."""
+        return prompt_grammar(prompt) or self.grammar
 
     def load(self):
         """Target and draft models (slow); raises ModelLoadError (a ValueError/OSError) with the reason."""
@@ -70,6 +81,34 @@ class BenchConfig:
         if self.spec.types and not engine.probe.can_speculate:
             raise RuntimeError(f"speculation is off for this model: {engine.probe.reason}")
         return engine
+
+
+def _read(path: str, flag: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{flag}: file not found: {path}")
+    return p.read_text()
+
+
+def grammar_from_args(a) -> GrammarSpec | None:
+    """The run's output format from --json-schema FILE, --regex R or --grammar FILE (Lark); None without one."""
+    if getattr(a, "json_schema", None):
+        return GrammarSpec("json_schema", _read(a.json_schema, "--json-schema"))
+    if getattr(a, "regex", None):
+        return GrammarSpec("regex", a.regex)
+    if getattr(a, "grammar", None):
+        return GrammarSpec("lark", _read(a.grammar, "--grammar"))
+    return None
+
+
+def prompt_grammar(prompt: dict) -> GrammarSpec | None:
+    """A prompts-file line's own output format: "json_schema" (an object, or its JSON text) or "regex"."""
+    if "json_schema" in prompt:
+        schema = prompt["json_schema"]
+        return GrammarSpec("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+    if "regex" in prompt:
+        return GrammarSpec("regex", str(prompt["regex"]))
+    return None
 
 
 @dataclass
@@ -111,6 +150,11 @@ class RunResult:
         """llama.cpp's #mean acc len: 1 + accepted tokens per verified draft."""
         n = len(self._spec())
         return 1.0 + self.n_accepted / n if n else (1.0 if self.events else 0.0)
+
+    @property
+    def forced_tokens(self) -> int:
+        """Tokens accepted from the grammar drafter: the part of the output its format forced."""
+        return sum(e.n_accepted for e in self._spec() if e.drafter == "grammar")
 
     @property
     def accept_rate(self) -> float:
@@ -223,9 +267,10 @@ def run_ours(cfg: BenchConfig, engine, group: list[dict], spec: bool, reference:
     ids = [prompt_ids(engine, p, cfg.ctx_len) for p in group]
     t0 = time.perf_counter()
     for i, toks in enumerate(ids):
+        # plain and speculative runs alike are constrained: lossless_ok compares constrained with constrained
         params = GenParams(max_new_tokens=n_new, sampling=SamplerParams(**vars(cfg.sampling)),
                            spec=SpecParams(**{**vars(spec_params), "types": list(spec_params.types)}),
-                           ignore_eos=cfg.ignore_eos)
+                           ignore_eos=cfg.ignore_eos, grammar=cfg.grammar_of(group[i]))
         seqs.append(engine.start(toks, params, seq=i).seq)
     events: dict[int, list[RoundEvent]] = {s: [] for s in seqs}
     while engine.active():
