@@ -294,6 +294,10 @@ class Engine:
         events: list[RoundEvent | ErrorEvent] = []
         for slot in self.active(only):
             if slot.stop_requested:
+                if slot.replay is not None and slot.grammar is not None:
+                    # stopped between a checkpoint restore and its replay: the user was given the decided
+                    # tokens, so the grammar takes them as the replay would have
+                    slot.grammar.consume_all(slot.replay.tokens[1:])
                 events.append(slot.finish("stopped", RoundEvent(seq=slot.seq, round=slot.round,
                               kind="plain", drafter=None, pos_sampled=len(slot.tokens), p0=len(slot.tokens) + 1)))
         prefilled = set()

@@ -90,6 +90,23 @@ def test_constrained_speculation_is_token_identical_at_temp_0(engine, prompts, p
         assert any(ev.kind == "spec" for ev in events), f"{types} never drafted"
 
 
+@pytest.mark.parametrize("types", [["draft-head"], CHAIN + ["draft-head"]], ids=lambda t: "+".join(t))
+def test_the_draft_head_under_a_grammar_is_token_identical_at_temp_0(engine, prompts, plain, types):
+    got, events = run_all(engine, prompts, lambda i, c: params(c, types))
+    assert got == plain
+    assert any(ev.kind == "spec" and ev.drafter == "draft-head" for ev in events), "the head never drafted"
+
+
+def test_rejection_sampling_under_a_grammar_keeps_to_the_schema(engine, embedded, prompts):
+    """At temperature > 0 the head's drafts are verified by masked rejection sampling: lossless in distribution
+    (test_masked_rejection_sampling_is_distributed_as_masked_p), so here every answer must follow its schema."""
+    got, events = run_all(engine, prompts, lambda i, c: params(c, ["draft-head"], temp=0.7, seed=200 + i))
+    assert any(ev.verify_mode == "rejection" for ev in events), "no round was verified by rejection sampling"
+    for case, toks in zip(CASES, got):
+        if toks[-1] in engine.eos:
+            check(json.loads(embedded.decode(toks)), case[2])
+
+
 def test_adaptive_chain_and_checkpoint_path_are_token_identical(engine, prompts, plain):
     assert run_all(engine, prompts, lambda i, c: params(c, CHAIN, adaptive=True))[0] == plain
     got, events = run_all(engine, prompts, lambda i, c: params(c, CHAIN, rollback="checkpoint"))
@@ -213,3 +230,38 @@ def test_masking_q_without_renormalising_would_be_caught(monkeypatch):
     monkeypatch.setattr(verify, "mask_q", lambda q, allowed: q * allowed.to(q.dtype))
     freq = masked_first_tokens(10000)
     assert 0.5 * float((freq - masked_p()).abs().sum()) > 0.035
+
+
+@pytest.mark.parametrize("rollback", ["auto", "checkpoint"])
+def test_grammar_state_after_a_stop_equals_the_emitted_tokens(engine, prompts, monkeypatch, rollback):
+    """Stop lands between rounds, also between a checkpoint restore and its replay: the matcher must then
+    hold exactly the tokens the user was given."""
+    tok = engine.grammar_tokenizer()
+    candidates = [int(t) for t in engine.target.encode(' 7 x "z" , } ] true')]
+
+    def adversary(requests):  # forced tokens then one the target seldom takes: rejections, and replays
+        for r in requests:
+            forced = r.grammar.forced()[: r.n_max]
+            pick = next((c for c in candidates if r.grammar.valid_prefix(forced + [c]) == len(forced) + 1), None)
+            r.result = forced + ([pick] if pick is not None and len(forced) < r.n_max else [])
+
+    monkeypatch.setattr(engine.drafter("grammar"), "draft", adversary)
+    stopped_in_replay = 0
+    for case, ids in list(zip(CASES, prompts))[:4]:
+        for n_rounds in (2, 3, 4):
+            slot = engine.start(ids, params(case, ["grammar"], rollback=rollback))
+            for _ in range(n_rounds):
+                if slot.state != "done":
+                    engine.step()
+            if slot.state == "done":
+                continue
+            stopped_in_replay += slot.replay is not None
+            engine.stop(slot.seq)
+            engine.step()
+            assert slot.stop_reason == "stopped"
+            ref = Grammar.start(slot.params.grammar, tok)
+            ref.consume_all(list(slot.generated))
+            assert slot.grammar.matcher.compute_bitmask() == ref.matcher.compute_bitmask()
+            assert slot.grammar.forced() == ref.forced()
+    if rollback == "checkpoint":
+        assert stopped_in_replay > 0, "no stop landed between a restore and its replay"

@@ -621,3 +621,17 @@ def test_a_shared_demo_refuses_model_loads_from_the_page(monkeypatch):
     old = app.runtime
     assert "Loaded" in load_models(app, "other", "")
     assert built_on == ["other"] and old.scheduler.closed, "built through the old engine's queue, then closed"
+
+
+def test_a_step_mode_answer_is_checked_against_its_output_format_when_it_ends():
+    from ui.session import converse, step_turn
+    from ui.state import SessionState
+
+    script = [make_round(0, 3), spec_event(round=1, pos_sampled=3, p0=4, emitted=[5, 6, EOS], done=True,
+                                           stop_reason="eos", rm_range=(7, 9), seq_cells=7)]
+    app, session = fake_app([script]), SessionState()
+    list(converse(app, session, "hi", Settings(output_format="json"), manual=True))
+    step_turn(app, session)
+    assert session.format_html == ""  # not finished yet
+    step_turn(app, session)
+    assert not session.busy and "JSON" in session.format_html

@@ -66,7 +66,7 @@ def start_turn(app: AppState, session: SessionState, text: str, settings: Settin
     active = submit(app, session, text, settings, manual=manual)
     session.active, session.run, session.plain = active, active.run, None
     session.pending_user, session.compare_html, session.seq_stats = text, "", {}
-    session.format_html = ""
+    session.format_html, session.format_spec = "", settings.grammar()
     session.notice = ("", "info")
     return active
 
@@ -160,10 +160,10 @@ def end_turn(session: SessionState) -> None:
     session.pending_user = ""
 
 
-def check_format(session: SessionState, settings: Settings) -> None:
+def check_format(session: SessionState) -> None:
     """Under an output format, say whether the finished answer parses and follows it (before the comparison,
     which takes as long again)."""
-    run, spec = session.run, settings.grammar()
+    run, spec = session.run, session.format_spec
     if run is None or spec is None or run.error is not None:
         return
     text = run.vocab.tokenizer.decode(run.ids, skip_special_tokens=True)
@@ -257,7 +257,7 @@ def converse(app: AppState, session: SessionState, text: str, settings: Settings
         for _ in follow(session, active):
             yield
         end_turn(session)
-        check_format(session, settings)
+        check_format(session)
         yield
         run = session.run
         if settings.compare and settings.types and run.error is None and run.stop_reason != "stopped":
@@ -271,6 +271,7 @@ def step_turn(app: AppState, session: SessionState) -> None:
     step(session)
     if session.active is not None and session.active.finished:
         end_turn(session)
+        check_format(session)
 
 
 def stop_turn(app: AppState, session: SessionState) -> None:
@@ -278,6 +279,7 @@ def stop_turn(app: AppState, session: SessionState) -> None:
     stop(session)
     if session.active is not None and session.active.manual and session.active.finished:
         end_turn(session)
+        check_format(session)
 
 
 def counters(session: SessionState) -> dict:

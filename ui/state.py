@@ -74,6 +74,7 @@ class SessionState:
     plain: RunRecord | None = None  # the plain run of the comparison
     compare_html: str = ""  # speedup + lossless badge of the last comparison
     format_html: str = ""  # whether the last answer parses and follows its output format ("" for free text)
+    format_spec: object = None  # the turn's output format (engine.grammar.GrammarSpec), None for free text
     active: Active | None = None  # generation in flight, if any
     notice: tuple[str, str] = ("", "info")  # (text, level) of the message box
     seq_stats: dict = field(default_factory=dict)  # engine counters of the last run's sequence (snapshot)
