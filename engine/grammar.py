@@ -82,9 +82,13 @@ class GrammarSpec:
 class Grammar:
     """The matcher of one slot: it has consumed every token the slot emitted (so the last sampled token too)."""
 
-    def __init__(self, matcher, n_vocab: int):
+    def __init__(self, matcher, n_vocab: int, eos: frozenset[int], ended: bool = False):
         self.matcher = matcher  # llguidance.LLMatcher, advanced through the emitted tokens
         self.n_vocab = n_vocab  # the tokenizer's vocabulary; logits ids past it are never allowed
+        # end-of-sequence tokens stay out of the matcher: llguidance keeps no history entry for them, so a
+        # rollback over a rejected end would undo the token before it instead (and leave the end forbidden)
+        self.eos = eos
+        self.ended = ended  # an end was taken: nothing after it is ever given out
 
     @classmethod
     def start(cls, spec: GrammarSpec, tokenizer) -> "Grammar":
@@ -93,7 +97,7 @@ class Grammar:
         matcher = LLMatcher(tokenizer, spec.compile(), log_level=0)
         if matcher.is_error():
             raise ValueError(f"invalid grammar: {_one_line(matcher.get_error())}")
-        return cls(matcher, tokenizer.vocab_size)
+        return cls(matcher, tokenizer.vocab_size, frozenset(int(t) for t in tokenizer.eos_tokens))
 
     def _check(self) -> None:
         if self.matcher.is_error():
@@ -101,6 +105,8 @@ class Grammar:
 
     def allowed(self, width: int) -> torch.Tensor:
         """Bool [width]: the ids the grammar allows next (EOS once the grammar accepts)."""
+        if self.ended:  # a row after the end (the bonus row of a draft that ends): never given out
+            return torch.ones(width, dtype=torch.bool)
         self._check()
         bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
         self._check()  # a dead end (nothing can follow, not even the end) shows only once the mask is computed
@@ -125,6 +131,13 @@ class Grammar:
         return torch.stack(rows)
 
     def consume(self, tok: int) -> None:
+        if self.ended:
+            return
+        if int(tok) in self.eos:
+            if not self.matcher.is_accepting():
+                raise RuntimeError("the grammar refused the end of sequence: the output is not complete")
+            self.ended = True
+            return
         if not self.matcher.consume_token(int(tok)):
             raise RuntimeError(f"the grammar refused token {tok}: {_one_line(self.matcher.get_error())}")
 
@@ -134,28 +147,39 @@ class Grammar:
 
     def rollback(self, n: int) -> None:
         """Forget the last n consumed tokens (a rejected draft tail)."""
+        if n > 0 and self.ended:
+            self.ended, n = False, n - 1
         if n > 0 and not self.matcher.rollback(n):
             raise RuntimeError(f"the grammar could not roll back {n} tokens: {self.matcher.get_error()}")
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces next, whatever the model says (may be empty)."""
+        if self.ended:
+            return []
         self._check()
         return [int(t) for t in self.matcher.compute_ff_tokens()]
 
     def valid_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens` the grammar accepts in a row from here; the state does not change."""
-        n = next((i for i, t in enumerate(tokens) if not 0 <= t < self.n_vocab), len(tokens))
-        return int(self.matcher.validate_tokens([int(t) for t in tokens[:n]])) if n else 0
+        if self.ended:
+            return 0
+        n = next((i for i, t in enumerate(tokens) if not 0 <= t < self.n_vocab or t in self.eos), len(tokens))
+        ok = int(self.matcher.validate_tokens([int(t) for t in tokens[:n]])) if n else 0
+        if ok == n < len(tokens) and tokens[n] in self.eos:  # the end is allowed where the grammar is complete
+            probe = self.matcher.deep_copy()
+            if probe.consume_tokens([int(t) for t in tokens[:n]]) and probe.is_accepting():
+                ok += 1
+        return ok
 
     def is_accepting(self) -> bool:
-        return bool(self.matcher.is_accepting())
+        return self.ended or bool(self.matcher.is_accepting())
 
     def clone(self) -> "Grammar":
-        return Grammar(self.matcher.deep_copy(), self.n_vocab)
+        return Grammar(self.matcher.deep_copy(), self.n_vocab, self.eos, self.ended)
 
     def copy_from(self, other: "Grammar") -> None:
         """Restore this grammar to `other`'s state (checkpoint restore); `other` stays usable."""
-        self.matcher = other.matcher.deep_copy()
+        self.matcher, self.ended = other.matcher.deep_copy(), other.ended
 
     def view(self) -> "GrammarView":
         return GrammarView(self)

@@ -265,3 +265,42 @@ def test_grammar_state_after_a_stop_equals_the_emitted_tokens(engine, prompts, m
             assert slot.grammar.forced() == ref.forced()
     if rollback == "checkpoint":
         assert stopped_in_replay > 0, "no stop landed between a restore and its replay"
+
+
+def test_a_draft_model_under_a_grammar_is_lossless(embedded, prompts, plain):
+    """draft-simple (the target itself as its draft model: the only one with its tokenizer here): token-identical
+    at temperature 0, and at 0.7 its drafts go through masked rejection sampling and answers follow the schema.
+    Two cases and short drafts: a draft model as large as the target drafts slowly on these cores."""
+    n = 2
+    engine = Engine(embedded, embedded, n_ctx=1024, n_seq_max=n, calibrate=False)
+    cases = list(zip(CASES, prompts, plain))[:n]
+
+    def run_cases(**kw):
+        slots = [engine.start(ids, params(case, ["draft-simple"], **kw)) for case, ids, _ in cases]
+        events = []
+        while any(s.state != "done" for s in slots):
+            events.extend(engine.step())
+        return [list(s.generated) for s in slots], events
+
+    got, events = run_cases()
+    assert got == [want for _, _, want in cases]
+    assert any(ev.kind == "spec" and ev.drafter == "draft-simple" for ev in events)
+    got, events = run_cases(temp=0.7, seed=300)
+    assert any(ev.verify_mode == "rejection" for ev in events)
+    for (case, _, _), toks in zip(cases, got):
+        if toks[-1] in engine.eos:
+            check(json.loads(embedded.decode(toks)), case[2])
+
+
+def test_a_rejected_end_of_sequence_rolls_back_to_the_token_before_it(engine, embedded):
+    """llguidance keeps no history entry for the end-of-sequence token: rolling back over it must leave the
+    matcher right after the tokens before it, where the end is allowed again."""
+    g = Grammar.start(GrammarSpec("regex", "ab"), engine.grammar_tokenizer())
+    ab = embedded.tokenizer.encode("ab", add_special_tokens=False)
+    eos = sorted(engine.eos)[0]
+    g.masks_along(ab + [eos], embedded.model.config.vocab_size)  # the draft 'ab', end: the matcher walks it all
+    g.rollback(1)  # the end was rejected
+    assert g.is_accepting() and bool(g.allowed(embedded.model.config.vocab_size)[eos])
+    g.consume(eos)
+    g.rollback(len(ab) + 1)
+    assert not g.is_accepting() and g.valid_prefix(ab + [eos]) == len(ab) + 1
