@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-KINDS = ("json_schema", "json", "regex", "lark")
+KINDS = ("json_schema", "json", "regex", "lark", "gbnf")
 
 
 def _one_line(msg: str) -> str:
@@ -32,7 +32,7 @@ def _one_line(msg: str) -> str:
 
 @dataclass
 class GrammarSpec:
-    kind: str  # "json_schema" | "json" (any JSON object, `text` unused) | "regex" | "lark"
+    kind: str  # "json_schema" | "json" (any JSON object, `text` unused) | "regex" | "lark" | "gbnf" (llama.cpp's)
     text: str = ""  # the JSON schema as JSON text, the regex, or the Lark grammar
 
     def compile(self) -> str:
@@ -57,6 +57,13 @@ class GrammarSpec:
             return LLMatcher.grammar_from_json_schema(schema, defaults=options)
         if self.kind == "regex":
             return LLMatcher.grammar_from_regex(self.text)
+        if self.kind == "gbnf":  # llama.cpp's grammar format, through llguidance's own converter
+            from llguidance.gbnf_to_lark import gbnf_to_lark
+
+            try:
+                return LLMatcher.grammar_from_lark(gbnf_to_lark(self.text))
+            except Exception as e:  # the converter raises its own parse errors, of no common type
+                raise ValueError(f"invalid GBNF grammar: {_one_line(str(e)) or type(e).__name__}") from None
         return LLMatcher.grammar_from_lark(self.text)
 
     def validate(self, tokenizer=None) -> None:
@@ -65,7 +72,7 @@ class GrammarSpec:
         from llguidance import LLMatcher
 
         label = {"json_schema": "JSON schema", "json": "JSON grammar", "regex": "regex",
-                 "lark": "Lark grammar"}.get(self.kind, "grammar")
+                 "lark": "Lark grammar", "gbnf": "GBNF grammar"}.get(self.kind, "grammar")
         grammar = self.compile()
         msg = LLMatcher.validate_grammar(grammar, tokenizer)
         if msg and not msg.startswith("WARNING"):

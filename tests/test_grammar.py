@@ -304,3 +304,20 @@ def test_a_rejected_end_of_sequence_rolls_back_to_the_token_before_it(engine, em
     g.consume(eos)
     g.rollback(len(ab) + 1)
     assert not g.is_accepting() and g.valid_prefix(ab + [eos]) == len(ab) + 1
+
+
+def test_a_gbnf_grammar_constrains_plain_and_speculative_decoding_alike(engine, embedded):
+    """llama.cpp's GBNF, converted by llguidance: the answer keeps to it, with and without speculation."""
+    spec = GrammarSpec("gbnf", 'root ::= ("yes" | "no") ", because " [a-z ,]+ "."')
+    ids = embedded.encode_chat([{"role": "user", "content": "Is the sea salty? Answer briefly."}])
+
+    def answer(types):
+        p = GenParams(max_new_tokens=40, spec=SpecParams(types=types, adaptive=False), grammar=spec)
+        return run(engine, ids, p)[0]
+
+    plain = answer([])
+    assert answer(CHAIN) == plain
+    text = embedded.decode(plain)
+    assert text.startswith(("yes, because ", "no, because ")), text
+    with pytest.raises(ValueError, match="GBNF"):
+        GrammarSpec("gbnf", 'root ::= "unclosed').validate(engine.grammar_tokenizer())

@@ -58,8 +58,8 @@ def check_answer(text: str, kind: str, format_text: str) -> tuple[bool, str]:
         except re.error:  # llguidance's regex dialect is not Python's: nothing to say rather than a wrong verdict
             return True, "regex: not checked here (Python cannot read this regex)"
         return ok, "matches the regex" if ok else "does not match the regex"
-    if kind == "lark":
-        return True, "grammar (Lark): the grammar constrained every token"
+    if kind in ("lark", "gbnf"):
+        return True, f"grammar ({'Lark' if kind == 'lark' else 'GBNF'}): the grammar constrained every token"
     try:
         value = json.loads(text)
     except ValueError as e:

@@ -17,7 +17,7 @@ GRAMMAR_TYPE = "grammar"
 
 # the "Output format" control: (label, value); the value is a GrammarSpec kind, "free" for no grammar
 FORMATS = [("free text", "free"), ("JSON (any object)", "json"), ("JSON schema", "json_schema"), ("regex", "regex"),
-           ("grammar (Lark)", "lark")]
+           ("grammar (Lark)", "lark"), ("grammar (GBNF, llama.cpp)", "gbnf")]
 # what the format box holds when a format is picked: a working start the user edits
 EXAMPLE_SCHEMA = """{
   "type": "object",
@@ -30,7 +30,8 @@ EXAMPLE_SCHEMA = """{
   "additionalProperties": false
 }"""
 FORMAT_EXAMPLES = {"json_schema": EXAMPLE_SCHEMA, "regex": r"(yes|no), because [a-z ,]{10,80}\.",
-                   "lark": 'start: "The answer is " ANSWER "."\nANSWER: /[0-9]+/'}
+                   "lark": 'start: "The answer is " ANSWER "."\nANSWER: /[0-9]+/',
+                   "gbnf": 'root ::= ("yes" | "no") ", because " [a-z ,]+ "."'}
 
 
 def format_box(kind: str, text: str):
@@ -94,7 +95,7 @@ class Settings:
     compare: bool = True  # run plain decoding after the speculative run, for speedup and the lossless check
     rollback: str = "auto"  # "auto": seq_rm; "checkpoint": checkpoint, restore and replay on every rejection
     p_min_own: bool = True  # each model drafter uses its own p_min (own_p_min_text), not the p_min above
-    output_format: str = "free"  # "free" (no grammar) or a GrammarSpec kind: json | json_schema | regex | lark
+    output_format: str = "free"  # "free" (no grammar) or a GrammarSpec kind: json | json_schema | regex | lark | gbnf
     format_text: str = ""  # the JSON schema, regex or Lark grammar of that format (unused for free and json)
 
     def grammar(self) -> GrammarSpec | None:

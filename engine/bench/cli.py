@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     fmt.add_argument("--json-schema", default=None, metavar="FILE",
                      help="constrain every answer to this JSON schema (a prompt's own json_schema or regex wins)")
     fmt.add_argument("--regex", default=None, metavar="R", help="constrain every answer to this regex")
-    fmt.add_argument("--grammar", default=None, metavar="FILE", help="constrain every answer to this Lark grammar")
+    fmt.add_argument("--grammar", default=None, metavar="FILE", help="constrain every answer to this Lark grammar (a .gbnf file: llama.cpp's GBNF)")
     ap.add_argument("--trust-remote-code", action="store_true")
     return ap.parse_args(argv)
 

@@ -97,7 +97,9 @@ def grammar_from_args(a) -> GrammarSpec | None:
     if getattr(a, "regex", None):
         return GrammarSpec("regex", a.regex)
     if getattr(a, "grammar", None):
-        return GrammarSpec("lark", _read(a.grammar, "--grammar"))
+        # llama.cpp's grammars are .gbnf files; anything else is read as Lark
+        kind = "gbnf" if str(a.grammar).endswith(".gbnf") else "lark"
+        return GrammarSpec(kind, _read(a.grammar, "--grammar"))
     return None
 
 
