@@ -87,8 +87,7 @@ class Round:
         events: list[RoundEvent | ErrorEvent] = list(failed.values())
         for slot in slots:
             if slot.seq not in rows and slot.seq not in failed:
-                events.append(slot.finish("context", RoundEvent(seq=slot.seq, round=slot.round,
-                              kind="plain", drafter=None, pos_sampled=len(slot.tokens), p0=len(slot.tokens) + 1)))
+                events.append(slot.end("context"))
         if not rows:
             return events
         in_batch = [s for s in slots if s.seq in rows]

@@ -38,6 +38,12 @@ REPLY_TIMEOUT_S = 120.0  # a caller gives up on a command the engine thread has 
 STEP_IDLE_S = 60.0  # a step-mode generation idle this long gives its slot to a waiting request
 
 
+def stopped_without_a_slot() -> RoundEvent:
+    """The final event of a generation stopped while it had no slot (waiting in line, or parked)."""
+    return RoundEvent(seq=-1, round=0, kind="plain", drafter=None, pos_sampled=0, p0=0, done=True,
+                      stop_reason="stopped")
+
+
 class QueueFull(RuntimeError):
     """Every slot is busy and the wait queue is full."""
 
@@ -191,13 +197,11 @@ class Scheduler:
         if gen_id in self.parked:
             gen, _ = self.parked.pop(gen_id)
             if not silent:
-                gen.events.put(RoundEvent(seq=-1, round=0, kind="plain", drafter=None, pos_sampled=0, p0=0,
-                                          done=True, stop_reason="stopped"))
+                gen.events.put(stopped_without_a_slot())
         elif waiting is not None:
             self.waiting.remove(waiting)
             if not silent:
-                waiting.gen.events.put(RoundEvent(seq=-1, round=0, kind="plain", drafter=None, pos_sampled=0, p0=0,
-                                                  done=True, stop_reason="stopped"))
+                waiting.gen.events.put(stopped_without_a_slot())
             self._tell_places()
         elif seq is not None:
             self.engine.stop(seq)

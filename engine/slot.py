@@ -51,6 +51,11 @@ class Slot:
         ev.stop_reason = reason
         return ev
 
+    def end(self, reason: str) -> RoundEvent:
+        """End without running a batch this round (a stop, a full context): a bare, final event."""
+        return self.finish(reason, RoundEvent(seq=self.seq, round=self.round, kind="plain", drafter=None,
+                                              pos_sampled=len(self.tokens), p0=len(self.tokens) + 1))
+
     def emit(self, tokens: list[int], ev: RoundEvent, eos: set[int],
              detokenize: Callable[[list[int]], str]) -> RoundEvent:
         """Give tokens to the user, cut at end-of-sequence or the token limit."""

@@ -298,8 +298,7 @@ class Engine:
                     # stopped between a checkpoint restore and its replay: the user was given the decided
                     # tokens, so the grammar takes them as the replay would have
                     slot.grammar.consume_all(slot.replay.tokens[1:])
-                events.append(slot.finish("stopped", RoundEvent(seq=slot.seq, round=slot.round,
-                              kind="plain", drafter=None, pos_sampled=len(slot.tokens), p0=len(slot.tokens) + 1)))
+                events.append(slot.end("stopped"))
         prefilled = set()
         for slot in [s for s in self.active(only) if s.state == "prefill"]:
             try:

@@ -335,21 +335,16 @@ def run_close_tab(api: Api, prompt: str, temp: float, max_new: int, timeout: flo
     return o
 
 
-def run_stop(api: Api, prompt: str, max_new: int, timeout: float,
-             start: threading.Barrier | None = None) -> list[Outcome]:
-    """Stop pressed once the answer streams; then the same session asks again and must be served."""
-    o = Outcome("stop", prompt, 0.0)
+def with_follow_up(api: Api, kind: str, prompt: str, timeout: float, start: threading.Barrier | None,
+                   turn) -> list[Outcome]:
+    """One session: `turn(client, outcome, t0)` plays the first turn and says whether to ask again; then the
+    same session asks again and must be served."""
+    o = Outcome(kind, prompt, 0.0)
     after = Outcome("follow-up", prompt, 0.0)
     client = new_client(api.url)
     try:
         wait_barrier(start)
-        t0 = time.monotonic()
-        job = client.submit(*send_args(api, prompt, temp=0.0, max_new_tokens=max_new), api_name="/send")
-        watch(job, o, t0, t0 + timeout, until_tokens=True)
-        if not o.hung:
-            client.submit(api_name="/stop").result(timeout=STOP_S)
-            watch(job, o, t0, time.monotonic() + STOP_S)
-        if o.finished:
+        if turn(client, o, time.monotonic()):
             chat_turn(client, api, after, timeout, max_new_tokens=24)
     except Exception as e:
         o.error = o.error or f"{type(e).__name__}: {e}"
@@ -358,15 +353,24 @@ def run_stop(api: Api, prompt: str, max_new: int, timeout: float,
     return [o, after]
 
 
+def run_stop(api: Api, prompt: str, max_new: int, timeout: float,
+             start: threading.Barrier | None = None) -> list[Outcome]:
+    """Stop pressed once the answer streams; then the same session asks again and must be served."""
+    def turn(client, o: Outcome, t0: float) -> bool:
+        job = client.submit(*send_args(api, prompt, temp=0.0, max_new_tokens=max_new), api_name="/send")
+        watch(job, o, t0, t0 + timeout, until_tokens=True)
+        if not o.hung:
+            client.submit(api_name="/stop").result(timeout=STOP_S)
+            watch(job, o, t0, time.monotonic() + STOP_S)
+        return o.finished
+
+    return with_follow_up(api, "stop", prompt, timeout, start, turn)
+
+
 def run_step(api: Api, prompt: str, steps: int, timeout: float,
              start: threading.Barrier | None = None) -> list[Outcome]:
     """Step mode: send, a few Steps (more while it waits in line for a slot), Stop; then a normal turn."""
-    o = Outcome("step", prompt, 0.0)
-    after = Outcome("follow-up", prompt, 0.0)
-    client = new_client(api.url)
-    try:
-        wait_barrier(start)
-        t0 = time.monotonic()
+    def turn(client, o: Outcome, t0: float) -> bool:
         out = client.submit(*send_args(api, prompt, stepping=True, temp=0.0), api_name="/send").result(timeout=STOP_S)
         keep_last(o, out)
         for i in range(steps + 200):  # the extra Steps only while no round has run yet (waiting for a slot)
@@ -381,12 +385,9 @@ def run_step(api: Api, prompt: str, steps: int, timeout: float,
         o.finished = "stop: stopped" in o.summary
         o.hung = not o.finished
         o.seconds = time.monotonic() - t0
-        chat_turn(client, api, after, timeout, max_new_tokens=24)
-    except Exception as e:
-        o.error = o.error or f"{type(e).__name__}: {e}"
-    finally:
-        client.close()
-    return [o, after]
+        return True
+
+    return with_follow_up(api, "step", prompt, timeout, start, turn)
 
 
 def run_bad(api: Api, label: str, text: str, timeout: float, start: threading.Barrier | None = None,
