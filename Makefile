@@ -4,8 +4,15 @@
 run: setup
 	.venv/bin/python app.py $(ARGS)
 
+# the engine's tests run again with bfloat16 weights where the CPU computes bfloat16 natively
+BF16_TESTS = tests/test_engine.py tests/test_slots.py tests/test_round_defects.py tests/test_grammar.py \
+	tests/test_draft_head.py tests/test_scheduler.py tests/test_embedded.py tests/test_ngram_drafters.py
+
 test: setup-dev
 	.venv/bin/python -m pytest -q $(ARGS)
+	@if .venv/bin/python -c "from engine.dtype import native_bf16_flag as f; raise SystemExit(f() is None)"; then \
+		echo "bfloat16 pass:"; SPECPLAY_TEST_DTYPE=bfloat16 .venv/bin/python -m pytest -q $(BF16_TESTS); \
+	else echo "no native bfloat16 on this CPU: the bfloat16 pass is skipped"; fi
 
 bench: setup
 	.venv/bin/python -m engine.bench --prompts assets/prompts/all.jsonl --out traces.csv --compare hf $(ARGS)

@@ -25,6 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-rs", type=int, default=0,
                    help="recurrent models (Mamba, hybrids): undo rejected tails of up to N tokens from kept states "
                         "instead of a checkpoint restore (RS); 0 = checkpoints only (default)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="weights of target and draft: auto (default) times a layer in both and keeps bfloat16 where "
+                        "this CPU computes it natively and it is faster; plain and speculative runs share it")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow models whose code lives in their repository (off by default)")
     p.add_argument("--allow-model-load", action="store_true",
@@ -50,11 +53,11 @@ def load_state(args: argparse.Namespace):
     from ui.state import AppOptions, AppState
 
     options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code,
-                         n_rs=args.n_rs, queue_max=args.queue,
+                         n_rs=args.n_rs, queue_max=args.queue, dtype=args.dtype,
                          allow_model_load=args.allow_model_load or is_loopback(args.host))
 
     def loader(name: str):
-        return load_model(name, trust_remote_code=options.trust_remote_code)
+        return load_model(name, trust_remote_code=options.trust_remote_code, dtype=options.dtype)
 
     target = loader(args.target)
     draft = loader(args.draft) if args.draft and args.draft.lower() != "none" else None

@@ -9,6 +9,7 @@ import torch
 
 from engine.attention import cell_groups, use_cell_attention
 from engine.batch import Batch, check_batch
+from engine.lean import LeanForward, lean_reason
 from engine.memory import CellCache
 
 
@@ -22,12 +23,15 @@ class DecodeResult:
 class ModelContext:
     """Runs batches of (token, pos, seq) rows through a causal LM on one shared CellCache."""
 
-    def __init__(self, model, n_ctx: int, n_seq_max: int = 1, n_outputs_max: int | None = None):
+    def __init__(self, model, n_ctx: int, n_seq_max: int = 1, n_outputs_max: int | None = None, lean: bool = True):
         cfg = model.config
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
         n_kv = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
         param = next(model.parameters())
+        # the lean Llama-family forward (engine/lean.py) where the model allows it, transformers' forward otherwise
+        self.lean_reason = lean_reason(model) if lean else "lean forward turned off"
+        self.lean = LeanForward(model) if self.lean_reason is None else None
         window = getattr(text_cfg, "sliding_window", None)
         use_window = window is not None and getattr(text_cfg, "use_sliding_window", True)
         self.model = model
@@ -39,7 +43,7 @@ class ModelContext:
         self.per_seq_attention = use_cell_attention(model)  # each sequence's rows attend to its own cells
         self.cache = CellCache(
             n_layers=text_cfg.num_hidden_layers, n_kv_heads=n_kv, head_dim=head_dim, n_cells=n_ctx,
-            n_seq_max=n_seq_max, dtype=param.dtype, device=param.device,
+            n_seq_max=n_seq_max, dtype=self.lean.cache_dtype if self.lean else param.dtype, device=param.device,
             sliding_window=int(window) if use_window else None,
             by_seq=self.per_seq_attention,
         )
@@ -59,9 +63,15 @@ class ModelContext:
             position_ids = torch.tensor([batch.pos], dtype=torch.long, device=self.device)
             rows = torch.tensor(batch.output_rows(), dtype=torch.long, device=self.device)
             extra = {}
-            if self.per_seq_attention:
+            if self.per_seq_attention or self.lean is not None:
                 n_live = mask.shape[-1]
                 extra["cell_groups"] = cell_groups(mask, torch.tensor(batch.seq), self.cache.cell_seq[:n_live])
+            if self.lean is not None:
+                logits, hidden = self.lean(input_ids[0], position_ids[0], mask, self.cache, extra["cell_groups"],
+                                           rows, self.hidden_layers)
+                self.n_forward += 1
+                return DecodeResult(logits=logits.float(), seconds=time.perf_counter() - t0,
+                                    hidden=None if hidden is None else hidden.float())
             out = self.model(
                 input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache,
                 use_cache=True, logits_to_keep=rows, output_hidden_states=bool(self.hidden_layers), **extra,

@@ -36,6 +36,8 @@ class LoadedModel:
     quant_bits: int  # bits per weight of the source (4 for the embedded Q4_1; 16/32 for HF weights)
     n_params: int  # parameters
     device: str  # where it runs
+    dtype: str = "float32"  # the weights' dtype ("float32" / "bfloat16")
+    dtype_reason: str = ""  # why that dtype (engine/dtype.py): shown in the status line, the bench and traces
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         tok = self.tokenizer
@@ -91,22 +93,40 @@ def pick_device(device: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _converted_dir(path: Path) -> Path:
+    return cache_dir() / (path.stem + "-f32")
+
+
+def _gguf_config(path: Path):
+    from transformers import AutoConfig
+
+    converted = _converted_dir(path)
+    if (converted / "config.json").is_file():
+        try:
+            return AutoConfig.from_pretrained(converted)
+        except (OSError, ValueError):
+            pass
+    return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+
+
 def _load_gguf(path: Path, dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    converted = cache_dir() / (path.stem + "-f32")
+    converted = _converted_dir(path)
     if (converted / "model.safetensors").is_file():
         try:
             return _load_converted(converted, dtype), AutoTokenizer.from_pretrained(converted)
         except (OSError, ValueError, RuntimeError):
             pass  # a broken copy: convert again below
+    import torch
+
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     try:
         _save_converted(model, tok, converted)
     except (OSError, ValueError, RuntimeError):
         pass  # a read-only home: we load from the GGUF every time, slower but correct
-    return model, tok
+    return model.to(dtype), tok
 
 
 def _save_converted(model, tok, converted: Path) -> None:
@@ -126,38 +146,79 @@ def _save_converted(model, tok, converted: Path) -> None:
 
 
 def _load_converted(converted: Path, dtype):
-    from safetensors.torch import load_model as load_weights
+    """The model in `dtype`, each weight read from the file straight into its parameter.
+
+    safetensors' own loaders map the file, and the mapped pages count as resident memory until it is closed: a
+    float32 copy of the whole model on top of the model itself, at the load's peak. Reading tensor by tensor
+    with plain file reads keeps the peak at the model plus its largest tensor."""
+    import json
+    import struct
+
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
     config = AutoConfig.from_pretrained(converted)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    load_weights(model, str(converted / "model.safetensors"))
+    state = model.state_dict()
+    loaded = set()
+    with open(converted / "model.safetensors", "rb") as f, torch.no_grad():
+        (n_header,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n_header))
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            if key not in state or info["dtype"] not in dtypes:
+                raise ValueError(f"unexpected weight {key} ({info['dtype']}) in {converted}")
+            dst = state[key]
+            start, end = info["data_offsets"]
+            src = dst if dst.dtype == dtypes[info["dtype"]] and dst.is_contiguous() else \
+                torch.empty(info["shape"], dtype=dtypes[info["dtype"]])
+            if list(src.shape) != list(info["shape"]) or src.numel() * src.element_size() != end - start:
+                raise ValueError(f"weight {key} has shape {info['shape']} in {converted}, the model {list(dst.shape)}")
+            f.seek(8 + n_header + start)
+            if f.readinto(memoryview(src.view(torch.uint8).numpy())) != end - start:
+                raise ValueError(f"{converted / 'model.safetensors'} is truncated")
+            if src is not dst:
+                dst.copy_(src)
+            loaded.add(dst.data_ptr())
+    missing = [k for k, t in state.items() if t.data_ptr() not in loaded and k in dict(model.named_parameters())]
+    if missing:
+        raise ValueError(f"weights missing from {converted}: {', '.join(missing[:3])}")
     return model
 
 
 def load_model(name: str, device: str | None = None, trust_remote_code: bool = False,
-               dtype: str = "float32") -> LoadedModel:
-    """Load `name` ("embedded", a directory, a .gguf file or a hub id). Raises ModelLoadError."""
+               dtype: str = "float32", prepack: bool = True) -> LoadedModel:
+    """Load `name` ("embedded", a directory, a .gguf file or a hub id). Raises ModelLoadError.
+
+    dtype: "float32", "bfloat16" or "auto" (measured on this machine: engine/dtype.py). prepack: replace the
+    CPU linears' weights by oneDNN's packed layout (engine/prepack.py); off for a stock model to train through
+    or to compare with."""
     import torch
+
+    from engine.dtype import choose_dtype
 
     name = (name or "").strip()
     if not name:
         raise ModelLoadError("no model given")
-    torch_dtype = getattr(torch, dtype)
     device = pick_device(device)
-    quant_bits = 16 if torch_dtype in (torch.float16, torch.bfloat16) else 32
     try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         if name == EMBEDDED:
-            model, tok = _load_gguf(embedded_gguf_path(), torch_dtype)
+            path = embedded_gguf_path()
+            choice = choose_dtype(dtype, _gguf_config(path), device)
+            model, tok = _load_gguf(path, getattr(torch, choice.dtype))
             quant_bits = 4
         elif name.endswith(".gguf"):
             path = Path(name).expanduser()
             if not path.is_file():
                 raise ModelLoadError(f"model file not found: {name}")
-            model, tok = _load_gguf(path, torch_dtype)
-            quant_bits = 4 if "Q4" in path.name.upper() else 8 if "Q8" in path.name.upper() else quant_bits
+            choice = choose_dtype(dtype, _gguf_config(path), device)
+            model, tok = _load_gguf(path, getattr(torch, choice.dtype))
+            quant_bits = 4 if "Q4" in path.name.upper() else 8 if "Q8" in path.name.upper() else \
+                16 if choice.dtype == "bfloat16" else 32
         else:
             path = Path(name).expanduser()
             looks_local = name.startswith((".", "/", "~")) or path.exists()
@@ -168,10 +229,13 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
             if not looks_local:
                 kwargs["local_files_only"] = _use_local_only(name)
             tok = AutoTokenizer.from_pretrained(source, **kwargs)
+            choice = choose_dtype(dtype, AutoConfig.from_pretrained(source, **kwargs), device)
             extra = {}
             if device == "cuda" and importlib.util.find_spec("accelerate") is not None:
                 extra["device_map"] = "auto"
+            torch_dtype = getattr(torch, choice.dtype)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs, **extra)
+            quant_bits = 16 if choice.dtype == "bfloat16" else 32
     except ModelLoadError:
         raise
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as e:
@@ -181,12 +245,30 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
         model.to(device)
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
-    if device == "cpu" and torch_dtype == torch.float32:
+    if device == "cpu" and prepack:
+        from engine.lean import family_reason
         from engine.prepack import prepack_linears
 
-        prepack_linears(model)  # k+1 verification rows at about one row's cost (see prepack.py)
+        # k+1 verification rows at about one row's cost, one copy for the lean forward's families (prepack.py)
+        prepack_linears(model, keep_weights=family_reason(model) is not None)
+        _return_freed_memory()
     return LoadedModel(model=model, tokenizer=tok, name=name, quant_bits=quant_bits, n_params=n_params,
-                       device=device)
+                       device=device, dtype=choice.dtype, dtype_reason=choice.reason)
+
+
+def _return_freed_memory() -> None:
+    """Give the heap pages of the weights that packing replaced back to the system (glibc keeps freed blocks
+    of a few MB for reuse; 60-90 MB of them here). A no-op where the C library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
 
 
 def _in_local_cache(name: str) -> bool:

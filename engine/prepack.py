@@ -1,14 +1,18 @@
-"""Prepacked oneDNN weights for the model's linear layers on the CPU: verification at the price of one row.
+"""Prepacked oneDNN weights for the model's linear layers on the CPU: one copy, batch-invariant, fused epilogues.
 
 Speculation pays when verifying k+1 rows costs little more than one row. With torch's default CPU path (MKL
-sgemm) it does not on some CPUs: MKL's small-M product makes 2 rows cost far more than 1. oneDNN with the weight
-reordered once into its blocked layout (the call torch's own CPU inductor uses) keeps a forward of a few rows
-at about one row's time (docs/engine.md has the figures).
+sgemm, or the generic bfloat16 kernel) it does not on some CPUs. oneDNN with the weight reordered once into its
+blocked layout (the call torch's own CPU inductor uses) keeps a forward of a few rows at about one row's time,
+and is the faster one at one row too in both float32 and bfloat16 (docs/engine.md has the figures).
 
-For one row, MKL's matrix-vector product is still the faster one for the layers' small matrices, so a single
-row of a narrow layer goes the default way; everything else (several rows, or a wide matrix like the LM head)
-goes through the packed weight. The module stays an nn.Linear with its parameters: only its forward changes,
-so state_dict, tied weights and hooks are untouched. Training (grad enabled) takes the default path.
+Two more reasons to send every row through the packed weight:
+- one copy: the reordered weight replaces the original parameter, so the model's linears take their size once;
+- batch invariance: a row gets bit-identical outputs whether it is computed alone or with 15 others, so a
+  verification batch sees the very logits plain decoding sees, in bfloat16 as in float32.
+
+The module stays an nn.Linear (hooks, names and the bias are untouched) whose forward uses the packed weight. A
+weight tied to another module (an LM head sharing the embedding matrix) is kept for that module and packed as a
+copy. The packed layout cannot be trained through or read back: a grad-enabled call raises.
 """
 
 from __future__ import annotations
@@ -16,11 +20,10 @@ from __future__ import annotations
 import types
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-WIDE = 8192  # out_features from which one row is faster through oneDNN too (the LM head)
 BATCH_HINT = 4  # rows the weight layout is tuned for: a verification batch of k + 1 ~ 4
+DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN packs on the CPU
 
 
 def available() -> bool:
@@ -28,28 +31,86 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def _rows3(x: torch.Tensor) -> torch.Tensor:
+    """x as [1, T, in] with T >= 2.
+
+    oneDNN's packed linear takes [1, T, in] at the speed of the blocked layout (a 2D [T, in] is slower on some
+    shapes). A single row goes in twice: for one row oneDNN picks a matrix-vector kernel whose sums differ in
+    the last bits from the batched kernel's (float32, 1536 inputs), and two rows cost what one does."""
+    x = x.reshape(1, -1, x.shape[-1])
+    return x.expand(1, 2, x.shape[-1]).contiguous() if x.shape[1] == 1 else x
+
+
+def _unrows(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    n = x.numel() // x.shape[-1]
+    return out[:, :n].reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _check(module: nn.Linear) -> None:
+    if torch.is_grad_enabled():
+        raise RuntimeError("a prepacked linear is for inference only: load the model with prepack=False to train "
+                           "through it")
+
+
+def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """module(x) through the packed weight."""
+    _check(module)
+    out = torch.ops.mkldnn._linear_pointwise(_rows3(x), module._packed_weight, module.bias, "none", [], "")
+    return _unrows(out, x)
+
+
+def linear_silu(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """silu(module(x)) in one call (oneDNN's eltwise post-op)."""
+    _check(module)
+    out = torch.ops.mkldnn._linear_pointwise(_rows3(x), module._packed_weight, module.bias, "swish", [], "")
+    return _unrows(out, x)
+
+
+def linear_then(module: nn.Linear, x: torch.Tensor, other: torch.Tensor, op: str) -> torch.Tensor:
+    """module(x) `op` other, op "add" or "mul", in one call (oneDNN's binary post-op)."""
+    _check(module)
+    out = torch.ops.mkldnn._linear_pointwise.binary(_rows3(x), _rows3(other), module._packed_weight, module.bias,
+                                                    op)
+    return _unrows(out, x)
+
+
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows = x.numel() // max(1, x.shape[-1])
-    if torch.is_grad_enabled() or x.dtype != torch.float32 or (rows == 1 and self.out_features < WIDE):
-        return F.linear(x, self.weight, self.bias)
-    return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight, self.bias, "none", [], "")
+    return linear(self, x)
 
 
-def prepack_linears(model: nn.Module) -> int:
-    """Give every float32 CPU nn.Linear of `model` a packed copy of its weight; returns how many.
+def is_packed(module: nn.Module) -> bool:
+    return hasattr(module, "_packed_weight")
 
-    Costs a second copy of the linear weights in memory (about 540 MB for a 135M-parameter model)."""
+
+def _tied_elsewhere(model: nn.Module) -> set[int]:
+    """ids of parameters owned by a module that is not a Linear (an embedding an LM head may share)."""
+    owned = set()
+    for module in model.modules():
+        if not isinstance(module, nn.Linear):
+            owned.update(id(p) for p in module.parameters(recurse=False))
+    return owned
+
+
+def prepack_linears(model: nn.Module, keep_weights: bool = False) -> int:
+    """Replace the weight of every float32 / bfloat16 CPU nn.Linear of `model` by its packed layout; how many.
+
+    A weight shared with a non-linear module stays as it is and gets a packed copy beside it; so does every
+    weight with keep_weights, for models whose own code reads their linears' weights (transformers' Mamba
+    reads `out_proj.weight.dtype`): the lean forward's families do not, the others keep both."""
     if not available():
         return 0
+    tied = _tied_elsewhere(model)
     n = 0
     with torch.no_grad():
         for module in model.modules():
-            if not isinstance(module, nn.Linear) or hasattr(module, "_packed_weight"):
+            if not isinstance(module, nn.Linear) or is_packed(module):
                 continue
             w = module.weight
-            if w.device.type != "cpu" or w.dtype != torch.float32:
+            if w.device.type != "cpu" or w.dtype not in DTYPES:
                 continue
             module._packed_weight = torch.ops.mkldnn._reorder_linear_weight(w.detach(), BATCH_HINT)
+            if id(w) not in tied and not keep_weights:
+                del module.weight  # the packed layout is the one copy
             module.forward = types.MethodType(_packed_forward, module)
             n += 1
     return n

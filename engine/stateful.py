@@ -162,6 +162,8 @@ class StatefulContext:
         self.n_vocab = int(text_cfg.vocab_size)
         self.device = next(model.parameters()).device
         self.cache = StateMemory()
+        self.lean = None  # transformers' own forward, on the model's own per-sequence cache (engine/lean.py)
+        self.lean_reason = "a recurrent or hybrid model runs transformers' forward on its own cache"
         self.n_forward = 0
         self.hidden_layers: tuple[int, ...] = ()  # as ModelContext.hidden_layers
         # n_rs > 0: step the recurrent mixers and keep their last n_rs states, so short tails can be removed (RS)

@@ -7,7 +7,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tiny import load_tiny, save_tiny  # noqa: E402
+from tiny import load_tiny, save_tiny, suite_dtype  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +35,7 @@ def tiny_draft(tiny_dirs):
 def embedded():
     from engine.models import load_model
 
-    return load_model("embedded")
+    return load_model("embedded", dtype=suite_dtype())
 
 
 @pytest.fixture()

@@ -17,7 +17,7 @@ def test_bench_writes_the_contract_columns_and_compares_with_hf(tiny_dirs, bench
     out = tmp_path / "traces.csv"
     code = cli.main(["--prompts", str(bench_prompts), "--out", str(out), "--target", str(tiny_dirs["target"]),
                      "--spec", "ngram-simple,ngram-map-k", "--max-new-tokens", "24", "--compare", "hf",
-                     "--n-max", "4"])
+                     "--n-max", "4", "--dtype", "float32"])
     assert code == 0
     rows = load_rows(out)
     assert set(REQUIRED) <= set(rows[0])
@@ -25,7 +25,13 @@ def test_bench_writes_the_contract_columns_and_compares_with_hf(tiny_dirs, bench
     for pid in ("loop", "chat"):
         assert (pid, "") in kinds and (pid, "ngram-simple,ngram-map-k") in kinds
         assert (pid, "hf-generate") in kinds and (pid, "hf-prompt-lookup") in kinds
-    assert all(r["lossless_ok"] == "True" for r in rows)
+    ours = [r for r in rows if not r["spec_types"].startswith("hf-")]
+    assert all(r["lossless_ok"] == "True" for r in ours)
+    assert {r["dtype"] for r in rows} == {"float32"}  # a tiny model: auto times a layer, float32 on any CPU here
+    other = [r for r in rows if r["spec_types"].startswith("hf-")]
+    assert all(r["lossless_ok"] == "n/a" for r in other)
+    # transformers' stock float32 generate and our engine in float32 give the same greedy text
+    assert all(r["match_plain"] == r["n_gen"] == "24" for r in other)
     spec = [r for r in rows if r["spec_decode"] == "on" and r["spec_types"].startswith("ngram")]
     assert all(float(r["speedup"]) > 0 and int(r["n_gen"]) == 24 for r in spec)
     assert "geomean speedup" in capsys.readouterr().out
@@ -46,6 +52,8 @@ def test_bench_parallel_and_context(tiny_dirs, bench_prompts, tmp_path):
     (["--spec", "ngram-nope"], "unknown drafter"),
     (["--target", "/no/such/dir"], "not found"),
     (["--parallel", "0"], "--parallel"),
+    (["--compare", "vllm"], "--compare takes"),
+    (["--compare", "llama.cpp"], "needs a .gguf target"),
 ])
 def test_bad_arguments_exit_2_with_a_reason(tiny_dirs, bench_prompts, tmp_path, capsys, extra, why):
     args = ["--prompts", str(bench_prompts), "--out", str(tmp_path / "x.csv"), "--target", str(tiny_dirs["target"])]

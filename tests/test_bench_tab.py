@@ -58,7 +58,7 @@ def test_live_run_through_the_scheduler_leaves_a_chat_untouched(scheduler, tiny_
     gen = scheduler.submit(chat, GenParams(max_new_tokens=300, ignore_eos=True))
     plan = LivePlan(concurrency=[1, 2], chain=["ngram-simple"], synthetic=[0.5], n_max=3, max_new_tokens=16)
     seen = []
-    rows = run_live(scheduler, [1, 9, 10, 11, 9, 10], plan, "tiny", 32, lambda d, t, w: seen.append((d, t)))
+    rows = run_live(scheduler, [1, 9, 10, 11, 9, 10], plan, tiny_target, lambda d, t, w: seen.append((d, t)))
     events = drain(gen)
     beside = [t for e in events for t in e.emitted]
     assert max(e.batch_rows for e in events[1:]) > 1  # some of its rounds ran in the benchmark's forwards
@@ -67,15 +67,16 @@ def test_live_run_through_the_scheduler_leaves_a_chat_untouched(scheduler, tiny_
     assert [r["spec_types"] for r in rows[:3]] == ["", "ngram-simple", "synthetic"]
     assert rows[1]["lossless_ok"] is True and rows[2]["lossless_ok"] == "n/a"
     assert all(r["n_gen"] == 16 for r in rows) and seen[0] == (0, 6)
+    assert {r["dtype"] for r in rows} == {tiny_target.dtype} and rows[0]["dtype_reason"] == tiny_target.dtype_reason
     assert not scheduler.running and not scheduler.waiting  # every benchmark slot was freed
     path = bench_tab.write_traces(rows, tmp_path)
     with open(path) as f:
         assert len(list(csv.DictReader(f))) == 6
 
 
-def test_live_run_refuses_more_slots_than_the_engine_has(scheduler):
+def test_live_run_refuses_more_slots_than_the_engine_has(scheduler, tiny_target):
     with pytest.raises(LiveBenchError, match="more slots"):
-        run_live(scheduler, [1, 5, 6], LivePlan(concurrency=[8]), "tiny", 32)
+        run_live(scheduler, [1, 5, 6], LivePlan(concurrency=[8]), tiny_target)
 
 
 def test_live_bench_without_a_model_says_so():

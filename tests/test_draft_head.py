@@ -278,3 +278,33 @@ def test_eval_acceptance_sweep_counts_only_drafted_rounds_and_checks_losslessnes
     assert share0 > 0.9 and share6 <= share0  # p_min 0 drafts (almost) every round, p_min 0.6 skips unsure ones
     assert 0.0 <= pos1_6 <= 1.0 and 1.0 <= len6 <= 5.0 and 1.0 <= len0 <= 5.0 and tpf6 >= 1.0 and tpf0 >= 1.0
     assert "ngram" not in out.split("measured speedup")[1]  # --no-speed: no speed configurations ran
+
+
+def _bf16_native() -> bool:
+    is_supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(is_supported is not None and is_supported())
+
+
+@pytest.mark.skipif(not _bf16_native(), reason="no native bfloat16 on this CPU (oneDNN)")
+def test_shipped_head_is_lossless_on_a_bfloat16_embedded_target():
+    """The embedded model loaded in bfloat16: the head (trained on float32 features) is recognised, borrows the
+    bfloat16 embedding table as it is (float32 only for its LM head's draft rows), and greedy speculative decoding
+    gives plain decoding's tokens. Each run gets a fresh engine, so both prefill the whole prompt: in bfloat16 the
+    prompt's last row forwarded in the prefill batch and forwarded alone after a reused prefix can pick different
+    first tokens, which is not the drafter's doing."""
+    from engine.models import load_model
+
+    target = load_model("embedded", dtype="bfloat16")
+    row = json.loads((ROOT / "assets" / "prompts" / "heldout.jsonl").read_text().splitlines()[0])
+    ids = target.encode_chat(row["messages"])
+    plain = tokens(Engine(target, n_ctx=1024, n_seq_max=1, calibrate=False).generate(
+        ids, GenParams(max_new_tokens=24)))
+    engine = Engine(target, n_ctx=1024, n_seq_max=1, calibrate=False)
+    events = list(engine.generate(ids, GenParams(max_new_tokens=24, spec=SpecParams(
+        types=["draft-head"], n_max=4, adaptive=False, p_min=0.0))))
+    assert tokens(events) == plain
+    assert sum(e.n_accepted for e in events if e.drafter == "draft-head") > 0
+    head = engine.pool["draft-head"].head
+    emb = target.model.get_input_embeddings().weight
+    assert head.embed.dtype == torch.bfloat16 and head.embed.data_ptr() == emb.data_ptr()  # no float32 copy
+    assert head.lm_weight.dtype == torch.float32 and head.lm_weight.shape == (head.cfg.draft_vocab, head.cfg.hidden)

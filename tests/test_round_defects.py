@@ -8,11 +8,13 @@ import torch
 
 from engine import verify
 from engine.drafters.synthetic import SyntheticDrafter
+from engine.models import load_model
 from engine.params import GenParams, SpecParams
+from engine.prepack import prepack_linears
 from engine.sampling import Sampler, SamplerParams
 from engine.slots import Engine
 from test_engine import PROMPTS, SMALL_NGRAMS, tokens
-from tiny import WORDS, load_tiny
+from tiny import WORDS, suite_dtype
 
 
 def spec_params(types, n=40, n_max=6, temp=0.0, seed=0, rollback="auto"):
@@ -120,12 +122,14 @@ def with_output_width(draft, width: int):
         head.bias.zero_()
         head.bias[n:] = -1e4
     draft.model.lm_head = head
+    prepack_linears(draft.model)  # as the loader would have
     return draft
 
 
 @pytest.mark.parametrize("width", [len(WORDS) - 5, len(WORDS) + 7])
 def test_a_draft_model_of_another_output_width_verifies_by_rejection_sampling(tiny_target, tiny_dirs, width):
-    draft = with_output_width(load_tiny(tiny_dirs["draft"]), width)
+    stock = load_model(str(tiny_dirs["draft"]), device="cpu", dtype=suite_dtype(), prepack=False)
+    draft = with_output_width(stock, width)
     engine = Engine(tiny_target, draft=draft, n_ctx=256, n_seq_max=1, calibrate=False)
     events = list(engine.generate(PROMPTS[0], spec_params(["draft-simple"], n=30, temp=1.0, seed=3), seq=0))
     spec = [e for e in events if e.kind == "spec"]

@@ -152,7 +152,7 @@ def test_per_sequence_attention_matches_plain_forwards(tiny_target, by_seq):
     mask = ctx.cache.prepare(batch2)
     groups = cell_groups(mask, torch.tensor(batch2.seq), ctx.cache.cell_seq[: mask.shape[-1]])
     ctx.cache.rollback_claim()
-    assert all(isinstance(cells, slice) for _, cells, _ in groups) == by_seq
+    assert all(isinstance(g.cells, slice) for g in groups) == by_seq
     last = ctx.decode(batch2).logits
     row = 0
     for s, toks in enumerate(seqs):

@@ -342,7 +342,7 @@ class FakeEngine:
     chain: FakeChain = field(default_factory=FakeChain)
     stopped: set = field(default_factory=set)
     probe: object = field(default_factory=lambda: SimpleNamespace(kind="PART", reason="range removal works"))
-    ctx: object = field(default_factory=lambda: SimpleNamespace(n_seq_max=1, n_ctx=64))
+    ctx: object = field(default_factory=lambda: SimpleNamespace(n_seq_max=1, n_ctx=64, lean=object(), lean_reason=None))
 
     def stop(self, seq):
         self.stopped.add(seq)
@@ -399,6 +399,8 @@ class FakeTarget:
     name: str = "fake"
     n_params: int = 1_000_000
     device: str = "cpu"
+    dtype: str = "bfloat16"
+    dtype_reason: str = "auto: bfloat16 (avx512_bf16; a layer 0.40 ms in bfloat16, 0.70 ms in float32)"
 
     def encode_chat(self, messages):
         return [1, 2, 3]
@@ -512,7 +514,9 @@ def test_failed_loads_keep_the_models_that_were_loaded(monkeypatch):
     with pytest.raises(UserError, match="cannot draft for this target: vocab types differ") as e:
         load_models(app, "fake", "other-vocab")
     assert e.value.level == "error" and app.runtime is before and not before.scheduler.closed
-    assert "Already loaded" in load_models(app, "fake", "none")
+    status = load_models(app, "fake", "none")
+    assert "Already loaded" in status
+    assert "bfloat16: auto: bfloat16 (avx512_bf16" in status and "lean forward" in status  # which dtype and why
 
 
 def test_default_chain_ends_with_the_head_only_for_the_model_it_was_trained_for(embedded, tiny_target):

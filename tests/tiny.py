@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -43,10 +44,16 @@ def save_tiny(path: Path, seed: int, words: list[str] | None = None, **extra) ->
     return path
 
 
+def suite_dtype() -> str:
+    """The weights' dtype the suite runs in: SPECPLAY_TEST_DTYPE (float32 unless set; `make test` also runs the
+    lossless tests in bfloat16 where the CPU computes it natively)."""
+    return os.environ.get("SPECPLAY_TEST_DTYPE", "float32")
+
+
 def load_tiny(path: Path):
     from engine.models import load_model
 
-    return load_model(str(path), device="cpu")
+    return load_model(str(path), device="cpu", dtype=suite_dtype())
 
 
 def make_arch(arch: str, seed: int, vocab_size: int = 64):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from engine.bench.stats import formula, geomean
 from engine.drafters.chain import NGRAM_CHAIN
+from engine.dtype import CHOICES as DTYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,6 +121,9 @@ def main(argv=None) -> int:
     ap.add_argument("--p-min", type=float, nargs="+", default=None,
                     help="p_min values of the speed runs and of the acceptance runs (default: the head's own, "
                          "DraftHeadParams.p_min)")
+    ap.add_argument("--dtype", choices=DTYPES, default="float32",
+                    help="the target's weights (default float32; auto: bfloat16 where this CPU computes it "
+                         "natively). Plain and speculative runs share it: both decode on the one loaded model")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--repeat", type=int, default=1, help="time every run this often and keep the fastest "
                     "(timings on a shared machine wander)")
@@ -137,10 +141,11 @@ def main(argv=None) -> int:
     p_mins = args.p_min or [DraftHeadParams().p_min]
     runs = configs(args.n_max, p_mins, speed=not args.no_speed)
     rows = [json.loads(line) for p in args.prompts for line in p.read_text().splitlines() if line.strip()]
-    target = load_model("embedded")
+    target = load_model("embedded", dtype=args.dtype)
     extra = {"draft-head": DraftHeadParams(weights=args.weights)} if args.weights else None
     engine = Engine(target, n_ctx=4096, n_seq_max=1, drafter_params=extra)
     t1 = engine.cost.seconds[0]
+    print(f"target: {target.dtype} ({target.dtype_reason}), plain and speculative runs alike")
     print(f"{len(rows)} held-out prompts: " + ", ".join(r["id"] for r in rows))
     speed_runs = ("none (--no-speed)" if args.no_speed
                   else f"adaptive length policy, n_max {args.n_max}, p_min {p_mins}")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from engine.drafters.head_net import DraftHead, HeadConfig, save_head, target_fingerprint
+from engine.drafters.head_net import DraftHead, HeadConfig, bf16_fingerprint, save_head, target_fingerprint
+from engine.dtype import CHOICES as DTYPES
 from training.data import DataParams, data_path, load_or_build
 from training.unroll import step_loss, unroll
 
@@ -118,6 +119,10 @@ def run_epoch(head, records, batch_list, cols, t2d, n_steps, weights, opt=None, 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Train the EAGLE-style draft head of the embedded model.")
     ap.add_argument("--target", default="embedded", help="target model (the head is trained for this one)")
+    ap.add_argument("--dtype", choices=DTYPES, default="float32",
+                    help="the target's weights while making the data (default float32, as the shipped head was "
+                         "made; auto: bfloat16 where this CPU computes it natively). The data is cached per dtype; "
+                         "the head runs on the model loaded in either dtype")
     ap.add_argument("--data", type=Path, nargs="+", default=None, help="training data files, one per part "
                     "(default: in the cache directory; made when missing)")
     ap.add_argument("--parts", type=int, default=4, help="disjoint slices of prompts and text to train on")
@@ -150,12 +155,16 @@ def main(argv=None) -> int:
     t_start = time.time()
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    target = load_model(args.target, device="cpu")
+    # prepacked linears are fine here: the target only runs under inference_mode (data.py), and only its embedding
+    # table is read (a table, never a packed linear's weight)
+    target = load_model(args.target, device="cpu", dtype=args.dtype)
+    print(f"target {args.target}: {target.dtype} ({target.dtype_reason})")
     records, layers = [], None
     for part in range(args.parts):
         params = DataParams(n_topic=args.n_topic, n_copy=args.n_copy, max_new_tokens=args.max_new_tokens,
                             doc_tokens=args.doc_tokens, part=part)
         embed = target.model.get_input_embeddings().weight
+        # per exact table: the float32 and bfloat16 loads of a model hash apart, so their data never mix
         path = data_path(cache_dir() / "draft-head" / target_fingerprint(embed), part)
         data = load_or_build(args.data[part] if args.data else path, target, params, HELD_OUT)
         records += data["records"]
@@ -173,7 +182,7 @@ def main(argv=None) -> int:
     cfg = HeadConfig(hidden=int(text_cfg.hidden_size), target_vocab=int(embed.shape[0]),
                      draft_vocab=args.draft_vocab, layers=tuple(args.layers),
                      rope_theta=float(text_cfg.rope_parameters["rope_theta"]), rms_eps=float(text_cfg.rms_norm_eps),
-                     target_fingerprint=target_fingerprint(embed))
+                     target_fingerprint=target_fingerprint(embed), target_fingerprint_bf16=bf16_fingerprint(embed))
     layer_pos = [list(layers).index(i) for i in cfg.layers]
     cols = torch.cat([torch.arange(p * cfg.hidden, (p + 1) * cfg.hidden) for p in layer_pos])
     head = DraftHead(cfg)
@@ -226,7 +235,8 @@ def main(argv=None) -> int:
                  "train_records": len(train), "data_seconds": round(t_data), "seed": args.seed,
                  "train_seconds": round(time.time() - t_train), "threads": torch.get_num_threads(),
                  "draft_vocab_coverage": round(cover, 4), "parts": args.parts, "dropout": args.dropout,
-                 "lr": args.lr, "weight_decay": args.weight_decay, "batch_tokens": args.batch_tokens}
+                 "lr": args.lr, "weight_decay": args.weight_decay, "batch_tokens": args.batch_tokens,
+                 "target_dtype": target.dtype}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_head(head, args.out)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.1f} MB) in {time.time() - t_start:.0f} s total")

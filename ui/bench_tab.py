@@ -72,11 +72,12 @@ def run_live_bench(app, prompt: str, progress=None) -> tuple[list[dict], str, Pa
     ids = runtime.target.encode_chat([{"role": "user", "content": text}])
     plan = LivePlan(concurrency=[n for n in (1, 2) if n <= runtime.engine.ctx.n_seq_max])
     try:
-        rows = run_live(runtime.scheduler, ids, plan, runtime.target.name, runtime.target.quant_bits, progress)
+        rows = run_live(runtime.scheduler, ids, plan, runtime.target, progress)
     except LiveBenchError as e:
         return [], f"Benchmark stopped: {e}", None
     path = write_traces(rows, tempfile.mkdtemp(prefix="specplay-bench-"))
-    return rows, (f"live run on {runtime.target.name}: {len(rows)} rows, concurrency {plan.concurrency}, "
+    return rows, (f"live run on {runtime.target.name} in {runtime.target.dtype} ({runtime.target.dtype_reason}): "
+                  f"{len(rows)} rows, concurrency {plan.concurrency}, "
                   f"k={plan.n_max}, {plan.max_new_tokens} tokens; shared with any chat running meanwhile"), path
 
 

@@ -23,6 +23,7 @@ class AppOptions:
     n_rs: int = 0  # recurrent models: tail length undone from kept states instead of a checkpoint (0 = off)
     queue_max: int = 64  # requests that may wait for a slot; past it a new one is told to come back later
     allow_model_load: bool = True  # whether a visitor may load other models from the page (off on a shared demo)
+    dtype: str = "auto"  # weights' dtype for every model loaded: auto / float32 / bfloat16 (engine/dtype.py)
 
 
 @dataclass
@@ -38,9 +39,11 @@ class Runtime:
     def describe(self) -> str:
         probe = self.engine.probe
         draft = self.draft.name if self.draft is not None else "none"
-        return (f"target {self.target.name} ({self.target.n_params / 1e6:.0f}M params, {self.target.device}) · "
-                f"draft {draft} · rollback {probe.kind}: {probe.reason} · {self.engine.ctx.n_seq_max} slots, "
-                f"{self.engine.ctx.n_ctx} cells")
+        ctx = self.engine.ctx
+        forward = "lean forward" if ctx.lean is not None else f"transformers' forward ({ctx.lean_reason})"
+        return (f"target {self.target.name} ({self.target.n_params / 1e6:.0f}M params, {self.target.device}, "
+                f"{self.target.dtype}: {self.target.dtype_reason}; {forward}) · "
+                f"draft {draft} · rollback {probe.kind}: {probe.reason} · {ctx.n_seq_max} slots, {ctx.n_ctx} cells")
 
 
 @dataclass

@@ -6,8 +6,9 @@ configuration with the columns of engine.bench.rows.COLUMNS. A run with a drafte
 (draft-simple, draft-head) at --temp > 0 is verified by rejection sampling, which is lossless in distribution
 but draws differently from plain sampling, so the same seed gives other tokens: its `lossless_ok` is "n/a"
 (`python -m engine.bench.dist` checks the distribution instead); n-gram drafters at --temp > 0 are verified by
-sample-and-match and are still compared token for token. `--compare hf` adds transformers' own generate()
-greedy and prompt-lookup decoding on the same prompts. `--n-max`, `--parallel`, `--ctx-len` and
+sample-and-match and are still compared token for token. `--compare hf,llama.cpp` adds other implementations
+on the same prompt ids (engine.bench.compare): transformers' generate and prompt lookup on a stock float32
+copy, and llama.cpp on the same GGUF; `--dtype` picks our weights' dtype (engine.dtype). `--n-max`, `--parallel`, `--ctx-len` and
 `--synthetic-accept` take comma-separated lists and the bench runs their cross product (engine.bench.sweep);
 synthetic-acceptance rows keep tokens the target did not choose, so they are not lossless by design: their
 `lossless_ok` is "n/a" and never fails the run. `--plots DIR` writes the speedup curves (engine.bench.plot).
@@ -22,10 +23,11 @@ import json
 import sys
 from pathlib import Path
 
+from engine.bench.compare import Comparators, parse_compare
 from engine.bench.lossless import WHY_NA, why_na
 from engine.bench.rows import write_rows
 from engine.bench.run import BenchConfig, prompt_grammar
-from engine.bench.stats import geomean, print_sweep_summary
+from engine.bench.stats import OTHER_IMPLEMENTATIONS, geomean, is_other, print_sweep_summary
 from engine.bench.sweep import cells_needed, run_sweep, sweep_from_args
 
 
@@ -60,7 +62,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rollback", choices=["auto", "checkpoint"], default="auto")
     ap.add_argument("--n-rs", type=int, default=0,
                     help="recurrent targets: undo rejected tails of up to N tokens from kept states (RS)")
-    ap.add_argument("--compare", choices=["hf"], default=None)
+    ap.add_argument("--compare", default=None, metavar="hf,llama.cpp",
+                    help="also run other implementations on the same prompt ids: hf (transformers' generate and "
+                         "prompt lookup on a stock float32 copy), llama.cpp (the same GGUF through llama-cpp-python, "
+                         "optional: ./scripts/setup.sh --llamacpp); their rows' lossless_ok is n/a, match_plain "
+                         "counts their leading tokens equal to ours")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="weights of target and draft (auto: bfloat16 where this CPU computes it natively and it is "
+                         "faster, by a timed layer); plain and speculative runs share it")
     fmt = ap.add_mutually_exclusive_group()
     fmt.add_argument("--json-schema", default=None, metavar="FILE",
                      help="constrain every answer to this JSON schema (a prompt's own json_schema or regex wins)")
@@ -100,7 +109,7 @@ def setup_grammar(cfg, engine, prompts: list[dict], args) -> None:
     if args.compare or args.synthetic_accept:
         # generate() is unconstrained and synthetic acceptance keeps tokens the grammar may forbid: neither
         # would be compared with constrained plain decoding
-        raise ValueError("a grammar does not go with --compare hf or --synthetic-accept")
+        raise ValueError("a grammar does not go with --compare or --synthetic-accept")
     if args.ignore_eos:
         raise ValueError("a grammar and --ignore-eos do not go together: the grammar ends the answer")
     for spec in specs:
@@ -130,13 +139,18 @@ def print_summary(rows: list[dict]) -> None:
               f"{r['verify_cost_c']:>5.2f} {r['lossless_ok']}")
     by_cfg: dict[tuple[str, str], list[float]] = {}
     for r in rows:
-        if (r["spec_decode"] == "on" or r["spec_types"].startswith("hf-")) and not r.get("synthetic_accept"):
+        if (r["spec_decode"] == "on" or is_other(r)) and not r.get("synthetic_accept"):
             name = r["spec_types"] + (f" (N={r['concurrency']}, ctx={r['ctx_len']}, k={r['n_max']})"
                                       if sweeping else "")
             for kind in {"all", r["prompt_kind"]} - {""}:
                 by_cfg.setdefault((name, kind), []).append(float(r["speedup"] or 0))
     for (name, kind), xs in by_cfg.items():
         print(f"geomean speedup {name} [{kind}]: {geomean(xs):.3f}x over our plain decoding ({len(xs)} prompts)")
+    for other in OTHER_IMPLEMENTATIONS:
+        xs = [float(r["speedup"] or 0) for r in rows if r["spec_types"] == other]
+        if xs:
+            print(f"our plain decoding ({rows[0]['dtype']}) is {1 / geomean(xs):.3f}x {other} (geomean over "
+                  f"{len(xs)} prompts)")
     for reason in sorted({why_na(r) for r in rows} - {None}):
         print(f"lossless n/a: {WHY_NA[reason]}")
 
@@ -149,15 +163,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prompts = load_prompts(args.prompts)
         sweep = sweep_from_args(args)
+        kinds = parse_compare(args.compare, args.target)
         cfg = BenchConfig.from_args(args, n_max=min(sweep.n_max), parallel=sweep.parallel[0], ctx_len=sweep.ctx_len[0])
         target, draft = cfg.load()
         cfg.n_ctx = max(cfg.n_ctx, cells_needed(target, prompts, sweep, cfg.max_new_tokens))
         engine = cfg.build(target, draft, n_seq_max=max(sweep.parallel), n_draft=max(sweep.n_max))
         setup_grammar(cfg, engine, prompts, args)
+        compare = Comparators.load(kinds, cfg, cfg.n_ctx) if kinds else None
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows = run_sweep(cfg, engine, prompts, sweep, args.repeat, args.compare, args.target)
+    print(f"dtype: {cfg.dtype_used} ({cfg.dtype_reason}); forward: "
+          f"{'lean' if engine.ctx.lean is not None else engine.ctx.lean_reason}", file=sys.stderr)
+    rows = run_sweep(cfg, engine, prompts, sweep, args.repeat, compare, args.target)
     write_rows(rows, args.out)
     print_summary(rows)
     if len(sweep.n_max) * len(sweep.parallel) * len(sweep.ctx_len) > 1 or sweep.synthetic:

@@ -86,9 +86,10 @@ def run_group(scheduler, prompt: list[int], n: int, spec: SpecParams, plan: Live
     return out
 
 
-def run_live(scheduler, prompt: list[int], plan: LivePlan, model: str, quant_bits: int, progress=None) -> list[dict]:
+def run_live(scheduler, prompt: list[int], plan: LivePlan, target, progress=None) -> list[dict]:
     """The plan's runs on the scheduler's engine; traces.csv rows (engine.bench.rows.COLUMNS).
 
+    `target` is the engine's LoadedModel (its name, quant_bits and dtype go into the rows).
     `progress(done, total, what)` is called before each run, for a progress bar."""
     n_slots = scheduler.engine.ctx.n_seq_max
     too_many = [n for n in plan.concurrency if n > n_slots]
@@ -106,10 +107,11 @@ def run_live(scheduler, prompt: list[int], plan: LivePlan, model: str, quant_bit
             if progress is not None:
                 progress(done, total, f"N={n} {name or 'plain'}")
             runs = run_group(scheduler, prompt, n, spec, plan, base)
-            cfg = BenchConfig(target=model, draft=None, spec=spec, sampling=SamplerParams(temp=0.0, seed=plan.seed),
+            cfg = BenchConfig(target=target.name, draft=None, spec=spec, sampling=SamplerParams(temp=0.0, seed=plan.seed),
                               max_new_tokens=plan.max_new_tokens, parallel=n, ctx_len=0, n_ctx=0,
-                              trust_remote_code=False, quant_bits=quant_bits, ignore_eos=True)
-            rows.append(make_row(cfg, pid, [runs[0]], None if base is None else [base[0]], name, model,
+                              trust_remote_code=False, quant_bits=target.quant_bits, ignore_eos=True,
+                              dtype=target.dtype, dtype_used=target.dtype, dtype_reason=target.dtype_reason)
+            rows.append(make_row(cfg, pid, [runs[0]], None if base is None else [base[0]], name, target.name,
                                  group_tps(runs)))
             if base is None:
                 base = runs

@@ -23,6 +23,8 @@ WHY_NA = {
     "rejection": "verified by rejection sampling: lossless in distribution, not token for token with the same "
                  "seed (check it with `python -m engine.bench.dist`)",
     "synthetic": "synthetic acceptance keeps tokens the target did not choose: not lossless by design",
+    "other": "another implementation (transformers' generate in float32, llama.cpp on Q4_1 weights): other "
+             "numerics, other tokens; match_plain counts its leading tokens equal to our plain run's",
 }
 
 
@@ -44,6 +46,8 @@ def why_na(row: dict) -> str | None:
     """The reason a traces.csv row's lossless_ok is "n/a" (None for a checked row); rows read back hold strings."""
     if str(row.get("lossless_ok")) != NA:
         return None
+    if row.get("spec_types") in ("hf-generate", "hf-prompt-lookup", "llama.cpp"):
+        return "other"
     modes = str(row.get("verify_mode") or "").split(";")
     if "synthetic" in modes or row.get("synthetic_accept") not in (None, ""):
         return "synthetic"

@@ -25,6 +25,8 @@ COLUMNS = [
     "verify_mode",
     # structured output: the grammar's kind ("" unconstrained) and the tokens accepted from the grammar drafter
     "grammar", "forced_tokens",
+    # the weights' dtype and why (engine/dtype.py); another implementation's leading tokens equal to our plain run's
+    "dtype", "dtype_reason", "match_plain",
 ]
 
 
@@ -64,6 +66,7 @@ def make_row(cfg: BenchConfig, prompt: dict, res: list[RunResult], base: list[Ru
         "synthetic_accept": cfg.spec.synthetic_accept if r0.spec_on and cfg.spec.synthetic_accept is not None else "",
         "verify_mode": ";".join(r0.verify_modes),
         "grammar": _grammar_kind(cfg, prompt), "forced_tokens": r0.forced_tokens,
+        "dtype": cfg.dtype_used, "dtype_reason": cfg.dtype_reason, "match_plain": r0.match_plain,
     }
 
 

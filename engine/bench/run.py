@@ -33,6 +33,9 @@ class BenchConfig:
     n_ctx: int  # KV cells
     trust_remote_code: bool
     quant_bits: int = 0  # filled once the target is loaded
+    dtype: str = "auto"  # weights' dtype asked for, target and draft (engine/dtype.py)
+    dtype_used: str = ""  # filled once the target is loaded: the dtype it runs in, and why
+    dtype_reason: str = ""
     ignore_eos: bool = False  # generate max_new_tokens whatever the text (fixed-length sweeps)
     n_rs: int = 0  # recurrent targets: tail undone from kept states instead of a checkpoint (engine.rs_steps)
     # the output format of every prompt (--json-schema, --regex, --grammar); a prompt's own field overrides it
@@ -48,7 +51,7 @@ class BenchConfig:
         sampling = SamplerParams(temp=a.temp, seed=a.seed)
         cfg = cls(target=a.target, draft=a.draft, spec=spec, sampling=sampling, max_new_tokens=a.max_new_tokens,
                   parallel=parallel, ctx_len=ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code,
-                  ignore_eos=a.ignore_eos, n_rs=a.n_rs, grammar=grammar_from_args(a))
+                  ignore_eos=a.ignore_eos, n_rs=a.n_rs, grammar=grammar_from_args(a), dtype=a.dtype)
         if a.repeat < 1 or a.max_new_tokens < 1 or a.n_rs < 0:
             raise ValueError("--repeat and --max-new-tokens must be >= 1, --n-rs >= 0")
         # the run's grammar compiles here, before any model loads; the prompts' own ones once the target is known
@@ -64,9 +67,11 @@ class BenchConfig:
         """Target and draft models (slow); raises ModelLoadError (a ValueError/OSError) with the reason."""
         from engine.models import load_model
 
-        target = load_model(self.target, trust_remote_code=self.trust_remote_code)
-        draft = load_model(self.draft, trust_remote_code=self.trust_remote_code) if self.draft else None
+        target = load_model(self.target, trust_remote_code=self.trust_remote_code, dtype=self.dtype)
+        draft = (load_model(self.draft, trust_remote_code=self.trust_remote_code, dtype=self.dtype)
+                 if self.draft else None)
         self.quant_bits = target.quant_bits
+        self.dtype_used, self.dtype_reason = target.dtype, target.dtype_reason
         return target, draft
 
     def build(self, target=None, draft=None, n_seq_max: int | None = None, n_draft: int | None = None):
@@ -123,6 +128,7 @@ class RunResult:
     events: list[RoundEvent] = field(default_factory=list)
     rollback_mode: str = "seq_rm"
     t_plain_step_ms: float = 0.0  # mean time of one plain decoding step (from the plain run)
+    match_plain: int | str = ""  # another implementation's run: its leading tokens equal to our plain run's
 
     @property
     def tps(self) -> float:
@@ -297,27 +303,3 @@ def run_ours(cfg: BenchConfig, engine, group: list[dict], spec: bool, reference:
     for seq in seqs:
         engine.release(seq)
     return out
-
-
-def run_hf(cfg: BenchConfig, engine, p: dict, kind: str, reference: RunResult) -> RunResult:
-    import torch
-
-    tm = engine.target
-    ids = torch.tensor([prompt_ids(engine, p, cfg.ctx_len)], device=tm.device)
-    kwargs = dict(max_new_tokens=cfg.max_new_tokens, attention_mask=torch.ones_like(ids))
-    greedy = cfg.sampling.temp <= 0
-    if greedy:
-        kwargs.update(do_sample=False)
-    else:
-        kwargs.update(do_sample=True, temperature=cfg.sampling.temp, top_k=0)
-    if kind == "hf-prompt-lookup":
-        kwargs["prompt_lookup_num_tokens"] = 10
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = tm.model.generate(ids, **kwargs)
-    seconds = time.perf_counter() - t0
-    toks = [int(t) for t in out[0, ids.shape[1]:]]
-    res = RunResult(tokens=toks, seconds=seconds, spec_on=kind != "hf-generate",
-                    rollback_mode="hf")
-    res.lossless_ok = toks == reference.tokens if greedy else ""
-    return res

@@ -42,9 +42,17 @@ def is_synthetic(r: dict) -> bool:
     return r.get("synthetic_accept") not in (None, "") or r.get("spec_types") == "synthetic"
 
 
+OTHER_IMPLEMENTATIONS = ("hf-generate", "hf-prompt-lookup", "llama.cpp")  # rows of engine.bench.compare
+
+
+def is_other(r: dict) -> bool:
+    """A row of another implementation (transformers' generate, llama.cpp), not of this engine."""
+    return str(r.get("spec_types", "")) in OTHER_IMPLEMENTATIONS
+
+
 def is_chain(r: dict) -> bool:
-    """A speculative row of real drafters (not synthetic, not transformers' own)."""
-    return r.get("spec_decode") == "on" and not is_synthetic(r) and not str(r.get("spec_types", "")).startswith("hf-")
+    """A speculative row of real drafters (not synthetic, not another implementation)."""
+    return r.get("spec_decode") == "on" and not is_synthetic(r) and not is_other(r)
 
 
 def short_name(spec_types: str) -> str:

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from engine.bench.rows import make_row
-from engine.bench.run import BenchConfig, RunResult, group_tps, prompt_ids_of, run_hf, run_ours
+from engine.bench.run import BenchConfig, RunResult, group_tps, prompt_ids_of, run_ours
 from engine.params import SpecParams
 
 SLACK = 8  # cells per slot beyond prompt + context + answer + draft (the engine keeps a little room)
@@ -98,7 +98,7 @@ def _median_run(runs: list[list[RunResult]]) -> list[RunResult]:
     return ranked[(len(ranked) - 1) // 2]
 
 
-def run_sweep(cfg: BenchConfig, engine, prompts: list[dict], sweep: Sweep, repeat: int, compare: str | None,
+def run_sweep(cfg: BenchConfig, engine, prompts: list[dict], sweep: Sweep, repeat: int, compare,
               model: str) -> list[dict]:
     """Every configuration of the sweep on every prompt; one row per prompt and configuration."""
     from tqdm import tqdm
@@ -118,7 +118,7 @@ def run_sweep(cfg: BenchConfig, engine, prompts: list[dict], sweep: Sweep, repea
 
 
 def _run_group(cfg: BenchConfig, engine, own: list[dict], fill: list[dict], sweep: Sweep, repeat: int,
-               compare: str | None, model: str, bar) -> list[dict]:
+               compare, model: str, bar) -> list[dict]:
     """The plain run and every speculative configuration of one group, repeats interleaved (plain, spec...,
     plain, spec...) so that a slow spell of a shared machine hits both sides of a ratio alike."""
     group = own + fill
@@ -136,9 +136,9 @@ def _run_group(cfg: BenchConfig, engine, own: list[dict], fill: list[dict], swee
     for (name, spec_cfg), runs in zip(configs, spec_runs):
         run = _median_run(runs)
         rows += [make_row(spec_cfg, p, [run[i]], [base[i]], name, model, group_tps(run)) for i, p in enumerate(own)]
-    if compare == "hf" and cfg.parallel == 1:  # generate() runs one prompt at a time: no concurrency rows
+    if compare is not None and cfg.parallel == 1:  # they run one prompt at a time: no concurrency rows
         for i, p in enumerate(own):
-            for kind in ("hf-generate", "hf-prompt-lookup"):
-                hf = [run_hf(cfg, engine, p, kind, base[i]) for _ in range(repeat)]
-                rows.append(make_row(cfg, p, hf, [base[i]], kind, model, 0.0))
+            for kind in compare.kinds():
+                other = [compare.run(kind, cfg, engine, p, base[i]) for _ in range(repeat)]
+                rows.append(make_row(cfg, p, other, [base[i]], kind, model, 0.0))
     return rows

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from engine.batch import Batch
 from engine.drafters.base import Drafter, DraftRequest, DraftStreams, top_k_q
-from engine.drafters.head_net import DraftHead, HeadConfig, load_head, target_fingerprint
+from engine.drafters.head_net import DraftHead, HeadConfig, fingerprint_matches, load_head
 from engine.prefix import common_prefix
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[2] / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
@@ -70,7 +70,9 @@ class DraftHeadDrafter(Drafter):
                 raise ValueError(f"draft-head weights not found: {self.params.weights}")
             head = load_head(Path(self.params.weights))
         check_config_matches(head.cfg, target)
-        head.attach_target(target.model.get_input_embeddings().weight.float())
+        # the table as the target holds it (bfloat16 for a bfloat16 target): the head converts only the rows it
+        # uses, its LM head's draft-vocabulary rows once and each step's looked-up rows
+        head.attach_target(target.model.get_input_embeddings().weight)
         self.head = head.eval()
         self.hidden_layers = tuple(head.cfg.layers)
         self.states: dict[int, _SeqState] = {}
@@ -234,7 +236,8 @@ def head_fits(target, weights: Path = DEFAULT_WEIGHTS) -> bool:
 
 
 def check_config_matches(cfg: HeadConfig, target) -> None:
-    """Refuse a head trained for another model: vocabulary, width and the embedding table must be the same."""
+    """Refuse a head trained for another model: vocabulary, width and the embedding table must be the same (the
+    table in float32 or rounded to bfloat16: a head serves the same model loaded in either dtype)."""
     emb = target.model.get_input_embeddings().weight
     n_layers = int(getattr(target.model.config, "num_hidden_layers", 0))
     if emb.shape[0] != cfg.target_vocab or emb.shape[1] != cfg.hidden:
@@ -242,5 +245,5 @@ def check_config_matches(cfg: HeadConfig, target) -> None:
                          f"{cfg.hidden}; the loaded target has vocab {emb.shape[0]} and hidden {emb.shape[1]}")
     if max(cfg.layers) > n_layers:
         raise ValueError(f"draft-head reads hidden layer {max(cfg.layers)}; the target has {n_layers} layers")
-    if cfg.target_fingerprint and target_fingerprint(emb) != cfg.target_fingerprint:
+    if not fingerprint_matches(cfg, emb):
         raise ValueError("draft-head was trained for another model (embedding table checksum differs)")

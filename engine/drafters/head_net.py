@@ -38,6 +38,8 @@ class HeadConfig:
     rope_theta: float = 100000.0  # the target's rotary base
     rms_eps: float = 1e-5  # norm epsilon
     target_fingerprint: str = ""  # hash of the target embedding table the head was trained for
+    # the same hash of that table rounded to bfloat16: matches the model loaded in float32 or in bfloat16
+    target_fingerprint_bf16: str = ""
     extra: dict = field(default_factory=dict)  # training facts recorded with the weights (not used to run)
 
     def to_json(self) -> str:
@@ -50,11 +52,38 @@ class HeadConfig:
         return cls(**d)
 
 
+def _fingerprint_sample(embed_weight: torch.Tensor) -> torch.Tensor:
+    """The rows and columns the fingerprints hash, as they are (taken before any conversion: no full copy)."""
+    w = embed_weight.detach()
+    return w[:: max(1, w.shape[0] // 512), :64].cpu()
+
+
+def _hash(sample: torch.Tensor, shape) -> str:
+    return (hashlib.sha256(sample.float().contiguous().numpy().round(4).tobytes()).hexdigest()[:16]
+            + f"-{shape[0]}x{shape[1]}")
+
+
 def target_fingerprint(embed_weight: torch.Tensor) -> str:
-    """A short hash of the target's embedding table: tells the model the head was trained for from any other."""
-    w = embed_weight.detach().float().cpu()
-    sample = w[:: max(1, w.shape[0] // 512), :64].contiguous()
-    return hashlib.sha256(sample.numpy().round(4).tobytes()).hexdigest()[:16] + f"-{w.shape[0]}x{w.shape[1]}"
+    """A short hash of the target's embedding table: tells the model the head was trained for from any other.
+    Exact values: the same model loaded in float32 and in bfloat16 hashes differently (also the key of the
+    training data cache, whose features differ with the dtype)."""
+    return _hash(_fingerprint_sample(embed_weight), embed_weight.shape)
+
+
+def bf16_fingerprint(embed_weight: torch.Tensor) -> str:
+    """target_fingerprint of the table rounded to bfloat16: the same for a float32 table and its bfloat16 copy
+    (a bfloat16 load of the model is its float32 weights rounded to nearest), so a head trained on either
+    dtype is recognised on both."""
+    return _hash(_fingerprint_sample(embed_weight).to(torch.bfloat16), embed_weight.shape)
+
+
+def fingerprint_matches(cfg: HeadConfig, embed_weight: torch.Tensor) -> bool:
+    """Whether the target's embedding table is the one the head was trained for (no fingerprint: yes): the exact
+    hash, or the bfloat16-rounded one (the same model in the other dtype)."""
+    if not cfg.target_fingerprint or target_fingerprint(embed_weight) == cfg.target_fingerprint:
+        return True
+    want = cfg.target_fingerprint_bf16
+    return bool(want) and bf16_fingerprint(embed_weight) == want
 
 
 class RMSNorm(nn.Module):
@@ -100,13 +129,17 @@ class DraftHead(nn.Module):
         self.down = nn.Linear(cfg.intermediate, h, bias=False)
         self.norm = RMSNorm(h, cfg.rms_eps)
         # frozen, filled from the target by attach_target; never saved
-        self.embed: torch.Tensor | None = None  # [target_vocab, hidden]
-        self.lm_weight: torch.Tensor | None = None  # [draft_vocab, hidden]
+        self.embed: torch.Tensor | None = None  # [target_vocab, hidden], the target's own table, in its dtype
+        self.lm_weight: torch.Tensor | None = None  # [draft_vocab, hidden], float32
 
     def attach_target(self, embed_weight: torch.Tensor) -> None:
-        """Borrow the target's embedding table (input embeddings, and the tied LM head rows of d2t)."""
+        """Borrow the target's embedding table (input embeddings, and the tied LM head rows of d2t).
+
+        The table is kept as it is, in the target's dtype (no float32 copy of a bfloat16 table: 49152 x 576 x 4
+        bytes); only the draft vocabulary's rows of the LM head are made float32 here, and `qkv` converts the
+        rows it looks up."""
         self.embed = embed_weight.detach()
-        self.lm_weight = self.embed[self.d2t].contiguous()
+        self.lm_weight = self.embed[self.d2t].float().contiguous()
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().contiguous() for k, v in self.state_dict().items()}

@@ -1,0 +1,112 @@
+"""The weights' dtype, chosen by measurement: bfloat16 where this CPU computes it natively and it is faster.
+
+A decode step of a small model streams every weight once, so its time is mostly memory traffic: bfloat16
+halves it, and on a CPU with native bfloat16 dot products (AVX-512 `avx512_bf16`, or AMX) the arithmetic keeps
+up. Without them oneDNN emulates bfloat16 and it can be slower than float32. "auto" times one decoder layer's
+linears of the model's own shapes in both dtypes (through the same packed oneDNN path the engine uses, at one
+row and at a verification batch of four) and keeps the faster; an explicit dtype is taken as asked.
+
+Plain and speculative decoding run on the same loaded model, so they always share the dtype and the lossless
+check compares like with like.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+CHOICES = ("auto", "float32", "bfloat16")
+NATIVE_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs that compute bfloat16 natively
+MARGIN = 0.95  # bfloat16 is kept when its layer time is below this fraction of float32's
+
+
+@dataclass
+class DtypeChoice:
+    dtype: str  # "float32" or "bfloat16": what the weights are loaded in
+    reason: str  # one line for the status bar, the Benchmark tab and traces.csv
+    layer_ms: dict[str, float] = field(default_factory=dict)  # measured time of one layer's linears, by dtype
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def native_bf16_flag() -> str | None:
+    """The flag by which this CPU computes bfloat16 natively, if it has one."""
+    flags = cpu_flags()
+    return next((f for f in NATIVE_FLAGS if f in flags), None)
+
+
+def _layer_shapes(config) -> list[tuple[int, int]]:
+    """(out, in) of one decoder layer's linears: q, k, v, o, gate, up, down."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    d = int(cfg.hidden_size)
+    heads = int(getattr(cfg, "num_attention_heads", 0) or max(1, d // 64))
+    head_dim = int(getattr(cfg, "head_dim", None) or d // heads)
+    kv = int(getattr(cfg, "num_key_value_heads", None) or heads) * head_dim
+    inter = int(getattr(cfg, "intermediate_size", None) or 4 * d)
+    return [(heads * head_dim, d), (kv, d), (kv, d), (d, heads * head_dim), (inter, d), (inter, d), (d, inter)]
+
+
+def time_layer(config, dtype: str, copies: int = 4, reps: int = 7) -> float:
+    """Fastest of `reps` timings, in ms, of one layer's linears at 1 row plus at 4 rows, weights cycling over
+    `copies` layers; the fastest, since another busy process only ever adds time."""
+    import torch
+
+    from engine import prepack
+
+    torch_dtype = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(0)
+    layers = [[torch.nn.Linear(i, o, bias=False, dtype=torch_dtype) for o, i in _layer_shapes(config)]
+              for _ in range(copies)]
+    with torch.no_grad():
+        for layer in layers:
+            for lin in layer:
+                lin.weight.copy_(torch.randn(lin.weight.shape, generator=gen))
+    model = torch.nn.ModuleList([torch.nn.ModuleList(layer) for layer in layers])
+    prepack.prepack_linears(model)
+    inputs = {lin.in_features: [torch.randn(1, rows, lin.in_features, generator=gen).to(torch_dtype)
+                                for rows in (1, 4)] for layer in layers for lin in layer}
+    times = []
+    with torch.inference_mode():
+        for _ in range(reps + 1):  # the first pass warms oneDNN's kernel cache
+            t0 = time.perf_counter()
+            for layer in layers:
+                for lin in layer:
+                    for x in inputs[lin.in_features]:
+                        lin(x)
+            times.append((time.perf_counter() - t0) / copies * 1000)
+    return min(times[1:])
+
+
+def choose_dtype(requested: str, config, device: str) -> DtypeChoice:
+    """Resolve --dtype for a model of `config` on `device`."""
+    if requested not in CHOICES:
+        raise ValueError(f"dtype must be one of {', '.join(CHOICES)}, not {requested!r}")
+    if requested != "auto":
+        if requested == "bfloat16" and device == "cpu" and native_bf16_flag() is None:
+            return DtypeChoice(requested, "bfloat16 as asked (this CPU has no native bfloat16: emulated, slower)")
+        return DtypeChoice(requested, f"{requested} as asked")
+    if device != "cpu":
+        import torch
+
+        if device.startswith("cuda") and torch.cuda.is_bf16_supported():
+            return DtypeChoice("bfloat16", "auto: a GPU with bfloat16")
+        return DtypeChoice("float32", f"auto: float32 on {device}")
+    flag = native_bf16_flag()
+    if flag is None:
+        return DtypeChoice("float32", "auto: float32 (no native bfloat16 on this CPU)")
+    ms = {dt: time_layer(config, dt) for dt in ("float32", "bfloat16")}
+    ratio = ms["bfloat16"] / ms["float32"]
+    timing = f"a layer {ms['bfloat16']:.2f} ms in bfloat16, {ms['float32']:.2f} ms in float32"
+    if ratio < MARGIN:
+        return DtypeChoice("bfloat16", f"auto: bfloat16 ({flag}; {timing})", ms)
+    return DtypeChoice("float32", f"auto: float32 (bfloat16 not faster here: {timing})", ms)

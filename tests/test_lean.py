@@ -1,0 +1,124 @@
+"""The lean Llama-family forward: the logits and hidden states of transformers' forward for every family it takes,
+on the cell cache with several sequences and a removed tail; rows bit-identical alone and in a verification
+batch in both dtypes; a clear reason wherever it steps aside."""
+
+import pytest
+import torch
+
+from engine import prepack
+from engine.batch import Batch
+from engine.context import ModelContext
+from engine.lean import lean_reason
+
+pytestmark = pytest.mark.skipif(not prepack.available(), reason="this torch has no oneDNN linear ops")
+BF16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def _family(kind: str, seed: int = 0):
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False,
+                  max_position_embeddings=512)
+    if kind == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))
+    elif kind == "llama-rope-scaled":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(rope_scaling={"rope_type": "linear", "factor": 2.0}, **common))
+    elif kind == "qwen2":  # biases on q, k, v
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**common))
+    elif kind == "qwen3":  # per-head RMSNorm of q and k
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(head_dim=16, **common))
+    elif kind == "mistral":  # every layer sliding, window 6: the cell cache's mask
+        model = tf.MistralForCausalLM(tf.MistralConfig(sliding_window=6, **common))
+    else:
+        raise ValueError(kind)
+    model.eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "bias" in name:
+                p.normal_(0, 0.5)  # a fresh init leaves biases at 0, which would test nothing
+    return model
+
+
+def _decode(ctx, rows: list[tuple[int, int, int]]):
+    batch = Batch()
+    for tok, pos, seq in rows:
+        batch.add(tok, pos, seq, True)
+    return ctx.decode(batch)
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-rope-scaled", "qwen2", "qwen3", "mistral"])
+def test_lean_forward_gives_transformers_logits_and_hidden_states(kind):
+    model = _family(kind)
+    prepack.prepack_linears(model)
+    assert lean_reason(model) is None
+    results = {}
+    for lean in (True, False):
+        ctx = ModelContext(model, n_ctx=64, n_seq_max=2, lean=lean)
+        assert (ctx.lean is not None) == lean
+        ctx.hidden_layers = (0, 1, 3)  # embeddings, after layer 1, the final norm
+        a = [(5 + i % 7, i, 0) for i in range(9)] + [(9 + i % 5, i, 1) for i in range(5)]
+        first = _decode(ctx, a)
+        ctx.seq_rm(0, 6, -1)  # a rejected tail
+        second = _decode(ctx, [(11, 6, 0), (12, 7, 0), (13, 5, 1)])
+        results[lean] = (first, second)
+    for got, want in zip(results[True], results[False]):
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32"] + (["bfloat16"] if BF16 else []))
+def test_a_verified_row_has_the_logits_of_plain_decoding_bit_for_bit(dtype):
+    """What makes greedy speculation token-identical in any dtype: the rows of a verification batch get the very
+    logits plain decoding computes one row at a time (packed linears and per-row attention, see attention.py)."""
+    model = _family("llama").to(getattr(torch, dtype))
+    prepack.prepack_linears(model)
+    ctx = ModelContext(model, n_ctx=64, n_seq_max=2)
+    prompt = [(5 + i % 9, i, 0) for i in range(10)]
+    _decode(ctx, prompt)
+    tail = [7, 21, 3, 40, 12, 9]
+    one = [_decode(ctx, [(t, 10 + i, 0)]).logits[0] for i, t in enumerate(tail)]
+    ctx.seq_rm(0, 10, -1)
+    batch = _decode(ctx, [(t, 10 + i, 0) for i, t in enumerate(tail)]).logits
+    for i in range(len(tail)):
+        assert torch.equal(one[i], batch[i]), f"row {i} differs"
+    # beside another sequence's rows too (several slots in one forward)
+    ctx.seq_rm(0, 10, -1)
+    _decode(ctx, [(t, i, 1) for i, t in enumerate([4, 5, 6])])
+    mixed = _decode(ctx, [(t, 10 + i, 0) for i, t in enumerate(tail)] + [(8, 3, 1)]).logits
+    assert torch.equal(mixed[: len(tail)], batch)
+
+
+@pytest.mark.parametrize("dtype", ["float32"] + (["bfloat16"] if BF16 else []))
+def test_a_prompt_prefilled_at_once_or_in_parts_leaves_the_same_cache(dtype):
+    """Prefix reuse: a prompt whose first part is already cached and whose rest is forwarded alone must give the
+    logits (and the following steps) of the same prompt prefilled in one batch."""
+    model = _family("llama").to(getattr(torch, dtype))
+    prepack.prepack_linears(model)
+    ctx = ModelContext(model, n_ctx=128, n_seq_max=2)
+    prompt = [5 + (i * 7) % 50 for i in range(40)]
+    whole = _decode(ctx, [(t, i, 0) for i, t in enumerate(prompt)]).logits[-1]
+    _decode(ctx, [(t, i, 1) for i, t in enumerate(prompt[:23])])
+    parts = _decode(ctx, [(t, 23 + i, 1) for i, t in enumerate(prompt[23:])]).logits[-1]
+    assert torch.equal(whole, parts)
+    steps = [_decode(ctx, [(9, 40, 0), (9, 40, 1)]).logits, _decode(ctx, [(4, 41, 0), (4, 41, 1)]).logits]
+    assert all(torch.equal(s[0], s[1]) for s in steps)
+
+
+def test_families_and_models_the_lean_forward_does_not_take_say_why():
+    import transformers as tf
+
+    torch.manual_seed(0)
+    unpacked = _family("llama")
+    assert "not prepacked" in lean_reason(unpacked)
+    gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2)).eval()
+    prepack.prepack_linears(gpt2)
+    assert "transformers' forward" in lean_reason(gpt2)
+    mixed = tf.Qwen2ForCausalLM(tf.Qwen2Config(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+        layer_types=["full_attention", "sliding_attention"])).eval()
+    prepack.prepack_linears(mixed)
+    assert "several attention kinds" in lean_reason(mixed)
+    assert ModelContext(mixed, n_ctx=16).lean is None  # it runs, on transformers' forward
