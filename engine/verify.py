@@ -75,6 +75,8 @@ def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int],
     """logits: [k+1, V]; draft: k tokens; allowed: the grammar's masks per row (None: unconstrained)."""
     assert logits.shape[0] == len(draft) + 1, "need one logits row per draft token plus the bonus row"
     logits = apply_mask(logits, allowed)
+    if sampler.greedy:
+        return _greedy_match(logits, draft)
     probs = sampler.probs(logits)  # [k+1, V]
     n_draws0 = sampler.n_draws
     tokens: list[int] = []
@@ -88,6 +90,19 @@ def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int],
     p_draft_rows = [p_of(probs[i], d) for i, d in enumerate(draft)]
     return Verdict(tokens=tokens, n_accepted=len(tokens) - 1, p_target=p_target, p_draft_rows=p_draft_rows,
                    n_draws=sampler.n_draws - n_draws0)
+
+
+def _greedy_match(logits: torch.Tensor, draft: list[int]) -> Verdict:
+    """sample_and_match at temperature 0, where p is one-hot at each row's argmax: one argmax over all rows
+    instead of building the one-hot rows (a round's fixed cost, which a fast forward makes visible)."""
+    best = logits.argmax(dim=-1).tolist()  # the first maximum, as the one-hot p would put it
+    tokens: list[int] = []
+    for i in range(len(draft) + 1):
+        tokens.append(int(best[i]))
+        if i == len(draft) or best[i] != draft[i]:
+            break
+    return Verdict(tokens=tokens, n_accepted=len(tokens) - 1, p_target=[1.0] * len(tokens),
+                   p_draft_rows=[1.0 if d == best[i] else 0.0 for i, d in enumerate(draft)], n_draws=0)
 
 
 def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[torch.Tensor],
