@@ -65,7 +65,8 @@ class ModelContext:
             extra = {}
             if self.per_seq_attention or self.lean is not None:
                 n_live = mask.shape[-1]
-                extra["cell_groups"] = cell_groups(mask, torch.tensor(batch.seq), self.cache.cell_seq[:n_live])
+                extra["cell_groups"] = cell_groups(mask, torch.tensor(batch.seq), self.cache.cell_seq[:n_live],
+                                                   self.cache.cell_pos[:n_live])
             if self.lean is not None:
                 logits, hidden = self.lean(input_ids[0], position_ids[0], mask, self.cache, extra["cell_groups"],
                                            rows, self.hidden_layers)

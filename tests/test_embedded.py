@@ -9,6 +9,7 @@ import torch
 from engine.drafters.chain import NGRAM_CHAIN
 from engine.params import GenParams, SpecParams
 from engine.slots import Engine
+from tiny import suite_dtype
 
 PROMPTS = [json.loads(line) for line in
            (Path(__file__).parent.parent / "assets" / "prompts" / "all.jsonl").read_text().splitlines()]
@@ -47,6 +48,8 @@ def test_probe_and_memory(engine):
     assert cost.seconds == sorted(cost.seconds)  # a bigger batch never looks cheaper to the length policy
 
 
+@pytest.mark.skipif(suite_dtype() != "float32", reason="transformers' bfloat16 forward rounds otherwise: other "
+                    "greedy text; the bench's match_plain column shows how far they agree")
 def test_plain_decoding_equals_transformers_generate(engine, prompt_ids, plain):
     model = engine.target.model
     for ids, ours in zip(prompt_ids, plain):

@@ -10,7 +10,7 @@ from engine.models import ModelLoadError, VocabMismatchError, load_model
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.slots import Engine
-from tiny import load_tiny
+from tiny import load_tiny, suite_dtype
 
 # short n-grams: a tiny model's text is short and loops, so long keys would never match
 SMALL_NGRAMS = {
@@ -61,7 +61,8 @@ def test_greedy_speculation_is_token_identical_to_plain_and_hf(engine, tiny_targ
         plain = tokens(run(engine, prompt, []))
         events = run(engine, prompt, types)
         assert tokens(events) == plain
-        assert plain == hf_greedy(tiny_target.model, prompt, 40)
+        if suite_dtype() == "float32":  # transformers' forward rounds otherwise in bfloat16: other greedy text
+            assert plain == hf_greedy(tiny_target.model, prompt, 40)
         n_spec += sum(e.kind == "spec" for e in events)
     assert n_spec > 0, "no draft was ever verified: the test would not test speculation"
 

@@ -115,7 +115,7 @@ def with_output_width(draft, width: int):
     they never reach the draft's top k (the target could not take them as input)."""
     old = draft.model.lm_head.weight
     n = min(width, old.shape[0])
-    head = torch.nn.Linear(old.shape[1], width, bias=True)
+    head = torch.nn.Linear(old.shape[1], width, bias=True, dtype=old.dtype)
     with torch.no_grad():
         head.weight.zero_()
         head.weight[:n] = old[:n]

@@ -8,6 +8,7 @@ from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.slots import Engine
 from test_engine import PROMPTS, SMALL_NGRAMS, tokens
+from tiny import suite_dtype
 
 SYSTEM = [1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42]  # a "system prompt" both chats start with
 
@@ -127,6 +128,8 @@ def test_a_slot_stopped_mid_way_leaves_no_draft_cells_and_others_go_on(engine):
 
 
 @pytest.mark.parametrize("by_seq", [True, False])
+@pytest.mark.skipif(suite_dtype() != "float32", reason="matches transformers' forward to 1e-4, a float32 property; "
+                    "bfloat16 rows are checked bit for bit against our own plain decoding (test_lean.py)")
 def test_per_sequence_attention_matches_plain_forwards(tiny_target, by_seq):
     """Three sequences decoded together, twice (prefill, then one row each): every row's logits equal a plain
     forward of its own sequence, whether each sequence's cells form one run (read as a slice) or are scattered
