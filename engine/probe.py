@@ -71,15 +71,16 @@ def probe_context(ctx, seq: int = 0) -> ProbeResult:
         return ProbeResult(NO, f"the model does not run on this memory ({type(e).__name__}: {first})")
     ctx.seq_rm(seq, -1, -1)
     err = float((cached - plain).abs().max())
+    measure = "max error"
     if next(ctx.model.parameters()).dtype in (torch.float16, torch.bfloat16):
         err = float((cached - plain).norm() / plain.norm().clamp_min(1e-6))  # relative L2, see the tolerance
-        wrong = err > PROBE_TOLERANCE_16BIT
+        wrong, measure = err > PROBE_TOLERANCE_16BIT, "relative L2 error"
     else:
         wrong = err > PROBE_TOLERANCE * max(1.0, float(plain.abs().max()))
     if wrong:
         return ProbeResult(NO, f"a 3-token forward on a non-empty memory differs from a plain forward by {err:.3g}: "
                                "a draft cannot be verified in one forward, speculation is off")
-    where = f"cached vs plain forward: max error {err:.1e}"
+    where = f"cached vs plain forward: {measure} {err:.1e}"
     if kind == RS:
         return ProbeResult(RS, f"the model's own cache gives back the last forward's tokens ({where})")
     if kind == FULL:
