@@ -40,14 +40,14 @@ def cell_attention(module, query, key, value, attention_mask, dropout: float = 0
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    return attend(query, key, value, attention_mask, groups, scaling).transpose(1, 2).contiguous(), None
+    return attend(query, key, value, groups, scaling).transpose(1, 2).contiguous(), None
 
 
-def attend(query, key, value, attention_mask, groups: list["SeqGroup"], scaling) -> torch.Tensor:
+def attend(query, key, value, groups: list["SeqGroup"], scaling) -> torch.Tensor:
     """query [1, H, T, D]; key, value [1, H_kv, n_live, D]; groups from cell_groups -> [1, H, T, D].
 
     Each row alone over the cells it sees: a slice of the cache, or its scattered cells gathered in position
-    order (a prefix shared with another sequence). attention_mask is not read: row_cells says it all."""
+    order (a prefix shared with another sequence)."""
     if len(groups) == 1 and len(groups[0].row_cells) == 1:
         cells = groups[0].row_cells[0][1]  # one decode step
         return _one_row(query, _take(key, cells), _take(value, cells), scaling)
@@ -103,7 +103,6 @@ def _one_row(query, key, value, scaling) -> torch.Tensor:
 class SeqGroup(NamedTuple):
     rows: slice | torch.Tensor  # the batch rows of one sequence
     cells: slice | torch.Tensor  # the cells that sequence may see
-    mask: torch.Tensor  # their mask block [1, 1, T_s, C_s]
     # per row (batch index, the cells it sees: one run as a slice, else their indices in position order)
     row_cells: list[tuple[int, slice | torch.Tensor]]
 
@@ -126,7 +125,7 @@ def _row_cells(rows: slice | torch.Tensor, n_rows: int, cells: slice | torch.Ten
 
 def cell_groups(mask: torch.Tensor, seq: torch.Tensor, visible_cells: torch.Tensor,
                 cell_pos: torch.Tensor | None = None) -> list[SeqGroup]:
-    """Per sequence of the batch: its rows, the cells it may see, their mask block, and the per-row runs.
+    """Per sequence of the batch: its rows, the cells it may see, and the cells each row sees.
 
     mask: [1, 1, T, n_live] the full additive mask; seq: [T] sequence id per row; visible_cells: [n_live, n_seq]
     bool, cell holds that sequence; cell_pos: [n_live] position per cell. row_cells lets each row attend alone
@@ -143,5 +142,5 @@ def cell_groups(mask: torch.Tensor, seq: torch.Tensor, visible_cells: torch.Tens
             cells = cells.to(mask.device)
         if not isinstance(rows, slice):
             rows = rows.to(mask.device)
-        groups.append(SeqGroup(rows, cells, block, row_cells))
+        groups.append(SeqGroup(rows, cells, row_cells))
     return groups

@@ -68,8 +68,8 @@ class ModelContext:
                 extra["cell_groups"] = cell_groups(mask, torch.tensor(batch.seq), self.cache.cell_seq[:n_live],
                                                    self.cache.cell_pos[:n_live])
             if self.lean is not None:
-                logits, hidden = self.lean(input_ids[0], position_ids[0], mask, self.cache, extra["cell_groups"],
-                                           rows, self.hidden_layers)
+                logits, hidden = self.lean(input_ids[0], position_ids[0], self.cache, extra["cell_groups"], rows,
+                                           self.hidden_layers)
                 self.n_forward += 1
                 return DecodeResult(logits=logits.float(), seconds=time.perf_counter() - t0,
                                     hidden=None if hidden is None else hidden.float())

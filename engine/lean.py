@@ -138,9 +138,10 @@ class LeanForward:
                 head_dim=int(att.head_dim), scaling=float(att.scaling)))
 
     @torch.inference_mode()
-    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache, groups,
-                 rows: torch.Tensor, hidden_layers: tuple[int, ...]):
-        """input_ids, position_ids [T]; mask [1, 1, T, n_live]; rows [n_out] -> (logits [n_out, V], hidden).
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, groups, rows: torch.Tensor,
+                 hidden_layers: tuple[int, ...]):
+        """input_ids, position_ids [T]; groups from attention.cell_groups; rows [n_out] -> (logits [n_out, V],
+        hidden).
 
         hidden: [T, len(hidden_layers) * D] with transformers' hidden_states numbering (0 the embeddings, i the
         output of layer i, n_layers the final norm), or None when no layer is asked for."""
@@ -151,7 +152,7 @@ class LeanForward:
         cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, hd]: broadcast over heads
         kept = {0: x[0, :t]} if 0 in hidden_layers else {}
         for i, layer in enumerate(self.layers):
-            x = self._layer(i, layer, x, t, cos, sin, mask, cache, groups)
+            x = self._layer(i, layer, x, t, cos, sin, cache, groups)
             if i + 1 in hidden_layers and i + 1 < self.n_layers:
                 kept[i + 1] = x[0, :t]
         norm = self.inner.norm.weight
@@ -162,7 +163,7 @@ class LeanForward:
         hidden = torch.cat([kept[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         return logits, hidden
 
-    def _layer(self, i: int, w: _Layer, x, t: int, cos, sin, mask, cache, groups) -> torch.Tensor:
+    def _layer(self, i: int, w: _Layer, x, t: int, cos, sin, cache, groups) -> torch.Tensor:
         """x [1, T', D] -> [1, T', D]; the first t rows are real."""
         hd = w.head_dim
         h = _rms(x, w.w_in, self.eps)
@@ -173,7 +174,7 @@ class LeanForward:
             q, k = _rms(q, *w.q_norm), _rms(k, *w.k_norm)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         keys, values = cache.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None], i)  # [1, H_kv, n_live, hd]
-        a = attend(q.transpose(0, 1)[None], keys, values, mask, groups, w.scaling)  # [1, H, T, hd]
+        a = attend(q.transpose(0, 1)[None], keys, values, groups, w.scaling)  # [1, H, T, hd]
         a = a[0].transpose(0, 1).reshape(1, t, -1).to(self.dtype)
         if t == 1:
             a = a.expand(1, 2, -1).contiguous()
