@@ -4,8 +4,8 @@ The cell cache hands every layer the K/V of all live cells, and the 4D mask hide
 sequences. That is right, but with several slots each row then scores every slot's cells, and transformers'
 SDPA path copies K/V once per query head (`repeat_kv`) for any batch of more than one row, so a step of 4 slots
 costs several times one slot's (docs/engine.md has the figures). Here the rows of each sequence attend only to the
-cells that sequence can see (a slice when they are contiguous, which they usually are), with grouped-query
-attention done inside the kernel (`enable_gqa`), so a batched step costs about what its weights cost.
+cells that sequence can see (a slice when they are contiguous, which they usually are), with no key repeated
+per query head, so a batched step costs about what its weights cost.
 
 Every row attends alone, over exactly the cells it sees (one run of the cache, or its scattered cells gathered in
 position order), without a mask. That is the very call plain
