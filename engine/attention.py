@@ -1,30 +1,32 @@
-"""Attention over the cell cache, one sequence at a time.
+"""Attention over the cell cache: every row alone over exactly the cells it sees.
 
-The cell cache hands every layer the K/V of all live cells, and the 4D mask hides the cells of other
-sequences. That is right, but with several slots each row then scores every slot's cells, and transformers'
-SDPA path copies K/V once per query head (`repeat_kv`) for any batch of more than one row, so a step of 4 slots
-costs several times one slot's (docs/engine.md has the figures). Here the rows of each sequence attend only to the
-cells that sequence can see (a slice when they are contiguous, which they usually are), with no key repeated
-per query head, so a batched step costs about what its weights cost.
+A forward's 4D mask says which cells each row sees (its sequence's cells at positions up to its own, or a draft
+tree's committed prefix and the node's ancestors). `cell_layout` turns it once per forward into a compressed
+row list: for row r, the cells it sees in position order. Each layer then attends row by row over that list, so
+a row never scores another slot's cells, no key is repeated per query head (grouped-query heads share one pass
+over their key head), and a row's output does not depend on the batch it ran in.
 
-Every row attends alone, over exactly the cells it sees (one run of the cache, or its scattered cells gathered in
-position order), without a mask. That is the very call plain
-decoding makes for the same position, so a row's attention does not depend on the batch it ran in: torch's
-SDPA is not batch-invariant (a row scored beside others, or over masked extra cells, comes out a rounding
-apart, which bfloat16 turns into logits half a unit apart). With the packed linears (engine/prepack.py), also
-batch-invariant, a verification forward reproduces plain decoding's logits exactly, and a prompt prefilled at
-once leaves the cache a prompt prefilled in parts (a reused prefix, then the rest) leaves; so greedy
-speculation and prefix reuse are token-identical in any dtype. The price is one attention call per row (grouped-query
-heads folded into it, so keys are never repeated): a prompt's prefill and a deep verification cost more than
-one batched call (docs/engine.md).
+That last property is what makes speculation lossless to the bit. torch's SDPA and BLAS choose kernels and
+blockings by shape: a row scored beside others, or over masked extra cells, comes out a rounding apart, which
+bfloat16 linears turn into logits half a unit apart. With the packed linears (engine/prepack.py), also
+batch-invariant, a verification forward or a tree of drafts reproduces plain decoding's logits exactly, and a
+prompt prefilled at once leaves the cache a prompt prefilled in parts leaves.
 
-The engine passes `cell_groups` (from CellCache.prepare) as a forward kwarg, which transformers hands to the
-attention function; a forward without it (a plain HF call on the same model) takes the normal SDPA path.
+Two implementations of the same contract, chosen once per context (`RowAttention`):
+- `kernel`: engine/kernels/cell_attention.c, one call per layer for all rows, a fixed order of arithmetic per
+  row (float32, CPU; built on first use);
+- `torch`: one SDPA call per row over its cells (a slice when they form one run). Any dtype and device; about
+  1 ms per verified row per forward on the embedded model, which is what the kernel removes.
+
+The engine passes `cell_rows` (a `CellRows`) as a forward kwarg, which transformers hands to the attention
+function; a forward without it (a plain HF call on the same model) takes the normal SDPA path.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import ctypes
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -32,35 +34,151 @@ import torch.nn.functional as F
 NAME = "spec_cells"  # the attention implementation name registered with transformers
 
 
+@dataclass
+class CellLayout:
+    """Which cells each row of a forward sees: row r sees cells[row_ptr[r]:row_ptr[r + 1]], in position order."""
+
+    row_ptr: torch.Tensor  # [T + 1] int64, CPU
+    cells: torch.Tensor  # [n_seen] int64, CPU
+
+    @property
+    def n_rows(self) -> int:
+        return self.row_ptr.numel() - 1
+
+    def row(self, r: int) -> torch.Tensor:
+        return self.cells[int(self.row_ptr[r]):int(self.row_ptr[r + 1])]
+
+    def one_run_per_row(self) -> bool:
+        """True if every row's cells are one increasing run of the cache (read as a slice, no gather)."""
+        step = self.cells[1:] - self.cells[:-1]
+        inside = torch.ones_like(step, dtype=torch.bool)
+        ends = self.row_ptr[1:-1] - 1  # the last index of each row but the last
+        inside[ends[(ends >= 0) & (ends < step.numel())]] = False
+        return bool((step[inside] == 1).all())
+
+
+def cell_layout(mask: torch.Tensor, cell_pos: torch.Tensor | None = None) -> CellLayout:
+    """mask: [1, 1, T, n_live] additive (0 where a row sees a cell); cell_pos: [n_live] position per cell.
+
+    Cells come out in position order within each row, wherever they are stored (a prefix shared with seq_cp,
+    a tree's nodes), so the attention's sums run in the order plain decoding runs them."""
+    seen = (mask[0, 0] == 0).cpu()  # [T, n_live]
+    rows, cells = torch.nonzero(seen, as_tuple=True)  # row-major: cells ascend within a row
+    row_ptr = torch.zeros(seen.shape[0] + 1, dtype=torch.long)
+    row_ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=seen.shape[0]), 0)
+    if cell_pos is not None and cells.numel() > 1:
+        pos = cell_pos[cells]
+        key = rows * (int(pos.max()) + 1) + pos
+        if not bool((key[1:] >= key[:-1]).all()):
+            cells = cells[torch.argsort(key, stable=True)]
+    return CellLayout(row_ptr, cells.contiguous())
+
+
+class RowAttention:
+    """The attention implementation of one context: the C kernel where it applies, SDPA per row otherwise."""
+
+    def __init__(self, device: torch.device, cache_dtype: torch.dtype, use_kernel: bool = True):
+        self.kernel = None
+        if not use_kernel:
+            self.reason = "torch per row (kernel turned off)"
+        elif torch.device(device).type != "cpu" or cache_dtype != torch.float32:
+            self.reason = f"torch per row (the kernel needs float32 on CPU, not {cache_dtype} on {device})"
+        else:
+            from engine.kernels.build import build
+
+            lib, where = build("cell_attention")
+            if lib is None:
+                self.reason = f"torch per row ({where})"
+            else:
+                self.kernel = lib.cell_attention
+                self.kernel.restype = ctypes.c_int
+                self.kernel.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [
+                    ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float]
+                self.reason = "C kernel per row"
+
+    def rows(self, layout: CellLayout) -> "CellRows":
+        return CellRows(layout, self)
+
+
+@dataclass
+class CellRows:
+    """One forward's layout with the implementation that attends over it; every layer calls `attend`."""
+
+    layout: CellLayout
+    impl: RowAttention
+    _slices: list = field(default_factory=list)
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+        """query [T, H, D]; key, value [1, H_kv, n_live, D] -> [T, H, D]."""
+        if self.impl.kernel is not None:
+            return self._kernel(query, key, value, scaling)
+        out = torch.empty_like(query)
+        for r, cells in enumerate(self.row_cells):
+            out[r] = _one_row(query[r], _take(key, cells), _take(value, cells), scaling)
+        return out
+
+    def _kernel(self, query, key, value, scaling) -> torch.Tensor:
+        q = query.float().contiguous()
+        k, v = _rows_contiguous(key), _rows_contiguous(value)
+        if k.stride(1) != v.stride(1):
+            k, v = k.contiguous(), v.contiguous()
+        t, h, d = q.shape
+        out = torch.empty_like(q)
+        lay = self.layout
+        failed = self.impl.kernel(q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(1), lay.row_ptr.data_ptr(),
+                                  lay.cells.data_ptr(), out.data_ptr(), t, h, k.shape[1], d, float(scaling))
+        if failed:
+            raise MemoryError("cell attention: no memory for the scores")
+        return out.to(query.dtype)
+
+    @cached_property
+    def row_cells(self) -> list[slice | torch.Tensor]:
+        return [_as_slice(self.layout.row(r)) for r in range(self.layout.n_rows)]
+
+
+def _rows_contiguous(kv: torch.Tensor) -> torch.Tensor:
+    """[1, H_kv, n, D] with unit stride over D and D over cells (a view of the cache usually is)."""
+    if kv.dtype != torch.float32:
+        kv = kv.float()
+    if kv.stride(3) != 1 or kv.stride(2) != kv.shape[3]:
+        kv = kv.contiguous()
+    return kv
+
+
+def _take(kv: torch.Tensor, cells: slice | torch.Tensor) -> torch.Tensor:
+    return kv[0, :, cells] if isinstance(cells, slice) else kv[0].index_select(1, cells.to(kv.device))
+
+
+def _as_slice(idx: torch.Tensor):
+    """A slice if the indices are one increasing run (no copy when indexing), else the index tensor."""
+    n = idx.numel()
+    if n and int(idx[-1]) - int(idx[0]) + 1 == n and bool((idx[1:] > idx[:-1]).all()):
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return idx
+
+
+def _one_row(query, key, value, scaling) -> torch.Tensor:
+    """One row: query [H, D] over key, value [H_kv, n, D] -> [H, D].
+
+    With grouped-query attention the H / H_kv query heads that share a key head are folded into the query
+    length ([H_kv, H / H_kv, D]: head h reads key head h // (H / H_kv), transformers' repeat_kv order), so no
+    key or value is repeated or gathered."""
+    h, h_kv, d = query.shape[0], key.shape[0], query.shape[-1]
+    out = F.scaled_dot_product_attention(query.reshape(h_kv, h // h_kv, d), key.to(query.dtype),
+                                         value.to(query.dtype), scale=scaling)
+    return out.reshape(h, d)
+
+
 def cell_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """query [1, H, T, D]; key, value [1, H_kv, n_live, D] -> ([1, T, H, D], None), like sdpa_attention_forward."""
-    groups = kwargs.get("cell_groups")
-    if groups is None:
+    rows: CellRows | None = kwargs.get("cell_rows")
+    if rows is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    return attend(query, key, value, groups, scaling).transpose(1, 2).contiguous(), None
-
-
-def attend(query, key, value, groups: list["SeqGroup"], scaling) -> torch.Tensor:
-    """query [1, H, T, D]; key, value [1, H_kv, n_live, D]; groups from cell_groups -> [1, H, T, D].
-
-    Each row alone over the cells it sees: a slice of the cache, or its scattered cells gathered in position
-    order (a prefix shared with another sequence)."""
-    if len(groups) == 1 and len(groups[0].row_cells) == 1:
-        cells = groups[0].row_cells[0][1]  # one decode step
-        return _one_row(query, _take(key, cells), _take(value, cells), scaling)
-    out = torch.empty_like(query)
-    for group in groups:
-        for row, cells in group.row_cells:
-            out[:, :, row:row + 1] = _one_row(query[:, :, row:row + 1], _take(key, cells), _take(value, cells),
-                                              scaling)
-    return out
-
-
-def _take(kv: torch.Tensor, cells: slice | torch.Tensor) -> torch.Tensor:
-    return kv[:, :, cells] if isinstance(cells, slice) else kv.index_select(2, cells)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return rows.attend(query[0].transpose(0, 1), key, value, scale)[None], None
 
 
 def use_cell_attention(model) -> bool:
@@ -77,70 +195,3 @@ def use_cell_attention(model) -> bool:
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     model.set_attn_implementation(NAME)
     return True
-
-
-def _as_slice(idx: torch.Tensor):
-    """A slice if the indices are one increasing run (no copy when indexing), else the index tensor."""
-    n = idx.numel()
-    if n and int(idx[-1]) - int(idx[0]) + 1 == n and bool((idx[1:] > idx[:-1]).all()):
-        return slice(int(idx[0]), int(idx[-1]) + 1)
-    return idx
-
-
-def _one_row(query, key, value, scaling) -> torch.Tensor:
-    """One row: query [1, H, 1, D] over key, value [1, H_kv, n, D] -> [1, H, 1, D].
-
-    With grouped-query attention the H / H_kv query heads that share a key head are folded into the query
-    length ([1, H_kv, H / H_kv, D]: head h reads key head h // (H / H_kv), transformers' repeat_kv order), so
-    no key or value is repeated or gathered; every row, in any batch, takes this same call."""
-    h, h_kv, d = query.shape[1], key.shape[1], query.shape[-1]
-    if h == h_kv:
-        return F.scaled_dot_product_attention(query, key, value, scale=scaling)
-    out = F.scaled_dot_product_attention(query.reshape(1, h_kv, h // h_kv, d), key, value, scale=scaling)
-    return out.reshape(1, h, 1, d)
-
-
-class SeqGroup(NamedTuple):
-    rows: slice | torch.Tensor  # the batch rows of one sequence
-    cells: slice | torch.Tensor  # the cells that sequence may see
-    # per row (batch index, the cells it sees: one run as a slice, else their indices in position order)
-    row_cells: list[tuple[int, slice | torch.Tensor]]
-
-
-def _row_cells(rows: slice | torch.Tensor, n_rows: int, cells: slice | torch.Tensor, block: torch.Tensor,
-               cell_pos: torch.Tensor | None) -> list[tuple[int, slice | torch.Tensor]]:
-    """(row, the cells it sees) per row: a slice for one contiguous run, else indices sorted by position, so
-    the keys reach the kernel in the same order wherever a prefix is stored (a prefix shared with seq_cp)."""
-    row_ids = list(range(n_rows))[rows] if isinstance(rows, slice) else rows.tolist()
-    seen = block[0, 0] == 0  # [T_s, C_s]
-    out = []
-    for j, row in enumerate(row_ids):
-        idx = torch.nonzero(seen[j]).flatten()
-        idx = idx + cells.start if isinstance(cells, slice) else cells[idx]
-        if cell_pos is not None:
-            idx = idx[torch.argsort(cell_pos[idx], stable=True)]
-        out.append((row, _as_slice(idx)))
-    return out
-
-
-def cell_groups(mask: torch.Tensor, seq: torch.Tensor, visible_cells: torch.Tensor,
-                cell_pos: torch.Tensor | None = None) -> list[SeqGroup]:
-    """Per sequence of the batch: its rows, the cells it may see, and the cells each row sees.
-
-    mask: [1, 1, T, n_live] the full additive mask; seq: [T] sequence id per row; visible_cells: [n_live, n_seq]
-    bool, cell holds that sequence; cell_pos: [n_live] position per cell. row_cells lets each row attend alone
-    over exactly the cells it sees."""
-    groups = []
-    unique = seq.unique(sorted=False).tolist()
-    for s in unique:
-        rows = _as_slice(torch.nonzero(seq == s).flatten()) if len(unique) > 1 else slice(None)
-        cells = _as_slice(torch.nonzero(visible_cells[:, s]).flatten())
-        block = mask[:, :, rows] if isinstance(rows, slice) else mask[:, :, rows.to(mask.device)]
-        block = block[..., cells] if isinstance(cells, slice) else block[..., cells.to(mask.device)]
-        row_cells = _row_cells(rows, len(seq), cells, block.cpu(), cell_pos)
-        if not isinstance(cells, slice):
-            cells = cells.to(mask.device)
-        if not isinstance(rows, slice):
-            rows = rows.to(mask.device)
-        groups.append(SeqGroup(rows, cells, row_cells))
-    return groups

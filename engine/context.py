@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import cell_groups, use_cell_attention
+from engine.attention import RowAttention, cell_layout, use_cell_attention
 from engine.batch import Batch, check_batch
 from engine.lean import LeanForward, lean_reason
 from engine.memory import CellCache
@@ -23,7 +23,8 @@ class DecodeResult:
 class ModelContext:
     """Runs batches of (token, pos, seq) rows through a causal LM on one shared CellCache."""
 
-    def __init__(self, model, n_ctx: int, n_seq_max: int = 1, n_outputs_max: int | None = None, lean: bool = True):
+    def __init__(self, model, n_ctx: int, n_seq_max: int = 1, n_outputs_max: int | None = None, lean: bool = True,
+                 attention_kernel: bool = True):
         cfg = model.config
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
@@ -47,6 +48,8 @@ class ModelContext:
             sliding_window=int(window) if use_window else None,
             by_seq=self.per_seq_attention,
         )
+        # every row over exactly its cells: the C kernel where it builds, SDPA per row otherwise (attention.py)
+        self.attention = RowAttention(self.device, self.cache.dtype, use_kernel=attention_kernel)
         self.n_forward = 0  # forwards run, for statistics
         # indices into transformers' hidden_states tuple (0 = embeddings, i = after layer i) that a drafter reads
         # from the target (llama_set_embeddings_layer_inp's analog); empty: none are returned
@@ -65,10 +68,9 @@ class ModelContext:
             extra = {}
             if self.per_seq_attention or self.lean is not None:
                 n_live = mask.shape[-1]
-                extra["cell_groups"] = cell_groups(mask, torch.tensor(batch.seq), self.cache.cell_seq[:n_live],
-                                                   self.cache.cell_pos[:n_live])
+                extra["cell_rows"] = self.attention.rows(cell_layout(mask, self.cache.cell_pos[:n_live]))
             if self.lean is not None:
-                logits, hidden = self.lean(input_ids[0], position_ids[0], self.cache, extra["cell_groups"], rows,
+                logits, hidden = self.lean(input_ids[0], position_ids[0], self.cache, extra["cell_rows"], rows,
                                            self.hidden_layers)
                 self.n_forward += 1
                 return DecodeResult(logits=logits.float(), seconds=time.perf_counter() - t0,

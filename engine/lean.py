@@ -9,7 +9,7 @@ transformers' forward.
 
 Per layer, x [T, D] the residual stream of the batch rows:
     h = rms(x) * w_in;  q, k, v = h Wq, h Wk, h Wv;  q, k = rope(q), rope(k)   (q_norm/k_norm first for Qwen3)
-    cells <- k, v;  a = attention of q over the cells each row's sequence sees (engine/attention.attend)
+    cells <- k, v;  a = attention of q over the cells each row's sequence sees (engine/attention.py)
     x = x + a Wo;  h = rms(x) * w_post;  x = x + (silu(h Wg) * h Wu) Wd
 Norms follow transformers' RMSNorm (float32 inside, weight applied in the model dtype); rotary tables come
 from the model's own rotary module, so every rope scaling it knows is kept.
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import torch
 
 from engine import prepack
-from engine.attention import attend
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -138,9 +137,9 @@ class LeanForward:
                 head_dim=int(att.head_dim), scaling=float(att.scaling)))
 
     @torch.inference_mode()
-    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, groups, rows: torch.Tensor,
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, cell_rows, rows: torch.Tensor,
                  hidden_layers: tuple[int, ...]):
-        """input_ids, position_ids [T]; groups from attention.cell_groups; rows [n_out] -> (logits [n_out, V],
+        """input_ids, position_ids [T]; cell_rows: attention.CellRows; rows [n_out] -> (logits [n_out, V],
         hidden).
 
         hidden: [T, len(hidden_layers) * D] with transformers' hidden_states numbering (0 the embeddings, i the
@@ -152,7 +151,7 @@ class LeanForward:
         cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, hd]: broadcast over heads
         kept = {0: x[0, :t]} if 0 in hidden_layers else {}
         for i, layer in enumerate(self.layers):
-            x = self._layer(i, layer, x, t, cos, sin, cache, groups)
+            x = self._layer(i, layer, x, t, cos, sin, cache, cell_rows)
             if i + 1 in hidden_layers and i + 1 < self.n_layers:
                 kept[i + 1] = x[0, :t]
         norm = self.inner.norm.weight
@@ -163,7 +162,7 @@ class LeanForward:
         hidden = torch.cat([kept[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         return logits, hidden
 
-    def _layer(self, i: int, w: _Layer, x, t: int, cos, sin, cache, groups) -> torch.Tensor:
+    def _layer(self, i: int, w: _Layer, x, t: int, cos, sin, cache, cell_rows) -> torch.Tensor:
         """x [1, T', D] -> [1, T', D]; the first t rows are real."""
         hd = w.head_dim
         h = _rms(x, w.w_in, self.eps)
@@ -174,8 +173,7 @@ class LeanForward:
             q, k = _rms(q, *w.q_norm), _rms(k, *w.k_norm)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         keys, values = cache.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None], i)  # [1, H_kv, n_live, hd]
-        a = attend(q.transpose(0, 1)[None], keys, values, groups, w.scaling)  # [1, H, T, hd]
-        a = a[0].transpose(0, 1).reshape(1, t, -1).to(self.dtype)
+        a = cell_rows.attend(q, keys, values, w.scaling).reshape(1, t, -1).to(self.dtype)  # [1, T, H * hd]
         if t == 1:
             a = a.expand(1, 2, -1).contiguous()
         x = _lin_then(a, x, w.o, "add")

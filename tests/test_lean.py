@@ -2,6 +2,8 @@
 on the cell cache with several sequences and a removed tail; rows bit-identical alone and in a verification
 batch in both dtypes; a clear reason wherever it steps aside."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -68,13 +70,22 @@ def test_lean_forward_gives_transformers_logits_and_hidden_states(kind):
         torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-4, atol=1e-4)
 
 
+def _context(model, n_ctx: int, kernel: bool) -> ModelContext:
+    ctx = ModelContext(model, n_ctx=n_ctx, n_seq_max=2, attention_kernel=kernel)
+    if kernel and shutil.which("cc") is None:
+        pytest.skip("no C compiler: the attention kernel cannot be built")
+    assert (ctx.attention.kernel is not None) == kernel, ctx.attention.reason
+    return ctx
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
 @pytest.mark.parametrize("dtype", ["float32"] + (["bfloat16"] if BF16 else []))
-def test_a_verified_row_has_the_logits_of_plain_decoding_bit_for_bit(dtype):
+def test_a_verified_row_has_the_logits_of_plain_decoding_bit_for_bit(dtype, kernel):
     """What makes greedy speculation token-identical in any dtype: the rows of a verification batch get the very
     logits plain decoding computes one row at a time (packed linears and per-row attention, see attention.py)."""
     model = _family("llama").to(getattr(torch, dtype))
     prepack.prepack_linears(model)
-    ctx = ModelContext(model, n_ctx=64, n_seq_max=2)
+    ctx = _context(model, 64, kernel)
     prompt = [(5 + i % 9, i, 0) for i in range(10)]
     _decode(ctx, prompt)
     tail = [7, 21, 3, 40, 12, 9]
@@ -90,13 +101,14 @@ def test_a_verified_row_has_the_logits_of_plain_decoding_bit_for_bit(dtype):
     assert torch.equal(mixed[: len(tail)], batch)
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
 @pytest.mark.parametrize("dtype", ["float32"] + (["bfloat16"] if BF16 else []))
-def test_a_prompt_prefilled_at_once_or_in_parts_leaves_the_same_cache(dtype):
+def test_a_prompt_prefilled_at_once_or_in_parts_leaves_the_same_cache(dtype, kernel):
     """Prefix reuse: a prompt whose first part is already cached and whose rest is forwarded alone must give the
     logits (and the following steps) of the same prompt prefilled in one batch."""
     model = _family("llama").to(getattr(torch, dtype))
     prepack.prepack_linears(model)
-    ctx = ModelContext(model, n_ctx=128, n_seq_max=2)
+    ctx = _context(model, 128, kernel)
     prompt = [5 + (i * 7) % 50 for i in range(40)]
     whole = _decode(ctx, [(t, i, 0) for i, t in enumerate(prompt)]).logits[-1]
     _decode(ctx, [(t, i, 1) for i, t in enumerate(prompt[:23])])

@@ -136,7 +136,7 @@ def test_per_sequence_attention_matches_plain_forwards(tiny_target, by_seq):
     (the full-mask fallback)."""
     import torch
 
-    from engine.attention import cell_groups
+    from engine.attention import cell_layout
     from engine.batch import Batch
     from engine.context import ModelContext
 
@@ -153,9 +153,9 @@ def test_per_sequence_attention_matches_plain_forwards(tiny_target, by_seq):
     for s, toks in enumerate(seqs):
         batch2.add(toks[-1], len(toks) - 1, s, True)
     mask = ctx.cache.prepare(batch2)
-    groups = cell_groups(mask, torch.tensor(batch2.seq), ctx.cache.cell_seq[: mask.shape[-1]])
+    layout = cell_layout(mask, ctx.cache.cell_pos[: mask.shape[-1]])
     ctx.cache.rollback_claim()
-    assert all(isinstance(g.cells, slice) for g in groups) == by_seq
+    assert layout.one_run_per_row() == by_seq
     last = ctx.decode(batch2).logits
     row = 0
     for s, toks in enumerate(seqs):

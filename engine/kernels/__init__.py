@@ -1,0 +1,1 @@
+"""Small C kernels the engine compiles for this host on first use (see build.py)."""
