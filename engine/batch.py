@@ -11,14 +11,38 @@ class Batch:
     pos: list[int] = field(default_factory=list)  # position of the row within its sequence
     seq: list[int] = field(default_factory=list)  # sequence id of the row
     output: list[bool] = field(default_factory=list)  # whether the row's logits are wanted
+    # per row: None, it sees the rows of its sequence at positions up to its own (a chain); or the batch index
+    # of its parent in a draft tree, and it sees its ancestors' rows and itself only (engine/tree.py)
+    parent: list[int | None] = field(default_factory=list)
 
-    def add(self, token: int, pos: int, seq: int, output: bool) -> int:
+    def add(self, token: int, pos: int, seq: int, output: bool, parent: int | None = None) -> int:
         """Append a row; return its index in the batch."""
+        if parent is not None and not (0 <= parent < len(self.tokens) and self.seq[parent] == seq
+                                       and self.pos[parent] == pos - 1):
+            raise ValueError(f"row at position {pos} of sequence {seq}: parent row {parent} is not an earlier row "
+                             "of the same sequence one position before it")
         self.tokens.append(int(token))
         self.pos.append(int(pos))
         self.seq.append(int(seq))
         self.output.append(bool(output))
+        self.parent.append(parent)
         return len(self.tokens) - 1
+
+    def has_tree(self) -> bool:
+        return any(p is not None for p in self.parent)
+
+    def ancestors(self):
+        """Bool [T, T]: row u is row t or one of its ancestors, for tree rows t (None if no row has a parent)."""
+        import torch
+
+        if not self.has_tree():
+            return None
+        n = len(self)
+        anc = torch.eye(n, dtype=torch.bool)
+        for t, p in enumerate(self.parent):
+            if p is not None:
+                anc[t] |= anc[p]  # parents come first, so the parent's row is complete
+        return anc
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -50,6 +50,7 @@ class ModelContext:
         )
         # every row over exactly its cells: the C kernel where it builds, SDPA per row otherwise (attention.py)
         self.attention = RowAttention(self.device, self.cache.dtype, use_kernel=attention_kernel)
+        self.supports_trees = True  # the cell cache masks a draft tree by parent links (memory.py)
         self.n_forward = 0  # forwards run, for statistics
         # indices into transformers' hidden_states tuple (0 = embeddings, i = after layer i) that a drafter reads
         # from the target (llama_set_embeddings_layer_inp's analog); empty: none are returned

@@ -21,8 +21,8 @@ class RoundEvent:
     p_draft_rows: list[float] = field(default_factory=list)  # target p of each drafted token (row i judges d_i+1)
     target_top: list[int] = field(default_factory=list)  # the target's most likely token at each batch row
     q_draft: list[float] | None = None  # draft q of each drafted token, when the drafter has a distribution
-    verify_mode: str = "match"  # "match" (sample-and-match, argmax at temp 0) | "rejection" | "synthetic"
-    rollback: str = "none"  # "none" | "seq_rm" | "checkpoint"
+    verify_mode: str = "match"  # "match" (sample-and-match, argmax at temp 0) | "rejection" | "synthetic" | "tree"
+    rollback: str = "none"  # "none" | "seq_rm" | "tree" (the branches not taken, by cell) | "checkpoint"
     rm_range: tuple[int, int] | None = None  # [p0 + m, p0 + k) removed from the cache
     t_draft_ms: float = 0.0  # time in the drafters
     t_verify_ms: float = 0.0  # the target forward (shared with the other slots in the batch) + verification
@@ -36,6 +36,12 @@ class RoundEvent:
     stop_reason: str | None = None  # "eos" | "length" | "context" | "stopped"
     t_end: float = 0.0  # time.perf_counter() when the round finished, for tokens/s measured at the source
     notes: list[str] = field(default_factory=list)  # what the user should know about the settings (prefill only)
+    # a tree of drafts (verify_mode "tree"; engine/tree.py): node i's token, parent (-1: after the sampled token)
+    # and drafter, and the nodes the target kept; `drafted` then shows the kept path and the first branch below
+    tree_tokens: list[int] = field(default_factory=list)
+    tree_parents: list[int] = field(default_factory=list)
+    tree_drafters: list[str] = field(default_factory=list)
+    tree_path: list[int] = field(default_factory=list)
 
     @property
     def accepted(self) -> list[int]:

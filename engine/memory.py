@@ -44,6 +44,7 @@ class CellCache(Cache):
         self.cell_seq = torch.zeros((n_cells, n_seq_max), dtype=torch.bool)  # [cell, seq]: cell belongs to seq
         self.n_live = 0  # cells [0, n_live) cover every used cell; attention reads only those
         self._write: torch.Tensor | slice | None = None  # cells the current forward writes, in batch row order
+        self.last_cells = torch.empty(0, dtype=torch.long)  # the same on the CPU, kept after the forward
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------
 
@@ -88,6 +89,13 @@ class CellCache(Cache):
         self.cell_pos[freed] = -1
         self._refresh_live()
         return True
+
+    def rm_cells(self, cells: torch.Tensor) -> None:
+        """Free these cells whatever they hold: the branches of a draft tree the target did not take, which share
+        positions with the path it took and so cannot be named by a position range."""
+        self.cell_seq[cells] = False
+        self.cell_pos[cells] = -1
+        self._refresh_live()
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Let `dst` share the cells of `src` in [p0, p1): a prefix stored once for both."""
@@ -144,7 +152,9 @@ class CellCache(Cache):
             # one cell per (seq, pos): a position of a sequence must not be written twice
             rows = seq == s
             taken = self.cell_seq[:, s] & (self.cell_pos >= 0)
-            if bool(torch.isin(pos[rows], self.cell_pos[taken]).any()) or len(pos[rows].unique()) < int(rows.sum()):
+            # a tree's siblings share a position; anything else written twice is an error
+            twice = len(pos[rows].unique()) < int(rows.sum()) and not batch.has_tree()
+            if bool(torch.isin(pos[rows], self.cell_pos[taken]).any()) or twice:
                 raise ValueError(f"sequence {s}: a position of this batch is already in the cache")
         self.cell_pos[cells] = pos
         self.cell_seq[cells] = False
@@ -153,14 +163,63 @@ class CellCache(Cache):
         first = int(cells[0])
         contiguous = bool((cells[1:] - cells[:-1] == 1).all())
         self._write = slice(first, first + n) if contiguous else cells.to(self.device)
-        return self.mask(pos, seq)
+        self.last_cells = cells.clone()
+        mask = self.mask(pos, seq)
+        anc = batch.ancestors()
+        if anc is not None:
+            # tree rows see, among this batch's cells, only their ancestors' and their own; chain rows keep the
+            # position rule (their ancestors are exactly the earlier rows of their sequence)
+            tree_rows = torch.tensor([p is not None for p in batch.parent])
+            block = mask[0, 0][tree_rows]  # [n_tree, n_live]
+            block[:, cells] = torch.where(anc[tree_rows], 0.0, torch.finfo(self.dtype).min).to(block)
+            mask[0, 0][tree_rows] = block
+        return mask
+
+    def home(self, seq: int | torch.Tensor, pos: int | torch.Tensor):
+        """The cell where position `pos` of `seq` goes when free: its sequence's region start + pos."""
+        return seq * (self.n_cells // self.n_seq_max) + pos
 
     def _preferred(self, pos: torch.Tensor, seq: torch.Tensor) -> torch.Tensor | None:
-        """Each row at its sequence's region start + pos, if those cells are all free and in range."""
-        cells = seq * (self.n_cells // self.n_seq_max) + pos
-        if int(cells.max()) >= self.n_cells or len(cells.unique()) < len(cells):
+        """Each row at its home cell, if those cells are all free and in range. A tree's siblings share a home:
+        the first row for a position takes it (the first chain merged, usually the likeliest), the others take
+        free cells elsewhere, and `settle` moves a kept node home after verification."""
+        cells = self.home(seq, pos)
+        if int(cells.max()) >= self.n_cells or not bool((self.cell_pos[cells] < 0).all()):
             return None
-        return cells if bool((self.cell_pos[cells] < 0).all()) else None
+        first = torch.ones_like(cells, dtype=torch.bool)
+        seen: set[int] = set()
+        for i, c in enumerate(cells.tolist()):
+            first[i] = c not in seen
+            seen.add(c)
+        if bool(first.all()):
+            return cells
+        spare = torch.ones(self.n_cells, dtype=torch.bool)
+        spare[cells] = False
+        spare &= self.cell_pos < 0
+        others = torch.nonzero(spare).flatten()[: int((~first).sum())]
+        if len(others) < int((~first).sum()):
+            return None
+        cells = cells.clone()
+        cells[~first] = others
+        return cells
+
+    def settle(self, cells: list[int]) -> None:
+        """Move each of these cells (a kept tree path) to its home cell when that is free, so the sequence stays
+        one run of cells (read as a slice, with no gather)."""
+        for c in cells:
+            pos = int(self.cell_pos[c])
+            seqs = torch.nonzero(self.cell_seq[c]).flatten()
+            if pos < 0 or len(seqs) != 1:
+                continue
+            dst = int(self.home(int(seqs[0]), pos))
+            if dst == c or dst >= self.n_cells or int(self.cell_pos[dst]) >= 0:
+                continue
+            for k, v in zip(self.k, self.v):
+                k[:, :, dst] = k[:, :, c]
+                v[:, :, dst] = v[:, :, c]
+            self.cell_pos[dst], self.cell_seq[dst] = pos, self.cell_seq[c]
+            self.cell_pos[c], self.cell_seq[c] = -1, False
+        self._refresh_live()
 
     def mask(self, pos: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
         """Additive mask [1, 1, T, n_live] for rows at `pos` of sequences `seq` over the live cells."""

@@ -21,10 +21,15 @@ class SpecParams:
     # llama.cpp's synthetic acceptance, for measuring speed against acceptance: each draft token is kept with
     # this probability whatever it is (the output is then NOT the target's); None = real verification
     synthetic_accept: float | None = None
+    # trees of drafts (engine/tree.py): every drafter proposes and the target checks all proposals in one forward,
+    # at most this many nodes per round; 0: one chain, from the first drafter that has one (llama.cpp's relay)
+    tree_nodes: int = 0
 
     def validate(self) -> None:
         if self.n_max < 0 or self.n_min < 0:
             raise ValueError(f"n_max and n_min must be >= 0 (got n_max={self.n_max}, n_min={self.n_min})")
+        if self.tree_nodes < 0:
+            raise ValueError(f"tree_nodes must be >= 0 (0 = chains), got {self.tree_nodes}")
         if self.n_min > self.n_max:
             raise ValueError(f"n_min ({self.n_min}) must not exceed n_max ({self.n_max})")
         if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:

@@ -19,6 +19,7 @@ from engine.drafters.chain import DrafterChain
 from engine.events import ErrorEvent, RoundEvent, failure
 from engine.probe import FULL, RS, ProbeResult
 from engine.slot import Slot
+from engine.tree import sub_batch, tree_rows
 
 
 class Round:
@@ -65,10 +66,12 @@ class Round:
                 ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache)
             n_free -= n_max
             n_out_free -= n_max
+            tree_max = min(self._tree_max(slot), n_max)
             requests[slot.seq] = DraftRequest(
                 seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max,
-                n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min, want_q=slot.params.sampling.temp > 0,
-                grammar=slot.grammar.view() if slot.grammar is not None else None)
+                n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min,
+                want_q=slot.params.sampling.temp > 0 and tree_max == 0,
+                grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max)
         t0 = time.perf_counter()
         failed: dict[int, ErrorEvent] = {}  # seq -> why its generation ends this round
         winners = self._draft(list(requests.values()), failed)
@@ -79,11 +82,17 @@ class Round:
             if slot.seq in failed:
                 continue
             p = len(slot.tokens)
+            tree = requests[slot.seq].tree if slot.replay is None else None
             toks = slot.replay.tokens if slot.replay is not None else [slot.id_last] + requests[slot.seq].result
-            if len(toks) > n_cells_free or (self.n_pos_max is not None and p + len(toks) > self.n_pos_max):
+            n_rows = 1 + len(tree) if tree is not None else len(toks)
+            depth = 1 + tree.max_depth() if tree is not None else len(toks)
+            if n_rows > n_cells_free or (self.n_pos_max is not None and p + depth > self.n_pos_max):
                 continue
-            n_cells_free -= len(toks)
-            rows[slot.seq] = [batch.add(t, p + i, slot.seq, True) for i, t in enumerate(toks)]
+            n_cells_free -= n_rows
+            if tree is not None:
+                rows[slot.seq] = tree_rows(batch, tree, slot.id_last, p, slot.seq)
+            else:
+                rows[slot.seq] = [batch.add(t, p + i, slot.seq, True) for i, t in enumerate(toks)]
         events: list[RoundEvent | ErrorEvent] = list(failed.values())
         for slot in slots:
             if slot.seq not in rows and slot.seq not in failed:
@@ -96,17 +105,29 @@ class Round:
         except Exception as e:  # it failed twice: these generations end, the engine serves the next round
             return events + [failure(s.seq, "the forward", e) for s in in_batch]
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
+        kept_rows: list[int] = []  # the rows whose cells stay: a tree's drafters hear only its kept path
         for slot in in_batch:
             logits = res.logits[[out_index[i] for i in rows[slot.seq]]]
             try:
                 if slot.replay is not None:
                     events.append(self._replay_round(slot, logits, res.seconds * 1e3, len(batch)))
                     continue
+                if requests[slot.seq].tree is not None:
+                    cells = self.ctx.cache.last_cells[rows[slot.seq]]
+                    ev, kept = self._verify_tree(slot, requests[slot.seq], logits, cells, ckpts.get(slot.seq),
+                                                 winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
+                                                 len(batch))
+                    events.append(ev)
+                    kept_rows += [rows[slot.seq][i] for i in kept]
+                    continue
+                kept_rows += rows[slot.seq]
                 events.append(self._verify_slot(slot, requests[slot.seq], logits, ckpts.get(slot.seq),
                                                 winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
                                                 len(batch)))
             except Exception as e:  # this slot's verification or rollback broke: only its generation ends
                 events.append(failure(slot.seq, "verification", e))
+        if batch.has_tree():
+            self.chain.process(*sub_batch(batch, res, sorted(kept_rows)))
         for ev in events:
             if isinstance(ev, RoundEvent):
                 ev.n_seqs = len(in_batch)
@@ -140,7 +161,8 @@ class Round:
                 if not self.ctx.seq_rm(slot.seq, len(slot.tokens), -1):
                     raise  # a memory that cannot drop the batch's tail cannot run it again
             res = self.ctx.decode(batch)
-        self.chain.process(batch, res)
+        if not batch.has_tree():  # a tree's drafters hear the kept path after verification (run)
+            self.chain.process(batch, res)
         return res
 
     def _needs_checkpoint(self, slot: Slot, n_max: int) -> bool:
@@ -214,6 +236,58 @@ class Round:
             slot.replay = None  # nothing follows: the decided tokens were all given out
         return ev
 
+    def _tree_max(self, slot: Slot) -> int:
+        """Nodes a tree of drafts may have for this slot; 0 where trees are off or not possible (a memory with no
+        tree mask, a grammar, whose masks follow one path, or synthetic acceptance, which draws per chain)."""
+        if slot.params.spec.tree_nodes <= 0 or not getattr(self.ctx, "supports_trees", False):
+            return 0
+        return 0 if slot.grammar is not None or slot.coins is not None else slot.params.spec.tree_nodes
+
+    def _verify_tree(self, slot: Slot, r: DraftRequest, logits, cells, ckpt, drafter: str | None, t_draft: float,
+                     t_forward: float, batch_rows: int) -> tuple[RoundEvent, list[int]]:
+        """The target walks the tree (verify.tree_match); the branches it did not take leave the cache by cell,
+        since they share positions with the path it took. Returns the event and the slot's kept rows."""
+        tree = r.tree
+        t1 = time.perf_counter()
+        verdict, path = verify.tree_match(slot.sampler, logits, tree)
+        t_verify = t_forward + (time.perf_counter() - t1) * 1e3
+        self.chain.accept_tree(slot.seq, tree, path)
+        k, m = len(tree), len(path)
+        t2 = time.perf_counter()
+        p_sampled = len(slot.tokens)
+        p0 = p_sampled + 1
+        kept = [0] + [n + 1 for n in path]  # the root's row, then the path's
+        path_tokens = [tree.tokens[n] for n in path]
+        rollback, rm_range = "none", None
+        if m < k and slot.params.spec.rollback != "checkpoint":
+            self.ctx.cache.rm_cells(cells[[i for i in range(1 + k) if i not in set(kept)]])
+            self.ctx.cache.settle(cells[kept].tolist())
+            rollback, rm_range = "tree", (p0 + m, p0 + tree.max_depth())
+        elif m < k and ckpt is not None:
+            restore_s = checkpoint.restore(slot, self.ctx.cache, ckpt)
+            slot.replay = checkpoint.Replay(tokens=[slot.id_last] + path_tokens + [verdict.tokens[-1]],
+                                            n_draws=verdict.n_draws, cost_ms=(ckpt.seconds + restore_s) * 1e3)
+            rollback, rm_range = "checkpoint", (p_sampled, p0 + tree.max_depth())
+        elif m < k:
+            raise RuntimeError(f"sequence {slot.seq}: a tree's branches cannot leave the cache without a checkpoint")
+        t_rollback = (time.perf_counter() - t2) * 1e3
+        if slot.replay is None:
+            slot.tokens.append(slot.id_last)
+            slot.tokens.extend(path_tokens)
+            slot.id_last = verdict.tokens[-1]
+        ev = RoundEvent(
+            seq=slot.seq, round=slot.round, kind="spec", drafter=drafter, pos_sampled=p_sampled, p0=p0,
+            drafted=display_chain(tree, path), n_accepted=m, bonus=verdict.tokens[-1], p_target=verdict.p_target,
+            target_top=[int(t) for t in logits.argmax(dim=-1)], verify_mode="tree", rollback=rollback,
+            rm_range=rm_range, t_draft_ms=t_draft, t_verify_ms=t_verify, t_rollback_ms=t_rollback,
+            batch_rows=batch_rows, tree_tokens=list(tree.tokens), tree_parents=list(tree.parents),
+            tree_drafters=list(tree.drafters), tree_path=list(path))
+        slot.round += 1
+        ev = self.emit(slot, verdict.tokens, ev)
+        if slot.state == "done":
+            slot.replay = None
+        return ev, kept
+
     def _replay_round(self, slot: Slot, logits, t_forward: float, batch_rows: int) -> RoundEvent:
         """Re-run the decided tokens: the sampler re-draws what the verification drew, then picks one new token."""
         replay = slot.replay
@@ -239,6 +313,17 @@ class Round:
                         batch_rows=batch_rows, target_top=[int(t) for t in logits.argmax(dim=-1)])
         slot.round += 1
         return self.emit(slot, [tok], ev)
+
+
+def display_chain(tree, path: list[int]) -> list[int]:
+    """A tree shown as a chain: the kept path, then the first child below it (what the target refused there)."""
+    node = path[-1] if path else -1
+    tokens = [tree.tokens[n] for n in path]
+    kids = tree.children(node)
+    while kids:
+        tokens.append(tree.tokens[kids[0]])
+        kids = tree.children(kids[0])
+    return tokens
 
 
 def fresh(r: DraftRequest, n_max: int) -> DraftRequest:

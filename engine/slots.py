@@ -224,6 +224,14 @@ class Engine:
             if params.spec.n_max > n_capacity:
                 slot.notes.append(f"n_max {params.spec.n_max} is above this engine's draft capacity of "
                                   f"{n_capacity}: drafts are capped at {n_capacity}")
+        if params.spec.tree_nodes > 0 and params.spec.types:
+            why = ("this model's memory keeps one state per sequence, with no room for branches"
+                   if not getattr(self.ctx, "supports_trees", False) else
+                   "a grammar masks one path" if params.grammar is not None else
+                   "synthetic acceptance tosses its coins along one chain"
+                   if params.spec.synthetic_accept is not None else None)
+            if why:
+                slot.notes.append(f"trees of drafts are off for this generation ({why}): drafts are chains")
         if params.spec.synthetic_accept is not None:
             # a stream per slot: the sampler's seed and the slot, so concurrent slots toss independent coins
             coin_seed = params.sampling.seed ^ 0x5BD1E995 ^ (seq * 0x9E3779B1)

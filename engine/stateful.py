@@ -165,6 +165,8 @@ class StatefulContext:
         self.lean = None  # transformers' own forward, on the model's own per-sequence cache (engine/lean.py)
         self.lean_reason = "a recurrent or hybrid model runs transformers' forward on its own cache"
         self.n_forward = 0
+        # a recurrent state holds one history per sequence: a tree's branches would need a state each
+        self.supports_trees = False
         self.hidden_layers: tuple[int, ...] = ()  # as ModelContext.hidden_layers
         # n_rs > 0: step the recurrent mixers and keep their last n_rs states, so short tails can be removed (RS)
         self.recorder = StepRecorder(model, n_rs) if n_rs > 0 else None

@@ -16,6 +16,10 @@ round always makes progress.
   i), every row's logits are masked to -inf outside it before the sampler's softmax, which renormalises p over
   the allowed ids; rejection sampling masks and renormalises q likewise (`mask_q`). The chain has cut the draft
   at its first forbidden token, so every draft token is allowed where it stands.
+* tree match: sample-and-match over a tree of drafts (engine/tree.py). From the root row, draw the target's
+  token; where a child holds it, keep it and go on from the child's row. One uniform per emitted token, as plain
+  sampling, so the same seed gives the same text. Rejection sampling is for chains only: over a tree it needs a
+  scheme proven lossless for children drafted without replacement (recursive rejection sampling), not built.
 * replay: after a checkpoint restore, re-run the sampler over already decided tokens so its stream advances
   exactly as it did the first time, deciding nothing new.
 """
@@ -103,6 +107,38 @@ def _greedy_match(logits: torch.Tensor, draft: list[int]) -> Verdict:
             break
     return Verdict(tokens=tokens, n_accepted=len(tokens) - 1, p_target=[1.0] * len(tokens),
                    p_draft_rows=[1.0 if d == best[i] else 0.0 for i, d in enumerate(draft)], n_draws=0)
+
+
+def tree_match(sampler: Sampler, logits: torch.Tensor, tree) -> tuple[Verdict, list[int]]:
+    """logits: [1 + len(tree), V], row 0 the root (id_last), row i + 1 node i. Returns the verdict and the kept
+    path (node indices, root's child first)."""
+    assert logits.shape[0] == len(tree) + 1, "need one logits row per tree node plus the root's"
+    greedy = sampler.greedy
+    best = logits.argmax(dim=-1).tolist() if greedy else None
+    n_draws0 = sampler.n_draws
+    tokens: list[int] = []
+    p_target: list[float] = []
+    path: list[int] = []
+    node = -1
+    while True:
+        row = node + 1
+        if greedy:
+            tok, p = int(best[row]), 1.0
+        else:
+            probs = sampler.probs(logits[row:row + 1])[0]
+            tok = sampler.sample_probs(probs)
+            p = float(probs[tok])
+        tokens.append(tok)
+        p_target.append(p)
+        child = tree.child(node, tok)
+        if child is None:
+            break
+        path.append(child)
+        node = child
+    verdict = Verdict(tokens=tokens, n_accepted=len(path), p_target=p_target,
+                      p_draft_rows=[1.0 if i in path else 0.0 for i in range(len(tree))],
+                      n_draws=sampler.n_draws - n_draws0)
+    return verdict, path
 
 
 def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[torch.Tensor],

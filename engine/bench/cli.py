@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--p-min", type=float, default=None,
                     help="model drafters stop below this top probability (default: each drafter's own)")
     ap.add_argument("--no-adaptive", action="store_true", help="verify whatever the drafter offers")
+    ap.add_argument("--tree", choices=["on", "off"], default="off",
+                    help="on: every drafter proposes and one forward checks the merged tree (engine/tree.py)")
+    ap.add_argument("--tree-nodes", type=int, default=16, help="with --tree on: draft nodes per slot and round at most")
     ap.add_argument("--temp", type=float, default=0.0,
                     help="> 0 with draft-simple or draft-head: verified by rejection sampling, lossless in "
                          "distribution but not token for token, so lossless_ok is n/a (python -m engine.bench.dist "

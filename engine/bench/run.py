@@ -47,7 +47,8 @@ class BenchConfig:
         from engine.drafters.chain import parse_types
 
         spec = SpecParams(types=parse_types(a.spec), n_max=n_max, n_min=a.n_min, p_min=a.p_min,
-                          adaptive=not a.no_adaptive, rollback=a.rollback)
+                          adaptive=not a.no_adaptive, rollback=a.rollback,
+                          tree_nodes=a.tree_nodes if a.tree == "on" else 0)
         sampling = SamplerParams(temp=a.temp, seed=a.seed)
         cfg = cls(target=a.target, draft=a.draft, spec=spec, sampling=sampling, max_new_tokens=a.max_new_tokens,
                   parallel=parallel, ctx_len=ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code,
@@ -147,7 +148,20 @@ class RunResult:
 
     @property
     def n_drafted(self) -> int:
-        return sum(len(e.drafted) for e in self._spec())
+        """Draft tokens verified: every node of a tree."""
+        return sum(len(e.tree_tokens) or len(e.drafted) for e in self._spec())
+
+    @property
+    def tree_nodes(self) -> float:
+        """Mean draft nodes verified per drafted round (a chain's length where the round had no tree)."""
+        n = len(self._spec())
+        return self.n_drafted / n if n else 0.0
+
+    @property
+    def rows_per_forward(self) -> float:
+        """Mean rows of the target forwards this run's rounds ran in (shared with other slots' rows)."""
+        rounds = [e.batch_rows for e in self.events if e.kind != "prefill"]
+        return sum(rounds) / len(rounds) if rounds else 0.0
 
     @property
     def n_accepted(self) -> int:

@@ -31,6 +31,11 @@ class DraftRequest:
     # continuation from it (the grammar drafter), and the chain cuts every draft at its first forbidden token
     grammar: Any = None
     want_q: bool = False  # fill result_q (draft distributions) so the target can use rejection sampling
+    # tree mode (engine/tree.py): every drafter of the sequence drafts and the chain merges their proposals into
+    # `tree`, at most this many nodes; 0: the relay of chains, the first drafter with a draft wins
+    tree_max: int = 0
+    tree: Any = None  # the merged DraftTree, in tree mode
+    result_tree: Any = None  # a drafter's own DraftTree, in tree mode (the draft head's), instead of `result`
     drafting: bool = True  # relay baton: True until a drafter fills `result`
     result: list[int] = field(default_factory=list)  # the drafted token ids
     result_q: list[torch.Tensor] | None = None  # per drafted token, the draft distribution q over the vocab

@@ -119,7 +119,7 @@ class DrafterChain:
                 s = self._both(active[0].seq, name)[0]
                 if self.pool[name].needs_model:
                     for r in active:  # a network drafts token by token: do not draft what the policy would cut
-                        if self._uses_policy(r.seq):
+                        if self._uses_policy(r.seq) and r.tree_max == 0:  # a tree is cut by the budget
                             r.n_max = max(1, self.policy.best_k(r.seq, name, r.n_max))
                 # one call drafts for every sequence in `active`: each sequence is charged an equal share
                 per_seq = [self._both(r.seq, name)[1] for r in active]
@@ -128,6 +128,15 @@ class DrafterChain:
                 s.n_call_draft += 1
                 for r, s_seq in zip(active, per_seq):
                     s_seq.n_call_draft += 1
+                    if r.tree_max > 0:
+                        k = self._merge(r, name)
+                        if k == 0:
+                            continue
+                        if winner[r.seq] is None:
+                            winner[r.seq] = self.impl_last[r.seq] = name
+                        s.on_draft(k)
+                        s_seq.on_draft(k)
+                        continue
                     k = self._cut(r, name)
                     if k == 0:
                         continue
@@ -138,6 +147,35 @@ class DrafterChain:
                     s.on_draft(k)
                     s_seq.on_draft(k)
         return winner
+
+    def _merge(self, r: DraftRequest, name: str) -> int:
+        """Tree mode: move the fresh result (a chain, or a drafter's own tree) into the request's tree, shared
+        prefixes once, at most tree_max nodes; the request keeps drafting for the next drafter. No length
+        policy cut here: the round's budget chooses among all nodes (engine/budget.py). Returns the depth of
+        what fitted."""
+        from engine.tree import DraftTree
+
+        if r.tree is None:
+            r.tree = DraftTree()
+        nodes: list[int] = []
+        if r.result_tree is not None:
+            nodes = r.tree.add_tree(r.result_tree, name, limit=r.tree_max)
+        elif len(r.result) >= max(r.n_min, 1):
+            chain = r.result[:r.n_max]
+            nodes = r.tree.add_chain(chain, name, limit=r.tree_max, scores=self.path_scores(r.seq, name, len(chain)))
+        r.result, r.result_q, r.result_p, r.result_tree = [], None, None, None
+        return max((r.tree.depth(n) for n in nodes), default=0)
+
+    def path_scores(self, seq: int, name: str, k: int) -> list[float]:
+        """The chance that each position of a k-token chain from this drafter is reached: its acceptance rates
+        per position (the length policy's estimates) multiplied along the chain."""
+        if self.policy is None:
+            return [1.0] * k
+        out, run = [], 1.0
+        for a in self.policy._rates(seq, name, k)[:k]:
+            run *= a
+            out.append(run)
+        return out
 
     def _cut(self, r: DraftRequest, name: str) -> int:
         """Apply the grammar, n_max, n_min and the length policy to a fresh result; return the kept length."""
@@ -182,6 +220,23 @@ class DrafterChain:
         for other in self.types.get(seq, []):
             if other != name:
                 self.pool[other].accept(seq, n_accepted, True)
+        self.impl_last[seq] = None
+
+    def accept_tree(self, seq: int, tree, path: list[int]) -> None:
+        """Tree mode: each drafter is credited with how much of its own proposal the kept path holds, so its
+        #acc rate/pos and #mean acc len keep llama.cpp's meaning; the others hear the kept length."""
+        credit = tree.credit(path)
+        for name, (k, m) in credit.items():
+            s, s_seq = self._both(seq, name)
+            with timed("t_accept_us", s, s_seq):
+                s.on_accept(m)
+                s_seq.on_accept(m)
+                self.pool[name].accept(seq, m, False)
+            if self._uses_policy(seq):
+                self.policy.update(seq, name, k, m)
+        for other in self.types.get(seq, []):
+            if other not in credit:
+                self.pool[other].accept(seq, len(path), True)
         self.impl_last[seq] = None
 
     def seq_cp(self, src: int, dst: int, n: int) -> None:

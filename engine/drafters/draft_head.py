@@ -15,7 +15,7 @@ sequence that is still drafting advances in one batched head step; `p_min` stops
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from engine.batch import Batch
 from engine.drafters.base import Drafter, DraftRequest, DraftStreams, top_k_q
 from engine.drafters.head_net import DraftHead, HeadConfig, fingerprint_matches, load_head
+from engine.drafters.head_tree import HeadTreeParams, grow
 from engine.prefix import common_prefix
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[2] / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
@@ -37,6 +38,7 @@ class DraftHeadParams:
     # stop drafting below this top probability, when the request leaves it to the drafter: the value at which
     # the shipped head was fastest on the held-out prompts (training.eval --p-min ...; README)
     p_min: float = 0.3
+    tree: HeadTreeParams = field(default_factory=HeadTreeParams)  # dynamic trees, in tree mode
 
 
 class _SeqState:
@@ -189,7 +191,17 @@ class DraftHeadDrafter(Drafter):
             return
         feat, q = self._catch_up(requests)
         base = {r.seq: len(self._state(r.seq).kv_tokens) for r in requests}  # entries of confirmed positions
-        live = list(range(len(requests)))
+        trees = [i for i, r in enumerate(requests) if r.tree_max > 0]
+        if trees:  # tree mode: the head's first step, then a dynamic tree per sequence (head_tree.py)
+            attn = torch.stack([self._attend(self._state(requests[i].seq), q[i]) for i in trees])
+            g = head.finish(feat[trees], attn)
+            logits = head.logits(g).float()
+            for n, i in enumerate(trees):
+                r, st = requests[i], self._state(requests[i].seq)
+                r.result_tree = grow(head, st.k, st.v, base[r.seq], g[n], logits[n], r.tree_max, r.n_max,
+                                     self.params.tree)
+        live = [i for i, r in enumerate(requests) if r.tree_max == 0]
+        feat, q = feat[live], q[live]
         while live:
             attn = torch.stack([self._attend(self._state(requests[i].seq), q[n]) for n, i in enumerate(live)])
             g = head.finish(feat, attn)

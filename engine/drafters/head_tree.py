@@ -1,0 +1,107 @@
+"""Dynamic draft trees from the draft head, in the manner of EAGLE-2 (Li et al. 2024, arXiv:2406.16858).
+
+A node's score is the head's probability of its whole path (the product of its tokens' probabilities along the
+way), which the head's calibration makes an estimate of the chance that the target's walk reaches the node.
+Growing by depth: the `width` best-scored nodes of the newest depth are expanded, all together in one batched
+head step (each node attends to the sequence's confirmed entries and its own ancestors' entries, a tree mask
+over one key set), and each expanded node offers its `branch` most likely tokens as children. The tree handed
+on is the `n_nodes` best-scored nodes (EAGLE-2's reranking); a child never outscores its parent, so the best
+nodes always include their ancestors. The round's budget (engine/budget.py) then keeps what pays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.tree import DraftTree
+
+
+@dataclass
+class HeadTreeParams:
+    branch: int = 4  # children offered per expanded node (the head's most likely tokens)
+    width: int = 4  # nodes expanded per depth (the best-scored of the newest depth)
+    min_score: float = 0.02  # a node scored below this is not expanded: its children would not pay a row
+
+
+@dataclass
+class _Node:
+    token: int  # target id
+    parent: int  # index in the node list, -1: the root
+    depth: int  # 1 for a child of the root
+    score: float  # product of the head's probabilities along the path
+    g_parent: torch.Tensor  # [hidden] the parent's head feature: this node's input
+    entry: int = -1  # index of its KV entry among the tree entries, once expanded
+
+
+def grow(head, st_k: torch.Tensor, st_v: torch.Tensor, base: int, g0: torch.Tensor, logits0: torch.Tensor,
+         n_nodes: int, depth_max: int, params: HeadTreeParams) -> DraftTree:
+    """One sequence's tree. st_k, st_v [base, kv_heads, d]: the head's entries of the confirmed positions;
+    g0 [hidden] and logits0 [draft_vocab]: the head's step at id_last's position."""
+    nodes: list[_Node] = []
+    _offer(head, nodes, -1, 0, 1.0, g0, logits0, params.branch)
+    tree_k, tree_v = [], []  # entries of expanded nodes, [kv_heads, d] each
+    newest = list(range(len(nodes)))
+    depth = 1
+    while depth < depth_max and newest:
+        front = sorted(newest, key=lambda i: -nodes[i].score)[: params.width]
+        front = [i for i in front if nodes[i].score >= params.min_score]
+        if not front:
+            break
+        feats = torch.stack([nodes[i].g_parent for i in front])
+        toks = torch.tensor([nodes[i].token for i in front])
+        pos = torch.full((len(front),), base + depth - 1)
+        q, k, v = head.qkv(feats, toks, pos)  # [F, heads, d], [F, kv_heads, d]
+        for j, i in enumerate(front):
+            nodes[i].entry = len(tree_k)
+            tree_k.append(k[j])
+            tree_v.append(v[j])
+        attn = _attend(head, q, st_k, st_v, torch.stack(tree_k), torch.stack(tree_v),
+                       [_ancestor_entries(nodes, i) for i in front])
+        g = head.finish(feats, attn)
+        logits = head.logits(g).float()
+        newest = []
+        for j, i in enumerate(front):
+            first = len(nodes)
+            _offer(head, nodes, i, depth, nodes[i].score, g[j], logits[j], params.branch)
+            newest += range(first, len(nodes))
+        depth += 1
+    best = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth))[:n_nodes]
+    tree = DraftTree()
+    where = {-1: -1}
+    for i in sorted(best, key=lambda i: nodes[i].depth):  # parents first
+        if nodes[i].parent in where:
+            where[i] = tree.add(where[nodes[i].parent], nodes[i].token, "draft-head", nodes[i].score)
+    return tree
+
+
+def _offer(head, nodes: list[_Node], parent: int, depth: int, score: float, g: torch.Tensor,
+           logits: torch.Tensor, branch: int) -> None:
+    probs = torch.softmax(logits, dim=-1)
+    top = torch.topk(probs, min(branch, probs.shape[-1]))
+    for p, j in zip(top.values.tolist(), top.indices.tolist()):
+        nodes.append(_Node(token=int(head.d2t[j]), parent=parent, depth=depth + 1, score=score * p, g_parent=g))
+
+
+def _ancestor_entries(nodes: list[_Node], i: int) -> list[int]:
+    out = []
+    while i >= 0:
+        out.append(nodes[i].entry)
+        i = nodes[i].parent
+    return out
+
+
+def _attend(head, q: torch.Tensor, st_k, st_v, tree_k, tree_v, seen: list[list[int]]) -> torch.Tensor:
+    """q [F, heads, d] over the confirmed entries and, per row, the tree entries listed in `seen` -> [F, heads*d]."""
+    keys = torch.cat([st_k, tree_k]).transpose(0, 1)[None]  # [1, kv_heads, base + E, d]
+    values = torch.cat([st_v, tree_v]).transpose(0, 1)[None]
+    base = st_k.shape[0]
+    mask = torch.zeros(len(seen), base + tree_k.shape[0], dtype=torch.bool)
+    mask[:, :base] = True
+    for r, entries in enumerate(seen):
+        mask[r, [base + e for e in entries]] = True
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=mask[None, None],
+                                         enable_gqa=True)  # [1, heads, F, d]
+    return out[0].transpose(0, 1).reshape(len(seen), -1)

@@ -1,0 +1,144 @@
+"""Trees of drafts: merged proposals, a tree verified in one forward through the cell cache (each node sees the
+committed sequence and its ancestors, to the bit), the walk of the target, and generation through trees that
+is token-identical to plain decoding, same-seed identical when sampling, with slots and the checkpoint path;
+memories that cannot hold branches refuse with a reason."""
+
+import pytest
+import torch
+
+from engine.batch import Batch
+from engine.context import ModelContext
+from engine.drafters.chain import NGRAM_CHAIN
+from engine.params import GenParams, SpecParams
+from engine.sampling import Sampler, SamplerParams
+from engine.slots import Engine
+from engine.tree import DraftTree, tree_rows
+from engine.verify import tree_match
+from test_engine import PROMPTS, SMALL_NGRAMS, tokens
+
+
+def test_chains_merge_into_one_tree_and_each_drafter_is_credited_its_own():
+    tree = DraftTree()
+    assert tree.add_chain([5, 6, 7], "ngram-simple") == [0, 1, 2]
+    assert tree.add_chain([5, 6, 9, 10], "draft-head") == [0, 1, 3, 4]  # the shared prefix is stored once
+    assert tree.add_chain([8], "ngram-mod") == [5]
+    assert tree.parents == [-1, 0, 1, 1, 3, -1] and tree.drafters[3] == "draft-head"
+    assert not tree.is_chain() and tree.max_depth() == 4 and tree.n_leaves() == 3
+    assert tree.add_chain([5, 11, 12], "ngram-cache", limit=7) == [0, 6]  # stops at the node limit
+    path = [0, 1, 3]  # the target kept 5 6 9
+    assert tree.credit(path) == {"ngram-simple": (3, 2), "draft-head": (4, 3), "ngram-mod": (1, 0),
+                                 "ngram-cache": (2, 1)}
+
+
+def test_tree_match_walks_the_targets_tokens():
+    tree = DraftTree()
+    tree.add_chain([5, 6, 7], "a")
+    tree.add_chain([5, 8], "b")
+    logits = torch.zeros(1 + len(tree), 16)
+    # row 0 (root) -> 5 (node 0, row 1) -> 8 (node 3, row 4) -> 2: a leaf's row gives the bonus
+    for row, tok in [(0, 5), (1, 8), (4, 2), (2, 7), (3, 1)]:
+        logits[row, tok] = 5.0
+    verdict, path = tree_match(Sampler(SamplerParams(temp=0.0)), logits, tree)
+    assert path == [0, 3] and verdict.tokens == [5, 8, 2] and verdict.n_accepted == 2
+
+
+def _decode(ctx, batch):
+    return ctx.decode(batch).logits
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "torch"])
+def test_each_node_gets_the_logits_of_plain_decoding_of_its_path(tiny_target, kernel):
+    """A tree in one forward: every node's row equals, bit for bit, the row of plain decoding along its own path,
+    and after the walk the kept path's cells are the cache plain decoding leaves."""
+    ctx = ModelContext(tiny_target.model, n_ctx=128, n_seq_max=2, attention_kernel=kernel)
+    prompt = PROMPTS[0]
+    tree = DraftTree()
+    tree.add_chain([20, 21, 22], "a")
+    tree.add_chain([20, 30, 31], "b")
+    tree.add_chain([40, 41], "c")
+    for seq in (0, 1):
+        b = Batch()
+        for i, t in enumerate(prompt[:-1]):
+            b.add(t, i, seq, True)
+        _decode(ctx, b)
+    b = Batch()
+    rows = tree_rows(b, tree, prompt[-1], len(prompt) - 1, 0)
+    got = _decode(ctx, b)
+    cells = ctx.cache.last_cells[rows]
+    for node in range(len(tree)):
+        path = [tree.tokens[n] for n in tree.path(node)]
+        ctx.seq_rm(1, len(prompt) - 1, -1)
+        b1 = Batch()
+        for i, t in enumerate([prompt[-1]] + path):
+            b1.add(t, len(prompt) - 1 + i, 1, True)
+        plain = _decode(ctx, b1)
+        assert torch.equal(got[node + 1], plain[-1]), f"node {node} differs from plain decoding of its path"
+        assert torch.equal(got[0], plain[0])
+    keep = [0, 1 + 0, 1 + 3]  # the root's row, then nodes 0 and 3: 20 30
+    ctx.cache.rm_cells(cells[[i for i in range(len(rows)) if i not in keep]])
+    ctx.cache.settle(cells[keep].tolist())
+    assert ctx.cache.seq_cells(0).numel() == len(prompt) + 2
+    assert sorted(ctx.cache.cell_pos[ctx.cache.seq_cells(0)].tolist()) == list(range(len(prompt) + 2))
+    nxt = Batch()
+    nxt.add(31, len(prompt) + 2, 0, True)
+    after = _decode(ctx, nxt)
+    assert torch.equal(after[0], got[1 + 4])  # node 4 (31) saw these cells in the tree
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_target, tiny_draft):
+    return Engine(tiny_target, draft=tiny_draft, n_ctx=768, n_seq_max=4, drafter_params=SMALL_NGRAMS)
+
+
+def _run(engine, prompt, types, temp=0.0, seed=0, n=40, tree_nodes=12, rollback="auto"):
+    params = GenParams(max_new_tokens=n, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=seed),
+                       spec=SpecParams(types=list(types), n_max=12, adaptive=False, p_min=0.0,
+                                       tree_nodes=tree_nodes, rollback=rollback))
+    return list(engine.generate(prompt, params))
+
+
+@pytest.mark.parametrize("temp", [0.0, 0.9])
+@pytest.mark.parametrize("rollback", ["auto", "checkpoint"])
+def test_generation_through_trees_is_plain_decoding(engine, temp, rollback):
+    n_branched = n_kept = 0
+    for seed, prompt in enumerate(PROMPTS):
+        plain = tokens(_run(engine, prompt, [], temp=temp, seed=seed, tree_nodes=0))
+        events = _run(engine, prompt, NGRAM_CHAIN + ["draft-simple"], temp=temp, seed=seed, rollback=rollback)
+        assert tokens(events) == plain
+        trees = [e for e in events if e.verify_mode == "tree"]
+        n_branched += sum(len(set(e.tree_parents)) < len(e.tree_parents) for e in trees)
+        n_kept += sum(e.n_accepted for e in trees)
+        seq = events[-1].seq
+        assert engine.ctx.cache.seq_cells(seq).numel() == len(engine.slots[seq].tokens)
+    assert n_branched > 0, "no round verified a tree with branches"
+    assert n_kept > 0, "no tree node was ever kept"
+
+
+def test_slots_with_trees_equal_running_alone(engine):
+    alone = [tokens(_run(engine, p, [])) for p in PROMPTS]
+    params = GenParams(max_new_tokens=40, ignore_eos=True,
+                       spec=SpecParams(types=NGRAM_CHAIN + ["draft-simple"], n_max=12, adaptive=False, p_min=0.0,
+                                       tree_nodes=12))
+    for seq in list(engine.slots):
+        engine.release(seq)
+    got = {s: [] for s in range(3)}
+    for s, p in enumerate(PROMPTS):
+        engine.start(p, params, seq=s)
+    while engine.active():
+        for e in engine.step():
+            got[e.seq].extend(e.emitted)
+    assert [got[s] for s in range(3)] == alone
+    for seq in range(3):
+        engine.release(seq)
+    assert engine.ctx.cache.n_used() == 0
+
+
+def test_a_recurrent_memory_refuses_trees_with_a_reason(tmp_path):
+    from tiny import load_tiny, save_arch
+
+    eng = Engine(load_tiny(save_arch(tmp_path / "jamba", "jamba")), n_ctx=256, n_seq_max=2,
+                 drafter_params=SMALL_NGRAMS, calibrate=False)
+    events = _run(eng, PROMPTS[0], NGRAM_CHAIN, n=20)
+    assert any("trees of drafts are off" in note for note in events[0].notes)
+    assert all(e.verify_mode != "tree" for e in events) and any(e.kind == "spec" for e in events)
+    assert tokens(events) == tokens(_run(eng, PROMPTS[0], [], n=20, tree_nodes=0))
