@@ -42,6 +42,8 @@ class RoundEvent:
     tree_parents: list[int] = field(default_factory=list)
     tree_drafters: list[str] = field(default_factory=list)
     tree_path: list[int] = field(default_factory=list)
+    tree_offered: int = 0  # draft nodes the drafters offered this slot, before the round's budget
+    budget_why: str = ""  # the round's budget over all slots (engine/budget.py), one line
 
     @property
     def accepted(self) -> list[int]:

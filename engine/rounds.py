@@ -20,6 +20,7 @@ from engine.events import ErrorEvent, RoundEvent, failure
 from engine.probe import FULL, RS, ProbeResult
 from engine.slot import Slot
 from engine.tree import sub_batch, tree_rows
+from engine.budget import BudgetState, plan as budget_plan
 
 
 class Round:
@@ -34,6 +35,7 @@ class Round:
         self.n_pos_max = n_pos_max  # the model's last position + 1, or None where it has no such limit
         self.eos = eos  # tokens that end a generation
         self.detokenize = detokenize  # token ids -> text, for what a slot gives out
+        self.budget_state = BudgetState()  # rounds each slot's draft nodes were all refused (probe)
 
     def emit(self, slot: Slot, tokens: list[int], ev: RoundEvent) -> RoundEvent:
         return slot.emit(tokens, ev, self.eos, self.detokenize)
@@ -75,6 +77,7 @@ class Round:
         t0 = time.perf_counter()
         failed: dict[int, ErrorEvent] = {}  # seq -> why its generation ends this round
         winners = self._draft(list(requests.values()), failed)
+        budget = self._budget(slots, requests)
         t_draft = (time.perf_counter() - t0) * 1e3
         batch = Batch()
         rows: dict[int, list[int]] = {}
@@ -83,6 +86,7 @@ class Round:
                 continue
             p = len(slot.tokens)
             tree = requests[slot.seq].tree if slot.replay is None else None
+            tree = tree if tree is not None and len(tree) else None
             toks = slot.replay.tokens if slot.replay is not None else [slot.id_last] + requests[slot.seq].result
             n_rows = 1 + len(tree) if tree is not None else len(toks)
             depth = 1 + tree.max_depth() if tree is not None else len(toks)
@@ -112,7 +116,7 @@ class Round:
                 if slot.replay is not None:
                     events.append(self._replay_round(slot, logits, res.seconds * 1e3, len(batch)))
                     continue
-                if requests[slot.seq].tree is not None:
+                if requests[slot.seq].tree is not None and len(requests[slot.seq].tree):
                     cells = self.ctx.cache.last_cells[rows[slot.seq]]
                     ev, kept = self._verify_tree(slot, requests[slot.seq], logits, cells, ckpts.get(slot.seq),
                                                  winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
@@ -131,6 +135,9 @@ class Round:
         for ev in events:
             if isinstance(ev, RoundEvent):
                 ev.n_seqs = len(in_batch)
+                if budget is not None and ev.seq in requests:
+                    ev.budget_why = budget.why
+                    ev.tree_offered = budget.offered.get(ev.seq, 0)
         return events
 
     def _draft(self, requests: list[DraftRequest], failed: dict[int, ErrorEvent]) -> dict[int, str | None]:
@@ -235,6 +242,20 @@ class Round:
         if slot.state == "done":
             slot.replay = None  # nothing follows: the decided tokens were all given out
         return ev
+
+    def _budget(self, slots: list[Slot], requests: dict[int, DraftRequest]):
+        """Trees of slots under the length policy share one budget (engine/budget.py); others keep theirs."""
+        policy = self.chain.policy
+        trees = {seq: r.tree for seq, r in requests.items()
+                 if r.tree is not None and len(r.tree) and self.chain._uses_policy(seq)}
+        if policy is None or not trees:
+            return None
+        n_base = sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)
+        n_base += sum(len(r.tree) for seq, r in requests.items() if r.tree is not None and seq not in trees)
+        out = budget_plan(trees, n_base, policy.cost, self.budget_state)
+        for seq, tree in trees.items():
+            requests[seq].tree = tree.keep(out.kept[seq])
+        return out
 
     def _tree_max(self, slot: Slot) -> int:
         """Nodes a tree of drafts may have for this slot; 0 where trees are off or not possible (a memory with no

@@ -307,4 +307,6 @@ def test_shipped_head_is_lossless_on_a_bfloat16_embedded_target():
     head = engine.pool["draft-head"].head
     emb = target.model.get_input_embeddings().weight
     assert head.embed.dtype == torch.bfloat16 and head.embed.data_ptr() == emb.data_ptr()  # no float32 copy
-    assert head.lm_weight.dtype == torch.float32 and head.lm_weight.shape == (head.cfg.draft_vocab, head.cfg.hidden)
+    # its linears run in the target's dtype, the LM head's draft-vocabulary rows packed once (no float32 copy)
+    assert head.lin_dtype == torch.bfloat16 and head.lm_weight is None
+    assert head.logits(torch.zeros(2, head.cfg.hidden)).shape == (2, head.cfg.draft_vocab)

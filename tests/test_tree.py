@@ -142,3 +142,40 @@ def test_a_recurrent_memory_refuses_trees_with_a_reason(tmp_path):
     assert any("trees of drafts are off" in note for note in events[0].notes)
     assert all(e.verify_mode != "tree" for e in events) and any(e.kind == "spec" for e in events)
     assert tokens(events) == tokens(_run(eng, PROMPTS[0], [], n=20, tree_nodes=0))
+
+
+def _scored(chains: list[tuple[list[int], list[float]]]) -> DraftTree:
+    tree = DraftTree()
+    for toks, scores in chains:
+        tree.add_chain(toks, "x", scores=scores)
+    return tree
+
+
+def test_the_budget_keeps_what_pays_for_the_whole_forward():
+    from engine.budget import BudgetState, plan
+    from engine.policy import CostModel
+
+    knee = CostModel(sizes=[1, 8, 16, 32], seconds=[1.0, 1.05, 2.0, 4.0])  # nearly free up to 8 rows
+    deep = _scored([([5, 6, 7, 8], [0.9, 0.8, 0.7, 0.6]), ([9], [0.001])])
+    one = plan({0: deep}, 1, knee, BudgetState())
+    assert one.kept[0] == [0, 1, 2, 3] and one.n_rows == 5  # one slot: the deep path, not the 0.1% branch
+    assert abs(one.expected - 4.0) < 1e-9
+    # four slots: the free rows are shared, one node each; the deeper ones would cost more than they bring
+    four = plan({s: _scored([([5, 6, 7, 8], [0.9, 0.8, 0.7, 0.6])]) for s in range(4)}, 4, knee, BudgetState())
+    assert all(v == [0] for v in four.kept.values()) and four.n_rows == 8
+    steep = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
+    none = plan({0: deep}, 1, steep, BudgetState(probe_every=100))
+    assert none.kept[0] == [] and none.n_rows == 1 and "plain decoding" in none.why
+    state = BudgetState(probe_every=2)
+    assert plan({0: deep}, 1, steep, state).kept[0] == []
+    assert plan({0: deep}, 1, steep, state).kept[0] == [0]  # the probe: its best node, so estimates can recover
+
+
+def test_budgeted_trees_are_plain_decoding(engine):
+    for seed, prompt in enumerate(PROMPTS):
+        params = GenParams(max_new_tokens=40, ignore_eos=True, sampling=SamplerParams(temp=0.0, seed=seed),
+                           spec=SpecParams(types=NGRAM_CHAIN + ["draft-simple"], n_max=12, adaptive=True,
+                                           p_min=0.0, tree_nodes=12))
+        events = list(engine.generate(prompt, params))
+        assert tokens(events) == tokens(_run(engine, prompt, [], seed=seed, tree_nodes=0))
+        assert any(e.budget_why for e in events if e.kind != "prefill")

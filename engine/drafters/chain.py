@@ -132,10 +132,8 @@ class DrafterChain:
                         k = self._merge(r, name)
                         if k == 0:
                             continue
-                        if winner[r.seq] is None:
+                        if winner[r.seq] is None:  # counted in accept_tree, for the nodes verified
                             winner[r.seq] = self.impl_last[r.seq] = name
-                        s.on_draft(k)
-                        s_seq.on_draft(k)
                         continue
                     k = self._cut(r, name)
                     if k == 0:
@@ -228,6 +226,8 @@ class DrafterChain:
         credit = tree.credit(path)
         for name, (k, m) in credit.items():
             s, s_seq = self._both(seq, name)
+            s.on_draft(k)
+            s_seq.on_draft(k)
             with timed("t_accept_us", s, s_seq):
                 s.on_accept(m)
                 s_seq.on_accept(m)

@@ -131,6 +131,8 @@ class DraftHead(nn.Module):
         # frozen, filled from the target by attach_target; never saved
         self.embed: torch.Tensor | None = None  # [target_vocab, hidden], the target's own table, in its dtype
         self.lm_weight: torch.Tensor | None = None  # [draft_vocab, hidden], float32
+        self.lm: nn.Linear | None = None  # the same as a packed linear, once for_inference made it
+        self.lin_dtype = torch.float32  # what the linears compute in (for_inference)
 
     def attach_target(self, embed_weight: torch.Tensor) -> None:
         """Borrow the target's embedding table (input embeddings, and the tied LM head rows of d2t).
@@ -141,6 +143,26 @@ class DraftHead(nn.Module):
         self.embed = embed_weight.detach()
         self.lm_weight = self.embed[self.d2t].float().contiguous()
 
+    def for_inference(self, dtype: torch.dtype) -> None:
+        """Run the head's linears in `dtype` (the target's) through packed oneDNN weights, as the target runs its
+        own (engine/prepack.py): a head step reads all its weights for one or a few rows, so it costs what they
+        weigh, and bfloat16 halves it. Norms, residuals and attention stay float32."""
+        from engine import prepack
+
+        lm = nn.Linear(self.cfg.hidden, self.cfg.draft_vocab, bias=False)
+        lm.weight = nn.Parameter(self.lm_weight, requires_grad=False)
+        self.lm = lm
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                module.to(dtype)
+        self.lin_dtype = dtype
+        if prepack.available():
+            prepack.prepack_linears(self)
+        self.lm_weight = None  # the packed LM head is the one copy
+
+    def _lin(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return module(x.to(self.lin_dtype)).float()
+
     def trained_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().contiguous() for k, v in self.state_dict().items()}
 
@@ -149,26 +171,28 @@ class DraftHead(nn.Module):
     def fuse(self, feats: torch.Tensor) -> torch.Tensor:
         """Target hidden states [..., layers*hidden] -> fused feature [..., hidden]."""
         z = ((feats.float() - self.feat_mu) / self.feat_sigma).clamp(-10.0, 10.0)
-        return self.fc(z)
+        return self._lin(self.fc, z)
 
     def qkv(self, feat: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor):
         """Layer input from a feature and a token embedding; returns (x, q, k, v) with RoPE applied."""
         e = self.embed[tokens].float()
         x = torch.cat([self.emb_norm(e), self.feat_norm(feat)], dim=-1)
         shape = x.shape[:-1]
-        q = self.q_proj(x).view(*shape, self.cfg.n_heads, self.cfg.head_dim)
-        k = self.k_proj(x).view(*shape, self.cfg.n_kv_heads, self.cfg.head_dim)
-        v = self.v_proj(x).view(*shape, self.cfg.n_kv_heads, self.cfg.head_dim)
+        q = self._lin(self.q_proj, x).view(*shape, self.cfg.n_heads, self.cfg.head_dim)
+        k = self._lin(self.k_proj, x).view(*shape, self.cfg.n_kv_heads, self.cfg.head_dim)
+        v = self._lin(self.v_proj, x).view(*shape, self.cfg.n_kv_heads, self.cfg.head_dim)
         return rope(q, pos, self.cfg.rope_theta), rope(k, pos, self.cfg.rope_theta), v
 
     def finish(self, feat: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after attention output [..., heads*head_dim] and the MLP: the head's feature g."""
-        h = feat + self.o_proj(attn)
+        h = feat + self._lin(self.o_proj, attn)
         y = self.post_norm(h)
-        return h + self.down(F.silu(self.gate(y)) * self.up(y))
+        return h + self._lin(self.down, F.silu(self._lin(self.gate, y)) * self._lin(self.up, y))
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., draft_vocab] from features g."""
+        if self.lm is not None:
+            return self._lin(self.lm, self.norm(g))
         return self.norm(g) @ self.lm_weight.T
 
     def expand_kv(self, t: torch.Tensor) -> torch.Tensor:
