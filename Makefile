@@ -6,7 +6,8 @@ run: setup
 
 # the engine's tests run again with bfloat16 weights where the CPU computes bfloat16 natively
 BF16_TESTS = tests/test_engine.py tests/test_slots.py tests/test_round_defects.py tests/test_grammar.py \
-	tests/test_draft_head.py tests/test_scheduler.py tests/test_embedded.py tests/test_ngram_drafters.py
+	tests/test_draft_head.py tests/test_scheduler.py tests/test_embedded.py tests/test_ngram_drafters.py \
+	tests/test_tree.py
 
 test: setup-dev
 	.venv/bin/python -m pytest -q $(ARGS)

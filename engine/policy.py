@@ -26,7 +26,8 @@ class CostModel:
     seconds: list[float] = field(default_factory=lambda: [1.0])  # measured time of such a forward
 
     def c(self, n_rows: int) -> float:
-        """Cost of a forward of n_rows relative to one row (linear interpolation, flat past the last size)."""
+        """Cost of a forward of n_rows relative to one row (linear interpolation; past the last size the last
+        segment's slope goes on: rows are never free just because nobody timed that many)."""
         base = self._at(1)
         return self._at(n_rows) / base if base > 0 else 1.0
 
@@ -35,7 +36,8 @@ class CostModel:
         if n <= s[0]:
             return t[0]
         if n >= s[-1]:
-            return t[-1]
+            slope = (t[-1] - t[-2]) / (s[-1] - s[-2]) if len(s) > 1 else 0.0
+            return t[-1] + max(slope, 0.0) * (n - s[-1])
         j = bisect.bisect_left(s, n)
         if s[j] == n:
             return t[j]

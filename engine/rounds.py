@@ -20,6 +20,7 @@ from engine.events import ErrorEvent, RoundEvent, failure
 from engine.probe import FULL, RS, ProbeResult
 from engine.slot import Slot
 from engine.tree import sub_batch, tree_rows
+from engine.tree_round import verify_tree
 from engine.budget import BudgetState, plan as budget_plan
 
 
@@ -118,7 +119,7 @@ class Round:
                     continue
                 if requests[slot.seq].tree is not None and len(requests[slot.seq].tree):
                     cells = self.ctx.cache.last_cells[rows[slot.seq]]
-                    ev, kept = self._verify_tree(slot, requests[slot.seq], logits, cells, ckpts.get(slot.seq),
+                    ev, kept = verify_tree(self, slot, requests[slot.seq], logits, cells, ckpts.get(slot.seq),
                                                  winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
                                                  len(batch))
                     events.append(ev)
@@ -264,51 +265,6 @@ class Round:
             return 0
         return 0 if slot.grammar is not None or slot.coins is not None else slot.params.spec.tree_nodes
 
-    def _verify_tree(self, slot: Slot, r: DraftRequest, logits, cells, ckpt, drafter: str | None, t_draft: float,
-                     t_forward: float, batch_rows: int) -> tuple[RoundEvent, list[int]]:
-        """The target walks the tree (verify.tree_match); the branches it did not take leave the cache by cell,
-        since they share positions with the path it took. Returns the event and the slot's kept rows."""
-        tree = r.tree
-        t1 = time.perf_counter()
-        verdict, path = verify.tree_match(slot.sampler, logits, tree)
-        t_verify = t_forward + (time.perf_counter() - t1) * 1e3
-        self.chain.accept_tree(slot.seq, tree, path)
-        k, m = len(tree), len(path)
-        t2 = time.perf_counter()
-        p_sampled = len(slot.tokens)
-        p0 = p_sampled + 1
-        kept = [0] + [n + 1 for n in path]  # the root's row, then the path's
-        path_tokens = [tree.tokens[n] for n in path]
-        rollback, rm_range = "none", None
-        if m < k and slot.params.spec.rollback != "checkpoint":
-            self.ctx.cache.rm_cells(cells[[i for i in range(1 + k) if i not in set(kept)]])
-            self.ctx.cache.settle(cells[kept].tolist())
-            rollback, rm_range = "tree", (p0 + m, p0 + tree.max_depth())
-        elif m < k and ckpt is not None:
-            restore_s = checkpoint.restore(slot, self.ctx.cache, ckpt)
-            slot.replay = checkpoint.Replay(tokens=[slot.id_last] + path_tokens + [verdict.tokens[-1]],
-                                            n_draws=verdict.n_draws, cost_ms=(ckpt.seconds + restore_s) * 1e3)
-            rollback, rm_range = "checkpoint", (p_sampled, p0 + tree.max_depth())
-        elif m < k:
-            raise RuntimeError(f"sequence {slot.seq}: a tree's branches cannot leave the cache without a checkpoint")
-        t_rollback = (time.perf_counter() - t2) * 1e3
-        if slot.replay is None:
-            slot.tokens.append(slot.id_last)
-            slot.tokens.extend(path_tokens)
-            slot.id_last = verdict.tokens[-1]
-        ev = RoundEvent(
-            seq=slot.seq, round=slot.round, kind="spec", drafter=drafter, pos_sampled=p_sampled, p0=p0,
-            drafted=display_chain(tree, path), n_accepted=m, bonus=verdict.tokens[-1], p_target=verdict.p_target,
-            target_top=[int(t) for t in logits.argmax(dim=-1)], verify_mode="tree", rollback=rollback,
-            rm_range=rm_range, t_draft_ms=t_draft, t_verify_ms=t_verify, t_rollback_ms=t_rollback,
-            batch_rows=batch_rows, tree_tokens=list(tree.tokens), tree_parents=list(tree.parents),
-            tree_drafters=list(tree.drafters), tree_path=list(path))
-        slot.round += 1
-        ev = self.emit(slot, verdict.tokens, ev)
-        if slot.state == "done":
-            slot.replay = None
-        return ev, kept
-
     def _replay_round(self, slot: Slot, logits, t_forward: float, batch_rows: int) -> RoundEvent:
         """Re-run the decided tokens: the sampler re-draws what the verification drew, then picks one new token."""
         replay = slot.replay
@@ -334,17 +290,6 @@ class Round:
                         batch_rows=batch_rows, target_top=[int(t) for t in logits.argmax(dim=-1)])
         slot.round += 1
         return self.emit(slot, [tok], ev)
-
-
-def display_chain(tree, path: list[int]) -> list[int]:
-    """A tree shown as a chain: the kept path, then the first child below it (what the target refused there)."""
-    node = path[-1] if path else -1
-    tokens = [tree.tokens[n] for n in path]
-    kids = tree.children(node)
-    while kids:
-        tokens.append(tree.tokens[kids[0]])
-        kids = tree.children(kids[0])
-    return tokens
 
 
 def fresh(r: DraftRequest, n_max: int) -> DraftRequest:

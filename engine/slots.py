@@ -75,12 +75,16 @@ class Engine:
 
     # ---- set-up ----------------------------------------------------------------------------------------------
 
-    def calibrate(self, sizes=(1, 2, 3, 4, 6, 8, 12, 16), reps: int = 3) -> CostModel:
-        """Time forwards of n rows after a short prefix: the c(n) of the length policy."""
+    def calibrate(self, sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), reps: int = 3,
+                  n_prefix: int = 256) -> CostModel:
+        """Time forwards of n rows after a prefix of a chat turn's length: the c(n) of the length policy and
+        the round's budget. Each row attends to the prefix, so a short prefix would make rows look cheaper
+        than they are in a conversation; sizes go up to what one forward may hold (all slots' drafts)."""
         sizes = [n for n in sizes if n <= self.limits.total] or [1]
         seq = 0
+        n_prefix = max(1, min(n_prefix, self.ctx.n_ctx - max(sizes) - 1))
         batch = Batch()
-        for i in range(32):
+        for i in range(n_prefix):
             batch.add((i + 10) % self.ctx.n_vocab, i, seq, False)
         batch.output[-1] = True
         self.ctx.decode(batch)
@@ -91,9 +95,9 @@ class Engine:
             for _ in range(reps + 1):
                 b = Batch()
                 for i in range(n):
-                    b.add((100 + i) % self.ctx.n_vocab, 32 + i, seq, True)
+                    b.add((100 + i) % self.ctx.n_vocab, n_prefix + i, seq, True)
                 runs.append(self.ctx.decode(b).seconds)
-                self.ctx.cache.state_restore(seq, saved, 32)
+                self.ctx.cache.state_restore(seq, saved, n_prefix)
             seconds.append(sorted(runs[1:])[len(runs[1:]) // 2])
         self.ctx.seq_rm(seq, -1, -1)
         for i in range(1, len(seconds)):  # noise must not make a bigger batch look cheaper
@@ -150,6 +154,13 @@ class Engine:
         params.spec.types = parse_types(params.spec.types)
         if not prompt:
             raise ValueError("empty prompt")
+        if isinstance(prompt, (str, bytes, dict)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                            for t in prompt):
+            raise ValueError(f"a prompt is a list of token ids (int), got {type(prompt).__name__}"
+                             + ("" if isinstance(prompt, (str, bytes, dict)) else
+                                f" holding {type(next(t for t in prompt if not isinstance(t, int))).__name__}"))
+        if min(prompt) < 0 or max(prompt) >= self.ctx.n_vocab:
+            raise ValueError(f"prompt token ids must be in [0, {self.ctx.n_vocab}): got {min(prompt)}..{max(prompt)}")
         limit = self.ctx.n_ctx if self.n_pos_max is None else min(self.ctx.n_ctx, self.n_pos_max)
         if len(prompt) + 1 > limit:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {limit} tokens")

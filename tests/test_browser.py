@@ -137,8 +137,11 @@ def test_chat_marks_rounds_compares_and_stops(page):
     assert "lossless" in badge, f"temperature 0 must be lossless, got: {badge}"
     page.wait_for_selector("#acc-plot .js-plotly-plot .bars path")
     assert "tok/s" in page.locator("#summary").inner_text()
-    page.locator("#timeline tr.row-rej").first.wait_for()  # the timeline shows a seq_rm rollback
-    assert "seq_rm [" in page.locator("#timeline").inner_text()
+    page.locator("#timeline tr.row-rej").first.wait_for()  # the timeline shows a rollback
+    timeline = page.locator("#timeline").inner_text()
+    # trees are on by default: their branches leave by cell; a round that drafted one chain says seq_rm
+    assert "branches freed by cell" in timeline or "seq_rm [" in timeline
+    assert "(tree: " in timeline, "no round drafted a tree with the default settings"
     save_screenshot(page)
 
     page.locator("#send-btn").click()  # empty message: a visible warning, nothing submitted

@@ -309,4 +309,5 @@ def test_shipped_head_is_lossless_on_a_bfloat16_embedded_target():
     assert head.embed.dtype == torch.bfloat16 and head.embed.data_ptr() == emb.data_ptr()  # no float32 copy
     # its linears run in the target's dtype, the LM head's draft-vocabulary rows packed once (no float32 copy)
     assert head.lin_dtype == torch.bfloat16 and head.lm_weight is None
-    assert head.logits(torch.zeros(2, head.cfg.hidden)).shape == (2, head.cfg.draft_vocab)
+    with torch.inference_mode():
+        assert head.logits(torch.zeros(2, head.cfg.hidden)).shape == (2, head.cfg.draft_vocab)

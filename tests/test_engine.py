@@ -194,6 +194,12 @@ def test_prefix_of_previous_turn_is_reused(engine):
      "n_min"),
     (lambda e: e.start([1, 5], GenParams(spec=SpecParams(types=["ngram-bogus"]))), "unknown drafter"),
     (lambda e: e.start([1, 5], GenParams(max_new_tokens=0)), "max_new_tokens"),
+    # a tokenizer's BatchEncoding (a dict) or text instead of ids, an id outside the vocabulary
+    (lambda e: e.start({"input_ids": [1, 5], "attention_mask": [1, 1]}, GenParams()), "list of token ids"),
+    (lambda e: e.start("hello", GenParams()), "list of token ids"),
+    (lambda e: e.start([1, 5.0], GenParams()), "holding float"),
+    (lambda e: e.start([1, 64], GenParams()), r"ids must be in \[0, 64\)"),
+    (lambda e: e.start([1, 5], GenParams(spec=SpecParams(tree_nodes=-1))), "tree_nodes"),
 ])
 def test_bad_input_is_refused_and_changes_nothing(engine, make, match):
     used = engine.ctx.cache.n_used()

@@ -639,3 +639,30 @@ def test_a_step_mode_answer_is_checked_against_its_output_format_when_it_ends():
     assert session.format_html == ""  # not finished yet
     step_turn(app, session)
     assert not session.busy and "JSON" in session.format_html
+
+
+def tree_event(**kw) -> RoundEvent:
+    """Round 4 after ' the': a tree ' cat'->(' sat'->' on', ' ran'), ' dog'; the target took ' cat sat' and said
+    ' mat'."""
+    base = dict(seq=0, round=4, kind="spec", drafter="ngram-simple", pos_sampled=10, p0=11, drafted=[5, 6, 11],
+                n_accepted=2, bonus=12, emitted=[5, 6, 12], p_target=[1.0, 1.0, 1.0], target_top=[5, 6, 12, 4, 4, 4],
+                verify_mode="tree", rollback="tree", rm_range=(13, 14), tree_tokens=[5, 6, 11, 8, 7],
+                tree_parents=[-1, 0, 1, 0, -1], tree_drafters=["ngram-simple", "ngram-simple", "ngram-simple",
+                                                              "draft-head", "draft-head"],
+                tree_path=[0, 1], tree_offered=9,
+                budget_why="5 of 9 draft nodes: 3.10 expected tokens for a forward of 6 rows (1.08x one row)")
+    base.update(kw)
+    return RoundEvent(**base)
+
+
+def test_a_tree_round_draws_the_path_the_branches_and_the_budget(vocab):
+    from ui.treeview import tree_html
+
+    out = tree_html(tree_event(), vocab, context=[1, 4])
+    assert out.count("chip-acc") == 2 and out.count("chip-rej") == 3 and out.count("<s>") == 3
+    assert out.count("<li>") == 5 and "draft-head" in out and "kept in the cache at position 12" in out
+    assert "5 of 9 draft nodes" in out and "5 of the 9 nodes" in out
+    row = timeline_row(tree_event(), vocab, context=[1, 4])
+    assert "(tree: 5 nodes)" in row and "2/5" in row and "branches freed by cell" in row
+    step = step_html(tree_event(), vocab, context=[1, 4], sampled=4)
+    assert "5 draft nodes from draft-head, ngram-simple" in step and "freed one by one" in step

@@ -63,6 +63,10 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
         p_min_own.change(lambda own: gr.update(interactive=not own), p_min_own, p_min)
         adaptive = gr.Checkbox(value=d.adaptive, label="Adaptive draft length (cut drafts that do not pay)",
                                elem_id="adaptive")
+        tree_nodes = gr.Slider(0, 32, value=d.tree_nodes, step=1, elem_id="tree-nodes",
+                               label="Tree of drafts: nodes per round at most (0 = one chain)",
+                               info="every drafter proposes, the draft head branches, and one forward checks the "
+                                    "whole tree; with adaptive length one budget keeps the nodes that pay")
         rollback = gr.Radio(["auto", "checkpoint"], value="auto", label="Rollback", elem_id="rollback",
                             info="auto: seq_rm cuts the rejected tail. checkpoint: restore the state saved "
                                  "before drafting, then replay the accepted tokens (llama.cpp's FULL path)")
@@ -84,7 +88,7 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
         # .input, not .change: an example that sets the format and its schema must not have it replaced here
         c["format"].input(format_box, [c["format"], c["format_text"]], c["format_text"], show_progress="hidden")
     return c, [types, n_max, n_min, p_min, adaptive, temp, top_k, top_p, min_p, seed, max_new, cmp, rollback,
-               p_min_own, c["format"], c["format_text"]]
+               p_min_own, c["format"], c["format_text"], tree_nodes]
 
 
 def filler(text: str):

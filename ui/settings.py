@@ -97,6 +97,9 @@ class Settings:
     p_min_own: bool = True  # each model drafter uses its own p_min (own_p_min_text), not the p_min above
     output_format: str = "free"  # "free" (no grammar) or a GrammarSpec kind: json | json_schema | regex | lark | gbnf
     format_text: str = ""  # the JSON schema, regex or Lark grammar of that format (unused for free and json)
+    # trees of drafts: every drafter proposes and one forward checks them all, at most this many nodes per round;
+    # 0: one chain from the first drafter that has one (engine/tree.py)
+    tree_nodes: int = 16
 
     def grammar(self) -> GrammarSpec | None:
         """The output format as the engine's GrammarSpec; None for free text."""
@@ -120,7 +123,7 @@ class Settings:
                                    min_p=float(self.min_p), seed=int(self.seed)),
             spec=SpecParams(types=self.chain(speculative), n_max=int(self.n_max),
                             n_min=int(self.n_min), p_min=None if self.p_min_own else float(self.p_min),
-                            adaptive=bool(self.adaptive),
+                            adaptive=bool(self.adaptive), tree_nodes=int(self.tree_nodes),
                             rollback=str(self.rollback or "auto")),
             # the plain baseline is constrained too, so the lossless check compares like with like
             grammar=self.grammar(),
@@ -138,6 +141,6 @@ def settings_from(values: list) -> Settings:
             continue  # a cleared number box: keep the default rather than fail on None
         setattr(s, name, value)
     s.types = [t for t in (s.types or []) if t]
-    for name in ("n_max", "n_min", "top_k", "seed", "max_new_tokens"):
+    for name in ("n_max", "n_min", "top_k", "seed", "max_new_tokens", "tree_nodes"):
         setattr(s, name, int(getattr(s, name)))
     return s

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 
 from ui.tokens import Vocab, tip, visible
+from ui.treeview import tree_html, tree_summary
 
 MAX_ROWS = 120  # rows shown live; older ones are summarised in one line (the answer keeps every token)
 
@@ -29,6 +30,8 @@ def rollback_text(ev) -> str:
     """What the cache lost this round, in llama.cpp terms."""
     if ev.rm_range is not None:
         a, b = ev.rm_range
+        if ev.rollback == "tree":
+            return f"branches freed by cell; path kept [{ev.p0}, {a})"
         verb = "restore + replay" if ev.rollback == "checkpoint" else "seq_rm"
         return f"{verb} [{a}, {b})"
     return "–"
@@ -47,8 +50,8 @@ def timeline_row(ev, vocab: Vocab, context: list[int]) -> str:
         ratio = ""
     else:
         drafter = html.escape(ev.drafter or "?")
-        drafted = chips(ev.drafted, vocab.pieces(context, ev.drafted), m, ev.p0)
-        ratio = f"{m}/{k}"
+        drafted = chips(ev.drafted, vocab.pieces(context, ev.drafted), m, ev.p0) + tree_summary(ev)
+        ratio = f"{m}/{len(ev.tree_tokens) or k}"
     target = ""
     if len(ev.emitted) > m:  # the target's own token; missing when a stop cut the accepted run
         tok = ev.emitted[-1]
@@ -105,6 +108,8 @@ def step_html(ev, vocab: Vocab, context: list[int], sampled: int | None) -> str:
     if ev is None:
         return ('<div class="step muted">Tick <b>Step mode</b>, send a message, then press <b>Step</b>: '
                 'each press runs one round and shows its batch here.</div>')
+    if ev.tree_tokens:
+        return tree_step_html(ev, vocab, context)
     if ev.kind == "prefill":
         return (f'<div class="step"><p><b>Round 0: prefill.</b> {ev.batch_rows} prompt tokens went through the '
                 f'target in one batch; it sampled the first token at position {ev.p0}. Press Step for the first '
@@ -129,3 +134,20 @@ def step_html(ev, vocab: Vocab, context: list[int], sampled: int | None) -> str:
              f'{ev.pos_sampled}..{ev.pos_sampled + k}, verified by {mode}: {m} accepted.</p>')
     done = f'<p class="muted">Finished: {html.escape(ev.stop_reason or "")}.</p>' if ev.done else ""
     return f'<div class="step">{intro}<table>{head}{body}</table>{removed}{done}</div>'
+
+
+def tree_step_html(ev, vocab: Vocab, context: list[int]) -> str:
+    """Step mode for a tree round: the tree, the walk of the target, and what left the cache."""
+    m = ev.n_accepted
+    intro = (f'<p><b>Round {ev.round}</b>: {len(ev.tree_tokens)} draft nodes from '
+             f'{", ".join(sorted(set(ev.tree_drafters)))} in one batch of {len(ev.tree_tokens) + 1} rows '
+             f'(each node sees the committed text and its own ancestors only). The target walked from its sampled '
+             f'token: {m} node(s) matched its own tokens, then it gave its own.</p>')
+    removed = ""
+    if ev.rm_range is not None:
+        removed = (f'<p class="v-rej">Rollback: {len(ev.tree_tokens) - m} node cell(s) freed one by one '
+                   f'(siblings share positions, so no position range names them); the kept path moves to its '
+                   f'sequence\'s run of cells.</p>') if ev.rollback == "tree" else (
+            '<p class="v-rej">Rollback: checkpoint restored; the kept path is replayed next round.</p>')
+    done = f'<p class="muted">Finished: {html.escape(ev.stop_reason or "")}.</p>' if ev.done else ""
+    return f'<div class="step">{intro}{tree_html(ev, vocab, context)}{removed}{done}</div>'

@@ -36,6 +36,10 @@ class DraftRequest:
     tree_max: int = 0
     tree: Any = None  # the merged DraftTree, in tree mode
     result_tree: Any = None  # a drafter's own DraftTree, in tree mode (the draft head's), instead of `result`
+    # tree mode: other continuations besides `result`, each with the share of the evidence behind it (ngram-map-k4v:
+    # its other values' counts); `result` then carries its own share in result_share
+    result_alts: list[tuple[list[int], float]] = field(default_factory=list)
+    result_share: float = 1.0
     drafting: bool = True  # relay baton: True until a drafter fills `result`
     result: list[int] = field(default_factory=list)  # the drafted token ids
     result_q: list[torch.Tensor] | None = None  # per drafted token, the draft distribution q over the vocab

@@ -151,9 +151,14 @@ class NgramMapK(Drafter):
         for req in requests:
             state = self._seqs.setdefault(req.seq, MapSeqState())
             self._catch_up(state, req.prompt)
-            req.result = clip_draft(self._lookup(state, req.prompt, req.id_last), req)
+            req.result = clip_draft(self._lookup(state, req.prompt, req.id_last, req.tree_max > 0), req)
             if not req.result:
                 state.last_used = None
+            elif req.tree_max > 0:
+                alts = self.alternatives(state, req.prompt, req.id_last)
+                share = {tuple(v): w for v, w in alts}
+                req.result_share = share.get(state.last_used[1], 1.0) if alts else 1.0
+                req.result_alts = [(v, w) for v, w in alts if tuple(v) != state.last_used[1]]
 
     def accept(self, seq: int, n_accepted: int, is_other: bool) -> None:
         state = self._seqs.get(seq)
@@ -191,7 +196,7 @@ class NgramMapK(Drafter):
         elif len(stats.values) < MAX_VALUES:
             stats.values[value] = 1
 
-    def _lookup(self, state: MapSeqState, prompt: list[int], id_last: int) -> list[int]:
+    def _lookup(self, state: MapSeqState, prompt: list[int], id_last: int, req_tree: bool = False) -> list[int]:
         n, m = self.params.size_n, self.params.size_m
         state.last_used = None
         if len(prompt) < n - 1:
@@ -205,11 +210,26 @@ class NgramMapK(Drafter):
             used: tuple = key
         else:
             value = dominant_value(stats.values)
+            if value is None and req_tree:
+                value = max(stats.values, key=stats.values.__getitem__)  # a tree checks the others beside it
             if value is None:
                 return []
             used = (key, value)
         state.last_used = used
         return list(value[: min(m, state.n_accepted.get(used, m))])
+
+    def alternatives(self, state: MapSeqState, prompt: list[int], id_last: int) -> list[tuple[list[int], float]]:
+        """Tree mode: every value of the key with its share of the key's count, most frequent first (k4v keeps
+        up to MAX_VALUES; key-only map-k keeps the latest occurrence only, so it has none)."""
+        n = self.params.size_n
+        if self.key_only or len(prompt) < n - 1:
+            return []
+        stats = state.index.keys.get(tuple(prompt[len(prompt) - n + 1:]) + (id_last,))
+        if stats is None or stats.count < self.params.min_hits:
+            return []
+        total = sum(stats.values.values())
+        ranked = sorted(stats.values.items(), key=lambda kv: -kv[1])
+        return [(list(v), c / total) for v, c in ranked]
 
 
 class NgramMapK4V(NgramMapK):
