@@ -663,6 +663,8 @@ def test_a_tree_round_draws_the_path_the_branches_and_the_budget(vocab):
     assert out.count("<li>") == 5 and "draft-head" in out and "kept in the cache at position 12" in out
     assert "5 of 9 draft nodes" in out and "5 of the 9 nodes" in out
     row = timeline_row(tree_event(), vocab, context=[1, 4])
-    assert "(tree: 5 nodes)" in row and "2/5" in row and "branches freed by cell" in row
+    assert "(tree: 5 nodes)" in row and "2/5" in row and "branches freed by cell; path kept [11, 13)" in row
+    none_kept = timeline_row(tree_event(n_accepted=0, emitted=[9], rm_range=(11, 14), tree_path=[]), vocab, [1, 4])
+    assert "no node kept" in none_kept
     step = step_html(tree_event(), vocab, context=[1, 4], sampled=4)
     assert "5 draft nodes from draft-head, ngram-simple" in step and "freed one by one" in step

@@ -51,8 +51,9 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
         gr.Markdown("### Speculation")
         types = gr.Dropdown(ALL_TYPES, value=default_types(rt.target if rt else None), multiselect=True,
                             label="Drafter chain, in relay order",
-                            info="the first drafter with a proposal wins the round; order = order of selection; "
-                                 "empty = plain decoding", elem_id="drafters")
+                            info="the first drafter with a proposal wins the round (with a tree of drafts: every "
+                                 "drafter proposes); order = order of selection; empty = plain decoding",
+                            elem_id="drafters")
         n_max = gr.Slider(0, 32, value=d.n_max, step=1, label="n_max: draft tokens per round at most",
                           elem_id="n-max")
         n_min = gr.Slider(0, 32, value=d.n_min, step=1, label="n_min: shorter drafts are dropped", elem_id="n-min")

@@ -31,7 +31,8 @@ def rollback_text(ev) -> str:
     if ev.rm_range is not None:
         a, b = ev.rm_range
         if ev.rollback == "tree":
-            return f"branches freed by cell; path kept [{ev.p0}, {a})"
+            kept = f"path kept [{ev.p0}, {a})" if a > ev.p0 else "no node kept"
+            return f"branches freed by cell; {kept}"
         verb = "restore + replay" if ev.rollback == "checkpoint" else "seq_rm"
         return f"{verb} [{a}, {b})"
     return "–"
