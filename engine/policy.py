@@ -60,7 +60,8 @@ class DraftLengthPolicy:
         self.rates: dict[tuple[int, str], list[float]] = {}  # (seq, drafter) -> a_i per position
         self.n_suppressed: dict[tuple[int, str], int] = {}  # rounds in a row with k = 0
 
-    def _rates(self, seq: int, drafter: str, k: int) -> list[float]:
+    def position_rates(self, seq: int, drafter: str, k: int) -> list[float]:
+        """a_i for draft positions 1..k (at least k entries) of this drafter on this sequence, priors where unseen."""
         rates = self.rates.setdefault((seq, drafter), [])
         while len(rates) < k:
             # deeper positions start from the deep prior, never below what the last known position shows
@@ -78,7 +79,7 @@ class DraftLengthPolicy:
         """The k <= k_offered that maximises E[tokens](k) / c(k + 1); 0 if no draft beats a plain step."""
         if k_offered <= 0:
             return 0
-        rates = self._rates(seq, drafter, k_offered)
+        rates = self.position_rates(seq, drafter, k_offered)
         best_k, best_v = 0, 1.0
         for k in range(1, k_offered + 1):
             v = self.expected_tokens(rates, k) / self.cost.c(k + 1)
@@ -102,7 +103,7 @@ class DraftLengthPolicy:
 
     def update(self, seq: int, drafter: str, k: int, n_accepted: int) -> None:
         """A k-token draft had its first n_accepted kept: positions up to n_accepted+1 were judged."""
-        rates = self._rates(seq, drafter, k)
+        rates = self.position_rates(seq, drafter, k)
         d = self.params.decay
         for i in range(min(k, n_accepted + 1)):
             hit = 1.0 if i < n_accepted else 0.0

@@ -174,7 +174,7 @@ class DrafterChain:
         if self.policy is None:
             return [1.0] * k
         out, run = [], 1.0
-        for a in self.policy._rates(seq, name, k)[:k]:
+        for a in self.policy.position_rates(seq, name, k)[:k]:
             run *= a
             out.append(run)
         return out
