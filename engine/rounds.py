@@ -14,6 +14,7 @@ from typing import Callable, Collection
 
 from engine import checkpoint, verify
 from engine.batch import Batch, OutputLimits
+from engine.budget import BudgetState, plan as budget_plan
 from engine.drafters.base import DraftRequest
 from engine.drafters.chain import DrafterChain
 from engine.events import ErrorEvent, RoundEvent, failure
@@ -21,7 +22,6 @@ from engine.probe import FULL, RS, ProbeResult
 from engine.slot import Slot
 from engine.tree import sub_batch, tree_rows
 from engine.tree_round import verify_tree
-from engine.budget import BudgetState, plan as budget_plan
 
 
 class Round:
@@ -87,7 +87,6 @@ class Round:
                 continue
             p = len(slot.tokens)
             tree = requests[slot.seq].tree if slot.replay is None else None
-            tree = tree if tree is not None and len(tree) else None
             toks = slot.replay.tokens if slot.replay is not None else [slot.id_last] + requests[slot.seq].result
             n_rows = 1 + len(tree) if tree is not None else len(toks)
             depth = 1 + tree.max_depth() if tree is not None else len(toks)
@@ -117,11 +116,11 @@ class Round:
                 if slot.replay is not None:
                     events.append(self._replay_round(slot, logits, res.seconds * 1e3, len(batch)))
                     continue
-                if requests[slot.seq].tree is not None and len(requests[slot.seq].tree):
+                if requests[slot.seq].tree is not None:
                     cells = self.ctx.cache.last_cells[rows[slot.seq]]
                     ev, kept = verify_tree(self, slot, requests[slot.seq], logits, cells, ckpts.get(slot.seq),
-                                                 winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
-                                                 len(batch))
+                                           winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
+                                           len(batch))
                     events.append(ev)
                     kept_rows += [rows[slot.seq][i] for i in kept]
                     continue
@@ -245,17 +244,20 @@ class Round:
         return ev
 
     def _budget(self, slots: list[Slot], requests: dict[int, DraftRequest]):
-        """Trees of slots under the length policy share one budget (engine/budget.py); others keep theirs."""
+        """Trees of slots under the length policy share one budget (engine/budget.py); others keep theirs.
+        Afterwards a request's tree is None or has nodes: an empty one is a plain round."""
+        for r in requests.values():
+            if r.tree is not None and not len(r.tree):
+                r.tree = None
         policy = self.chain.policy
-        trees = {seq: r.tree for seq, r in requests.items()
-                 if r.tree is not None and len(r.tree) and self.chain._uses_policy(seq)}
+        trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
         if policy is None or not trees:
             return None
         n_base = sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)
         n_base += sum(len(r.tree) for seq, r in requests.items() if r.tree is not None and seq not in trees)
         out = budget_plan(trees, n_base, policy.cost, self.budget_state)
         for seq, tree in trees.items():
-            requests[seq].tree = tree.keep(out.kept[seq])
+            requests[seq].tree = tree.keep(out.kept[seq]) if out.kept[seq] else None
         return out
 
     def _tree_max(self, slot: Slot) -> int:

@@ -119,7 +119,7 @@ class DrafterChain:
                 s = self._both(active[0].seq, name)[0]
                 if self.pool[name].needs_model:
                     for r in active:  # a network drafts token by token: do not draft what the policy would cut
-                        if self._uses_policy(r.seq) and r.tree_max == 0:  # a tree is cut by the budget
+                        if self.uses_policy(r.seq) and r.tree_max == 0:  # a tree is cut by the budget
                             r.n_max = max(1, self.policy.best_k(r.seq, name, r.n_max))
                 # one call drafts for every sequence in `active`: each sequence is charged an equal share
                 per_seq = [self._both(r.seq, name)[1] for r in active]
@@ -189,7 +189,7 @@ class DrafterChain:
             k = min(k, r.grammar.valid_prefix(r.result[:k]))
         if k < max(r.n_min, 1):
             k = 0
-        if k > 0 and self._uses_policy(r.seq):
+        if k > 0 and self.uses_policy(r.seq):
             k = self.policy.choose(r.seq, name, k)
             if k < r.n_min:
                 k = 0
@@ -203,7 +203,7 @@ class DrafterChain:
             r.result_p = None
         return k
 
-    def _uses_policy(self, seq: int) -> bool:
+    def uses_policy(self, seq: int) -> bool:
         return self.policy is not None and self.adaptive.get(seq, True)
 
     def accept(self, seq: int, n_accepted: int) -> None:
@@ -217,7 +217,7 @@ class DrafterChain:
             s.on_accept(n_accepted)
             s_seq.on_accept(n_accepted)
             impl.accept(seq, n_accepted, False)
-        if self._uses_policy(seq):
+        if self.uses_policy(seq):
             self.policy.update(seq, name, self.k_last.get(seq, n_accepted), n_accepted)
         for other in self.types.get(seq, []):
             if other != name:
@@ -236,7 +236,7 @@ class DrafterChain:
                 s.on_accept(m)
                 s_seq.on_accept(m)
                 self.pool[name].accept(seq, m, False)
-            if self._uses_policy(seq):
+            if self.uses_policy(seq):
                 self.policy.update(seq, name, k, m)
         for other in self.types.get(seq, []):
             if other not in credit:
