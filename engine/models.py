@@ -247,10 +247,12 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
     n_params = sum(p.numel() for p in model.parameters())
     if device == "cpu" and prepack:
         from engine.lean import family_reason
+        from engine.mapped import map_tied_embedding
         from engine.prepack import prepack_linears
 
         # k+1 verification rows at about one row's cost, one copy for the lean forward's families (prepack.py)
         prepack_linears(model, keep_weights=family_reason(model) is not None)
+        map_tied_embedding(model, cache_dir() / "mapped")  # the packed LM head is the table's in-memory copy
         _return_freed_memory()
     return LoadedModel(model=model, tokenizer=tok, name=name, quant_bits=quant_bits, n_params=n_params,
                        device=device, dtype=choice.dtype, dtype_reason=choice.reason)

@@ -28,7 +28,7 @@ def make_llama(seed: int, vocab_size: int = 64, layers: int = 2, hidden: int = 6
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                       num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=3,
-                      tie_word_embeddings=False, **extra)
+                      **{"tie_word_embeddings": False, **extra})
     model = LlamaForCausalLM(cfg).eval()
     # sharper logits than a fresh init so greedy text has structure (repeats) and ties are rare
     with torch.no_grad():

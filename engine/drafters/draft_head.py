@@ -25,6 +25,7 @@ from engine.batch import Batch
 from engine.drafters.base import Drafter, DraftRequest, DraftStreams, top_k_q
 from engine.drafters.head_net import DraftHead, HeadConfig, fingerprint_matches, load_head
 from engine.drafters.head_tree import HeadTreeParams, grow
+from engine.mapped import drop_resident
 from engine.prefix import common_prefix
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parents[2] / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
@@ -76,6 +77,7 @@ class DraftHeadDrafter(Drafter):
         # uses, its LM head's draft-vocabulary rows once and each step's looked-up rows
         head.attach_target(target.model.get_input_embeddings().weight)
         head.for_inference(target.model.get_input_embeddings().weight.dtype)
+        drop_resident(target.model.get_input_embeddings().weight)  # the checksum read all of a mapped table
         self.head = head.eval()
         self.hidden_layers = tuple(head.cfg.layers)
         self.states: dict[int, _SeqState] = {}
