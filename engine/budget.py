@@ -43,6 +43,8 @@ class BudgetState:
 def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: BudgetState) -> Budget:
     """Choose among every slot's tree nodes. trees: seq -> its tree (scores filled); n_base: rows the forward
     has without drafts (each slot's sampled token, replay rows)."""
+    for t in trees.values():
+        t.bound_scores()
     nodes = sorted(((t.scores[v], -t.depth(v), seq, v) for seq, t in trees.items() for v in range(len(t))),
                    reverse=True)
     kept: dict[int, list[int]] = {seq: [] for seq in trees}

@@ -45,6 +45,19 @@ class CostModel:
         return t[j - 1] * (1 - w) + t[j] * w
 
 
+def non_decreasing(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators): each run that goes down
+    is replaced by its mean."""
+    blocks: list[list[float]] = []  # [sum, count] of pooled runs
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(count)]
+
+
 @dataclass
 class PolicyParams:
     prior: float = 0.6  # a_1 assumed before any evidence

@@ -90,6 +90,31 @@ class DraftTree:
             mine = self.proposals.setdefault(drafter, [])
             mine += [n for n in nodes if n not in mine]
 
+    def bound_scores(self) -> None:
+        """Make the scores chances the walk can have: it takes at most one child of a node, so the children's
+        scores add up to at most their parent's (the root's is 1). Merged proposals break that where drafters
+        disagree (two of them each 60% sure of a different next token); such a family is scaled down to its
+        parent's score, and each subtree with its root. Parents come before children in node order."""
+        factor = [1.0] * len(self)  # how much each node was scaled, handed on to its children
+        kids: dict[int, list[int]] = {}
+        for v, parent in enumerate(self.parents):
+            kids.setdefault(parent, []).append(v)
+        for parent in [-1] + list(range(len(self))):
+            family = kids.get(parent, [])
+            if not family:
+                continue
+            inherited = factor[parent] if parent >= 0 else 1.0
+            cap = self.scores[parent] if parent >= 0 else 1.0
+            for v in family:
+                self.scores[v] *= inherited
+                factor[v] = inherited
+            total = sum(self.scores[v] for v in family)
+            if total > cap:
+                shrink = cap / total
+                for v in family:
+                    self.scores[v] *= shrink
+                    factor[v] *= shrink
+
     def depth(self, node: int) -> int:
         """1 for a child of the root."""
         d = 0

@@ -151,6 +151,19 @@ def _scored(chains: list[tuple[list[int], list[float]]]) -> DraftTree:
     return tree
 
 
+def test_disagreeing_drafters_share_one_chance():
+    tree = DraftTree()
+    tree.add_chain([5, 6], "a", scores=[0.6, 0.5])
+    tree.add_chain([7, 8], "b", scores=[0.6, 0.3])
+    tree.add_chain([5, 9], "c", scores=[0.4, 0.05])  # under the 5: 0.5 + 0.05 fits in its 0.6
+    tree.bound_scores()
+    # the two first tokens cannot both be right: 0.6 + 0.6 becomes 0.5 + 0.5, their subtrees scaled alike
+    assert tree.scores == pytest.approx([0.5, 0.5 * 0.5 / 0.6, 0.5, 0.3 * 0.5 / 0.6, 0.05 * 0.5 / 0.6])
+    again = list(tree.scores)
+    tree.bound_scores()
+    assert tree.scores == pytest.approx(again)  # already chances: unchanged
+
+
 def test_the_budget_keeps_what_pays_for_the_whole_forward():
     from engine.budget import BudgetState, plan
     from engine.policy import CostModel
@@ -169,6 +182,16 @@ def test_the_budget_keeps_what_pays_for_the_whole_forward():
     state = BudgetState(probe_every=2)
     assert plan({0: deep}, 1, steep, state).kept[0] == []
     assert plan({0: deep}, 1, steep, state).kept[0] == [0]  # the probe: its best node, so estimates can recover
+
+
+def test_cost_curve_pools_a_spike_instead_of_lifting_every_size_after_it(tiny_target):
+    from engine.policy import non_decreasing
+
+    # one busy timing at 2 rows must not make 3 to 8 rows look as slow as it
+    assert non_decreasing([1.0, 1.6, 1.0, 1.0, 1.1, 1.2]) == pytest.approx([1.0, 1.175, 1.175, 1.175, 1.175, 1.2])
+    assert non_decreasing([1.0, 1.0, 1.5, 2.0]) == [1.0, 1.0, 1.5, 2.0]
+    cost = Engine(tiny_target, n_ctx=256, n_seq_max=2).cost
+    assert cost.sizes[0] == 1 and all(a <= b for a, b in zip(cost.seconds, cost.seconds[1:]))
 
 
 def test_budgeted_trees_are_plain_decoding(engine):
