@@ -132,12 +132,19 @@ class Round:
                 events.append(failure(slot.seq, "verification", e))
         if batch.has_tree():
             self.chain.process(*sub_batch(batch, res, sorted(kept_rows)))
+        n_emitted = 0
         for ev in events:
             if isinstance(ev, RoundEvent):
                 ev.n_seqs = len(in_batch)
+                n_emitted += len(ev.emitted)
                 if budget is not None and ev.seq in requests:
                     ev.budget_why = budget.why
                     ev.tree_offered = budget.offered.get(ev.seq, 0)
+                skipped = self.chain.skipped.get(ev.seq)  # model drafters that do not pay for this slot (gate.py)
+                if skipped:
+                    ev.budget_why = "; ".join([ev.budget_why] * bool(ev.budget_why) + ["not drafted: " + s
+                                                                                         for s in skipped])
+        self.chain.gate.note_round(time.perf_counter() - t0, n_emitted)
         return events
 
     def _draft(self, requests: list[DraftRequest], failed: dict[int, ErrorEvent]) -> dict[int, str | None]:

@@ -54,12 +54,25 @@ def test_bench_parallel_and_context(tiny_dirs, bench_prompts, tmp_path):
     (["--parallel", "0"], "--parallel"),
     (["--compare", "vllm"], "--compare takes"),
     (["--compare", "llama.cpp"], "needs a .gguf target"),
+    (["--head-tree", "4,4"], "BRANCH,WIDTH,MIN_SCORE"),
+    (["--head-tree", "0,4,0.2"], "branch and width"),
 ])
 def test_bad_arguments_exit_2_with_a_reason(tiny_dirs, bench_prompts, tmp_path, capsys, extra, why):
     args = ["--prompts", str(bench_prompts), "--out", str(tmp_path / "x.csv"), "--target", str(tiny_dirs["target"])]
     assert cli.main(args + extra) == 2
     err = capsys.readouterr().err
     assert why in err and len(err.strip().splitlines()) == 1
+
+
+def test_head_tree_shape_reaches_the_draft_head(tiny_target, bench_prompts):
+    from engine.bench.run import BenchConfig
+    from engine.drafters.head_tree import HeadTreeParams
+
+    a = cli.parse_args(["--prompts", str(bench_prompts), "--tree", "on", "--head-tree", "8, 8, 0.005"])
+    engine = BenchConfig.from_args(a, n_max=16, parallel=1, ctx_len=0).build(tiny_target, None)
+    assert engine.drafter_params["draft-head"].tree == HeadTreeParams(branch=8, width=8, min_score=0.005)
+    a = cli.parse_args(["--prompts", str(bench_prompts)])
+    assert BenchConfig.from_args(a, n_max=16, parallel=1, ctx_len=0).head_tree is None
 
 
 def test_missing_prompts_file_exits_2(tmp_path, capsys):

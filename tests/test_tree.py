@@ -202,3 +202,33 @@ def test_budgeted_trees_are_plain_decoding(engine):
         events = list(engine.generate(prompt, params))
         assert tokens(events) == tokens(_run(engine, prompt, [], seed=seed, tree_nodes=0))
         assert any(e.budget_why for e in events if e.kind != "prefill")
+
+
+def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
+    from engine.gate import DrafterGate, GateParams, exclusive_gains
+
+    # the head had the kept path's 3 tokens, an n-gram drafter the first 2 of them: the head alone found 1
+    assert exclusive_gains({"draft-head": (4, 3), "ngram-simple": (2, 2), "ngram-mod": (1, 0)}, 3) == \
+        {"draft-head": 1, "ngram-simple": 0, "ngram-mod": 0}
+    gate = DrafterGate(GateParams(decay=0.5, prior_gain=1.0, probe_every=3))
+    gate.note_round(0.030, 3)  # 10 ms a token
+    decisions = []
+    for _ in range(12):
+        go = gate.pays(0, "draft-head")
+        decisions.append(go)
+        if go:
+            gate.note_cost(0, "draft-head", 0.004)
+            gate.note_gain(0, "draft-head", 0)  # 4 ms of drafting for nothing the n-grams had not found
+    assert decisions[:2] == [True, True] and not all(decisions[2:])
+    assert decisions[2:].count(True) == 3  # a probe every third round it sits out
+    assert gate.pays(1, "draft-head")  # another slot has its own estimate
+    for _ in range(8):  # a slot where the head finds 2 tokens a round pays its 4 ms
+        assert gate.pays(1, "draft-head")
+        gate.note_cost(1, "draft-head", 0.004)
+        gate.note_gain(1, "draft-head", 2)
+    gate.note_cost(1, "draft-head", 0.004)  # a round whose drafts the budget refused gains nothing
+    gate.pays(1, "draft-head")
+    assert gate.estimates[(1, "draft-head")].gain < 2
+    assert "ms drafting" in gate.why(1, "draft-head")
+    gate.forget(1)
+    assert (1, "draft-head") not in gate.estimates

@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tree", choices=["on", "off"], default="off",
                     help="on: every drafter proposes and one forward checks the merged tree (engine/tree.py)")
     ap.add_argument("--tree-nodes", type=int, default=16, help="with --tree on: draft nodes per slot and round at most")
+    ap.add_argument("--head-tree", default=None, metavar="BRANCH,WIDTH,MIN_SCORE",
+                    help="with --tree on: the draft head's tree shape, children per node, nodes expanded per depth "
+                         "and the score below which a node is not expanded (default 4,4,0.2)")
     ap.add_argument("--temp", type=float, default=0.0,
                     help="> 0 with draft-simple or draft-head: verified by rejection sampling, lossless in "
                          "distribution but not token for token, so lossless_ok is n/a (python -m engine.bench.dist "

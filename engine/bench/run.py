@@ -40,6 +40,7 @@ class BenchConfig:
     n_rs: int = 0  # recurrent targets: tail undone from kept states instead of a checkpoint (engine.rs_steps)
     # the output format of every prompt (--json-schema, --regex, --grammar); a prompt's own field overrides it
     grammar: GrammarSpec | None = None
+    head_tree: tuple[int, int, float] | None = None  # --head-tree: the draft head's tree shape (head_tree.py)
 
     @classmethod
     def from_args(cls, a, n_max: int, parallel: int, ctx_len: int) -> "BenchConfig":
@@ -52,7 +53,8 @@ class BenchConfig:
         sampling = SamplerParams(temp=a.temp, seed=a.seed)
         cfg = cls(target=a.target, draft=a.draft, spec=spec, sampling=sampling, max_new_tokens=a.max_new_tokens,
                   parallel=parallel, ctx_len=ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code,
-                  ignore_eos=a.ignore_eos, n_rs=a.n_rs, grammar=grammar_from_args(a), dtype=a.dtype)
+                  ignore_eos=a.ignore_eos, n_rs=a.n_rs, grammar=grammar_from_args(a), dtype=a.dtype,
+                  head_tree=parse_head_tree(getattr(a, "head_tree", None)))
         if a.repeat < 1 or a.max_new_tokens < 1 or a.n_rs < 0:
             raise ValueError("--repeat and --max-new-tokens must be >= 1, --n-rs >= 0")
         # the run's grammar compiles here, before any model loads; the prompts' own ones once the target is known
@@ -82,11 +84,32 @@ class BenchConfig:
 
         if target is None:
             target, draft = self.load()
+        drafter_params = None
+        if self.head_tree is not None:
+            from engine.drafters.draft_head import DraftHeadParams
+            from engine.drafters.head_tree import HeadTreeParams
+
+            drafter_params = {"draft-head": DraftHeadParams(tree=HeadTreeParams(*self.head_tree))}
         engine = Engine(target, draft=draft, n_ctx=self.n_ctx, n_seq_max=n_seq_max or max(self.parallel, 1),
-                        n_draft=self.spec.n_max if n_draft is None else n_draft, n_rs=self.n_rs)
+                        n_draft=self.spec.n_max if n_draft is None else n_draft, n_rs=self.n_rs,
+                        drafter_params=drafter_params)
         if self.spec.types and not engine.probe.can_speculate:
             raise RuntimeError(f"speculation is off for this model: {engine.probe.reason}")
         return engine
+
+
+def parse_head_tree(text: str | None) -> tuple[int, int, float] | None:
+    """--head-tree "BRANCH,WIDTH,MIN_SCORE" -> (4, 4, 0.2); None when not given; ValueError when malformed."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        branch, width, min_score = int(parts[0]), int(parts[1]), float(parts[2])
+    except (ValueError, IndexError):
+        raise ValueError(f"--head-tree takes BRANCH,WIDTH,MIN_SCORE, e.g. 4,4,0.2; got {text!r}") from None
+    if len(parts) != 3 or branch < 1 or width < 1 or not 0 <= min_score < 1:
+        raise ValueError(f"--head-tree: branch and width >= 1, 0 <= min_score < 1; got {text!r}")
+    return branch, width, min_score
 
 
 def _read(path: str, flag: str) -> str:

@@ -9,9 +9,11 @@ stays in step with the target.
 from __future__ import annotations
 
 import importlib
+import time
 
 from engine.batch import Batch
 from engine.drafters.base import Drafter, DraftRequest
+from engine.gate import DrafterGate, exclusive_gains
 from engine.policy import DraftLengthPolicy
 from engine.stats import DrafterStats, timed
 
@@ -78,6 +80,8 @@ class DrafterChain:
         self.seq_stats: dict[int, dict[str, DrafterStats]] = {}  # seq -> name -> counters, one user's view
         self.impl_last: dict[int, str | None] = {}  # seq -> drafter whose draft is being verified
         self.k_last: dict[int, int] = {}  # seq -> length of that draft
+        self.gate = DrafterGate()  # tree mode: whether a model drafter's time pays for a slot (engine/gate.py)
+        self.skipped: dict[int, list[str]] = {}  # seq -> this round's gate decisions against drafting, why
 
     def _both(self, seq: int, name: str) -> tuple[DrafterStats, DrafterStats]:
         per = self.seq_stats.setdefault(seq, {})
@@ -107,6 +111,7 @@ class DrafterChain:
         winner: dict[int, str | None] = {r.seq: None for r in requests}
         for r in requests:
             self.impl_last[r.seq] = None
+            self.skipped.pop(r.seq, None)
             r.drafting = r.n_max > 0
         n_stages = max((len(self.types.get(r.seq, [])) for r in requests), default=0)
         for stage in range(n_stages):
@@ -118,13 +123,21 @@ class DrafterChain:
             for name, active in by_name.items():
                 s = self._both(active[0].seq, name)[0]
                 if self.pool[name].needs_model:
+                    active = [r for r in active if self._gate(r, name)]
+                    if not active:
+                        continue
                     for r in active:  # a network drafts token by token: do not draft what the policy would cut
                         if self.uses_policy(r.seq) and r.tree_max == 0:  # a tree is cut by the budget
                             r.n_max = max(1, self.policy.best_k(r.seq, name, r.n_max))
                 # one call drafts for every sequence in `active`: each sequence is charged an equal share
                 per_seq = [self._both(r.seq, name)[1] for r in active]
+                t0 = time.perf_counter()
                 with timed("t_draft_us", s, *per_seq, share=1 / len(active)):
                     self.pool[name].draft(active)
+                share = (time.perf_counter() - t0) / len(active)
+                for r in active:
+                    if r.tree_max > 0 and self.pool[name].needs_model:
+                        self.gate.note_cost(r.seq, name, share)
                 s.n_call_draft += 1
                 for r, s_seq in zip(active, per_seq):
                     s_seq.n_call_draft += 1
@@ -145,6 +158,14 @@ class DrafterChain:
                     s.on_draft(k)
                     s_seq.on_draft(k)
         return winner
+
+    def _gate(self, r: DraftRequest, name: str) -> bool:
+        """Tree mode: whether the model drafter `name` drafts for this request (engine/gate.py); a chain's
+        relay already leaves it the rounds the drafters before it could not fill."""
+        if r.tree_max == 0 or self.gate.pays(r.seq, name):
+            return True
+        self.skipped.setdefault(r.seq, []).append(self.gate.why(r.seq, name))
+        return False
 
     def _merge(self, r: DraftRequest, name: str) -> int:
         """Tree mode: move the fresh result (a chain, or a drafter's own tree) into the request's tree, shared
@@ -228,6 +249,10 @@ class DrafterChain:
         """Tree mode: each drafter is credited with how much of its own proposal the kept path holds, so its
         #acc rate/pos and #mean acc len keep llama.cpp's meaning; the others hear the kept length."""
         credit = tree.credit(path)
+        gains = exclusive_gains(credit, len(path))
+        for name in self.types.get(seq, []):
+            if self.pool[name].needs_model:
+                self.gate.note_gain(seq, name, gains.get(name, 0))
         for name, (k, m) in credit.items():
             s, s_seq = self._both(seq, name)
             s.on_draft(k)
@@ -253,5 +278,7 @@ class DrafterChain:
         self.adaptive.pop(seq, None)
         self.impl_last.pop(seq, None)
         self.k_last.pop(seq, None)
+        self.skipped.pop(seq, None)
+        self.gate.forget(seq)
         if self.policy is not None:
             self.policy.forget(seq)
