@@ -136,7 +136,7 @@ class DrafterChain:
                     self.pool[name].draft(active)
                 share = (time.perf_counter() - t0) / len(active)
                 for r in active:
-                    if r.tree_max > 0 and self.pool[name].needs_model:
+                    if r.tree_max > 0 and self.pool[name].needs_model and self.uses_policy(r.seq):
                         self.gate.note_cost(r.seq, name, share)
                 s.n_call_draft += 1
                 for r, s_seq in zip(active, per_seq):
@@ -160,9 +160,10 @@ class DrafterChain:
         return winner
 
     def _gate(self, r: DraftRequest, name: str) -> bool:
-        """Tree mode: whether the model drafter `name` drafts for this request (engine/gate.py); a chain's
-        relay already leaves it the rounds the drafters before it could not fill."""
-        if r.tree_max == 0 or self.gate.pays(r.seq, name):
+        """Tree mode under the length policy: whether the model drafter `name` drafts for this request
+        (engine/gate.py). A chain's relay already leaves it the rounds the drafters before it could not fill;
+        without the policy every drafter drafts what it can."""
+        if r.tree_max == 0 or not self.uses_policy(r.seq) or self.gate.pays(r.seq, name):
             return True
         self.skipped.setdefault(r.seq, []).append(self.gate.why(r.seq, name))
         return False
