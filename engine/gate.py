@@ -29,6 +29,7 @@ class GateParams:
     prior_gain: float = 1.0  # tokens per round assumed before any evidence: one unlucky first round must not
     # shut a drafter out for probe_every rounds
     probe_every: int = 8  # a drafter that does not pay for a slot still drafts for it this often
+    covered_at: float = 0.5  # the drafters before it guess the next token with this chance: a "covered" round
 
 
 @dataclass
@@ -37,23 +38,38 @@ class _Estimate:
     cost: float | None = None  # seconds of drafting per round charged to the slot
     skipped: int = 0  # rounds in a row it did not draft for the slot
     pending: float | None = None  # this round's drafting time, until the round's gain is known
+    n: int = 0  # rounds measured
 
 
 @dataclass
 class DrafterGate:
     params: GateParams = field(default_factory=GateParams)
-    estimates: dict[tuple[int, str], _Estimate] = field(default_factory=dict)  # (seq, drafter) ->
+    # (seq, drafter, covered) -> its estimates; covered: the drafters before it already guess the next token
+    estimates: dict[tuple[int, str, bool], _Estimate] = field(default_factory=dict)
+    current: dict[tuple[int, str], bool] = field(default_factory=dict)  # (seq, drafter) -> this round's covered
     seconds_per_token: float | None = None  # the batch's round time over the tokens the round emitted
     n_rounds: int = 0  # rounds seen; probes fall on the same rounds for every slot, so they share one call
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else self.params.decay * old + (1 - self.params.decay) * new
+    def _ema(self, old: float | None, new: float, n: int) -> float:
+        """The mean of the first rounds (the prior counting as one), then an exponential average: a drafter
+        that finds nothing is out after 2 or 3 rounds instead of the 6 a plain average from the prior takes."""
+        if old is None:
+            return new
+        weight = max(1 - self.params.decay, 1 / (n + 1))
+        return (1 - weight) * old + weight * new
 
-    def pays(self, seq: int, name: str) -> bool:
-        """Whether `name` drafts for `seq` this round."""
-        e = self.estimates.setdefault((seq, name), _Estimate())
-        if e.pending is not None:  # drafted last round and no kept path came back: nothing was gained
-            self.note_gain(seq, name, 0)
+    def _estimate(self, seq: int, name: str) -> _Estimate:
+        return self.estimates.setdefault((seq, name, self.current.get((seq, name), False)), _Estimate())
+
+    def pays(self, seq: int, name: str, p_covered: float = 0.0) -> bool:
+        """Whether `name` drafts for `seq` this round. p_covered: the chance that the drafters before it guessed
+        the next token (their first tokens' scores, summed). What a model drafter adds differs with that (on a
+        copied passage the n-grams find what the head would; where they find nothing it adds the most), so
+        rounds with p_covered >= covered_at and the others keep estimates of their own."""
+        if self.estimates.get((seq, name, self.current.get((seq, name), False)), _Estimate()).pending is not None:
+            self.note_gain(seq, name, 0)  # drafted last round and no kept path came back: nothing was gained
+        self.current[(seq, name)] = p_covered >= self.params.covered_at
+        e = self._estimate(seq, name)
         if e.gain is None or e.cost is None or self.seconds_per_token is None:
             return True
         if e.gain * self.seconds_per_token > e.cost:
@@ -65,31 +81,36 @@ class DrafterGate:
         return self.n_rounds % self.params.probe_every == 0
 
     def note_cost(self, seq: int, name: str, seconds: float) -> None:
-        self.estimates.setdefault((seq, name), _Estimate()).pending = seconds
+        self._estimate(seq, name).pending = seconds
 
     def note_gain(self, seq: int, name: str, tokens: int) -> None:
-        e = self.estimates.get((seq, name))
+        e = self.estimates.get((seq, name, self.current.get((seq, name), False)))
         if e is None or e.pending is None:
             return
-        e.cost = self._ema(e.cost, e.pending)
-        e.gain = self._ema(self.params.prior_gain if e.gain is None else e.gain, float(tokens))
+        e.n += 1
+        e.cost = self._ema(e.cost, e.pending, e.n - 1)
+        e.gain = self._ema(self.params.prior_gain if e.gain is None else e.gain, float(tokens), e.n)
         e.pending = None
 
     def note_round(self, seconds: float, n_emitted: int) -> None:
         self.n_rounds += 1
         if n_emitted > 0:
-            self.seconds_per_token = self._ema(self.seconds_per_token, seconds / n_emitted)
+            self.seconds_per_token = self._ema(self.seconds_per_token, seconds / n_emitted, self.n_rounds)
 
     def why(self, seq: int, name: str) -> str:
-        e = self.estimates.get((seq, name))
+        covered = self.current.get((seq, name), False)
+        e = self.estimates.get((seq, name, covered))
         if e is None or e.gain is None or e.cost is None or self.seconds_per_token is None:
             return f"{name}: no estimate yet"
-        return (f"{name}: {e.gain:.2f} tokens only it found x {self.seconds_per_token * 1e3:.1f} ms a token "
-                f"vs {e.cost * 1e3:.1f} ms drafting")
+        when = "when the others already guess" if covered else "when the others guess little"
+        return (f"{name}: {e.gain:.2f} tokens only it found {when} x {self.seconds_per_token * 1e3:.1f} ms a "
+                f"token vs {e.cost * 1e3:.1f} ms drafting")
 
     def forget(self, seq: int) -> None:
         for key in [k for k in self.estimates if k[0] == seq]:
             del self.estimates[key]
+        for key in [k for k in self.current if k[0] == seq]:
+            del self.current[key]
 
 
 def exclusive_gains(credit: dict[str, tuple[int, int]], n_kept: int) -> dict[str, int]:

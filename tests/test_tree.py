@@ -231,7 +231,26 @@ def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
         gate.note_gain(1, "draft-head", 2)
     gate.note_cost(1, "draft-head", 0.004)  # a round whose drafts the budget refused gains nothing
     gate.pays(1, "draft-head")
-    assert gate.estimates[(1, "draft-head")].gain < 2
+    assert gate.estimates[(1, "draft-head", False)].gain < 2
     assert "ms drafting" in gate.why(1, "draft-head")
     gate.forget(1)
-    assert (1, "draft-head") not in gate.estimates
+    assert not [k for k in gate.estimates if k[0] == 1]
+
+
+def test_the_gate_keeps_rounds_the_ngrams_cover_apart():
+    from engine.gate import DrafterGate, GateParams
+
+    # on a copied passage: where the n-grams guess the next token the head finds nothing more, where they guess
+    # nothing it finds 2 tokens; it should keep drafting the second kind only
+    gate = DrafterGate(GateParams(decay=0.5, probe_every=100))
+    drafted = {True: [], False: []}
+    for i in range(20):
+        covered = i % 2 == 0
+        go = gate.pays(0, "draft-head", p_covered=0.9 if covered else 0.1)
+        drafted[covered].append(go)
+        if go:
+            gate.note_cost(0, "draft-head", 0.004)
+            gate.note_gain(0, "draft-head", 0 if covered else 2)
+        gate.note_round(0.030, 3)
+    assert all(drafted[False]) and not any(drafted[True][5:])
+    assert not gate.pays(0, "draft-head", p_covered=0.9) and "already guess" in gate.why(0, "draft-head")

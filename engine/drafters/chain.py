@@ -163,7 +163,10 @@ class DrafterChain:
         """Tree mode under the length policy: whether the model drafter `name` drafts for this request
         (engine/gate.py). A chain's relay already leaves it the rounds the drafters before it could not fill;
         without the policy every drafter drafts what it can."""
-        if r.tree_max == 0 or not self.uses_policy(r.seq) or self.gate.pays(r.seq, name):
+        if r.tree_max == 0 or not self.uses_policy(r.seq):
+            return True
+        first = [score for score, parent in zip(r.tree.scores, r.tree.parents) if parent < 0] if r.tree else []
+        if self.gate.pays(r.seq, name, p_covered=sum(first)):
             return True
         self.skipped.setdefault(r.seq, []).append(self.gate.why(r.seq, name))
         return False
