@@ -142,8 +142,8 @@ class Round:
                     ev.tree_offered = budget.offered.get(ev.seq, 0)
                 skipped = self.chain.skipped.get(ev.seq)  # model drafters that do not pay for this slot (gate.py)
                 if skipped:
-                    ev.budget_why = "; ".join([ev.budget_why] * bool(ev.budget_why) + ["not drafted: " + s
-                                                                                         for s in skipped])
+                    parts = ([ev.budget_why] if ev.budget_why else []) + ["not drafted: " + s for s in skipped]
+                    ev.budget_why = "; ".join(parts)
         self.chain.gate.note_round(time.perf_counter() - t0, n_emitted)
         return events
 
