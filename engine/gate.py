@@ -36,7 +36,6 @@ class GateParams:
 class _Estimate:
     gain: float | None = None  # tokens per round only this drafter put on the slot's kept path
     cost: float | None = None  # seconds of drafting per round charged to the slot
-    skipped: int = 0  # rounds in a row it did not draft for the slot
     pending: float | None = None  # this round's drafting time, until the round's gain is known
     n: int = 0  # rounds measured
 
@@ -73,9 +72,7 @@ class DrafterGate:
         if e.gain is None or e.cost is None or self.seconds_per_token is None:
             return True
         if e.gain * self.seconds_per_token > e.cost:
-            e.skipped = 0
             return True
-        e.skipped += 1
         # a model drafter drafts for all its slots in one batched call that costs about the same for one slot
         # as for four: slots probing on rounds of their own would each pay a whole call
         return self.n_rounds % self.params.probe_every == 0
