@@ -178,6 +178,20 @@ def test_simple_needs_n_tokens_after_match():
     assert run(d, prompt, 3) == []
 
 
+def test_simple_falls_back_to_shorter_keys():
+    # the answer changed one token of the text it copies (BASE[3] -> 777): the 3-token key ends in 777 and has no
+    # earlier occurrence; with size_n_min = 1 the 1-token key BASE[4] finds the source again
+    prompt = BASE + FILLER + BASE[:3] + [777]
+    llama = NgramSimple(NgramSimpleParams(size_n=3, size_m=4))
+    assert run(llama, prompt, BASE[4]) == []
+    ours = NgramSimple(NgramSimpleParams(size_n=3, size_m=4, size_n_min=1))
+    assert run(ours, prompt, BASE[4]) == BASE[5:9]
+    # a 2-token key wins over a 1-token one: BASE[4] also occurs before 999 later, 777 BASE[4] only once
+    prompt2 = BASE + FILLER + [777, BASE[4], 1, 2, 3, 4] + [999, BASE[4], 5, 6, 7, 8] + FILLER[:5] + [777]
+    assert run(ours, prompt2, BASE[4]) == [1, 2, 3, 4]
+    assert run(NgramSimple(NgramSimpleParams(size_n=3, size_m=4, size_n_min=2)), prompt, BASE[4]) == []
+
+
 # ---- ngram-map-k / k4v
 
 

@@ -37,13 +37,14 @@ PRIORITY = [t for t in DRAFTER_TYPES if t != "synthetic"]  # what a user picks f
 def default_params() -> dict:
     """Our defaults where they differ from llama.cpp's. Its 12-token keys (24 for ngram-mod, with 48-token
     minimum drafts) suit long code-editing sessions; a chat answer that copies a paragraph realigns with its
-    source after every small change, and a 3-token key finds the source again within a few tokens (measured in
-    docs/engine.md). Drafts that do not pay are cut by the length policy, not by long keys."""
+    source after every small change, and a 3-token key finds the source again within a few tokens; ngram-simple
+    then tries 2- and 1-token keys, which find it one token after the change (both measured in docs/engine.md).
+    Drafts that do not pay are cut by the length policy, not by long keys."""
     from engine.drafters.ngram import NgramMapParams, NgramSimpleParams
     from engine.drafters.ngram_mod import NgramModParams
 
     return {
-        "ngram-simple": NgramSimpleParams(size_n=3, size_m=48),
+        "ngram-simple": NgramSimpleParams(size_n=3, size_m=48, size_n_min=1),
         "ngram-map-k": NgramMapParams(size_n=3, size_m=48),
         "ngram-map-k4v": NgramMapParams(size_n=3, size_m=48),
         "ngram-mod": NgramModParams(n_match=8, n_min=2, n_max=64),

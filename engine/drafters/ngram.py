@@ -40,6 +40,9 @@ class NgramSimpleParams:
     size_n: int = 12  # length of the lookup n-gram (--spec-ngram-size-n)
     size_m: int = 48  # length of the drafted m-gram (--spec-ngram-size-m)
     window: int = 4096  # ours: search only this many recent tokens; llama.cpp scans the whole history
+    # ours: where the size_n key has no earlier occurrence, shorter keys down to this size are tried (as
+    # transformers' prompt lookup goes from 2 tokens down to 1); None keeps llama.cpp's single size
+    size_n_min: int | None = None
 
 
 class NgramSimple(Drafter):
@@ -50,7 +53,9 @@ class NgramSimple(Drafter):
     m tokens that follow it inside the prompt; when fewer than n tokens follow the match it gives no draft (it
     names n "n_draft_min"). Stateless; begin/process/accept are no-ops.
     Ours: the scan is vectorised over the last `window` tokens only, and position 0 may match (llama.cpp skips
-    it, using 0 as "no match"); the request's n_max/n_min are applied here rather than by the chain.
+    it, using 0 as "no match"); the request's n_max/n_min are applied here rather than by the chain. With
+    size_n_min below size_n, a key with no match gives way to the next shorter one: an answer that changed one
+    word of the text it copies finds its source again one token after the change instead of size_n tokens after.
     """
 
     name = "ngram-simple"
@@ -69,16 +74,18 @@ class NgramSimple(Drafter):
             return []
         start = max(0, cur_len - self.params.window)
         hist = np.asarray(prompt[start:], dtype=np.int64)
-        pattern = prompt[cur_len - n + 1 :] + [id_last]
-        # a match must end before the last prompt token so that at least one token follows it
-        j = latest_match(hist, pattern, hist.size - n - 1)
-        if j < 0:
-            return []
-        begin = start + j + n
-        n_copy = min(m, cur_len - begin)
-        if n_copy < n:
-            return []
-        return prompt[begin : begin + n_copy]
+        n_min = n if self.params.size_n_min is None else max(1, min(self.params.size_n_min, n))
+        for size in range(n, n_min - 1, -1):
+            pattern = prompt[cur_len - size + 1 :] + [id_last]
+            # a match must end before the last prompt token so that at least one token follows it
+            j = latest_match(hist, pattern, hist.size - size - 1)
+            if j < 0:
+                continue
+            begin = start + j + size
+            n_copy = min(m, cur_len - begin)
+            # llama.cpp: fewer tokens after the latest match than the key is long -> no draft at all
+            return prompt[begin : begin + n_copy] if n_copy >= size else []
+        return []
 
 
 @dataclass
