@@ -140,6 +140,9 @@ class Round:
                 if budget is not None and ev.seq in requests:
                     ev.budget_why = budget.why
                     ev.tree_offered = budget.offered.get(ev.seq, 0)
+                    if ev.seq in budget.kept and ev.verify_mode == "tree" and requests[ev.seq].tree is not None:
+                        self.budget_state.correction.observe(ev.seq, requests[ev.seq].tree, ev.tree_path,
+                                                            budget.factors[ev.seq])
                 skipped = self.chain.skipped.get(ev.seq)  # model drafters that do not pay for this slot (gate.py)
                 if skipped:
                     parts = ([ev.budget_why] if ev.budget_why else []) + ["not drafted: " + s for s in skipped]

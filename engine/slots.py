@@ -303,6 +303,7 @@ class Engine:
         self.slots.pop(seq, None)
         self.parked.pop(seq, None)
         self.chain.seq_rm(seq)
+        self.round.budget_state.forget(seq)
         self.ctx.seq_rm(seq, -1, -1)
 
     def active(self, only: set[int] | None = None) -> list[Slot]:

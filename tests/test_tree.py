@@ -184,6 +184,32 @@ def test_the_budget_keeps_what_pays_for_the_whole_forward():
     assert plan({0: deep}, 1, steep, state).kept[0] == [0]  # the probe: its best node, so estimates can recover
 
 
+def test_the_budget_learns_how_far_each_drafters_scores_can_be_trusted():
+    from engine.budget import BudgetState, plan
+    from engine.policy import CostModel
+
+    # past 2 rows each row costs 0.1 of a forward: with 2 slots a node pays if reached more than ~25% of the time
+    cost = CostModel(sizes=[1, 2, 12], seconds=[1.0, 1.0, 2.0])
+
+    def offer():
+        return {0: _scored([([5], [0.8])]), 1: _scored([([6], [0.8])])}
+
+    state = BudgetState(probe_every=1000)
+    assert plan(offer(), 2, cost, state).kept == {0: [0], 1: [0]}  # believed at first
+    for _ in range(12):  # slot 0's nodes are never reached, slot 1's always
+        trees = offer()
+        out = plan(trees, 2, cost, state)
+        for seq, path in ((0, []), (1, [0])):
+            if out.kept[seq]:
+                state.correction.observe(seq, trees[seq].keep(out.kept[seq]), path, out.factors[seq])
+    out = plan(offer(), 2, cost, state)
+    assert out.kept[0] == [] and out.kept[1] == [0]
+    assert state.correction.factor(0, "x") < 0.35 and state.correction.factor(1, "x") > 1.1
+    assert 2.9 < out.expected <= 3.0  # slot 1's node raised from 0.8 toward what it showed, never past 1
+    state.forget(0)
+    assert state.correction.factor(0, "x") == 1.0
+
+
 def test_cost_curve_pools_a_spike_instead_of_lifting_every_size_after_it(tiny_target):
     from engine.policy import non_decreasing
 
