@@ -10,6 +10,7 @@ import torch
 from engine.drafters.chain import NGRAM_CHAIN
 from engine.drafters.draft_head import DraftHeadDrafter, DraftHeadParams, head_fits
 from engine.drafters.head_net import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
+from engine.drafters.head_tree import HeadTreeParams
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.slots import Engine
@@ -175,6 +176,31 @@ def test_several_sequences_draft_in_one_batch(engine):
         rounds += 1
     assert [got[s.seq] for s in slots] == alone
     assert engine.chain.stats["draft-head"].n_call_draft - calls0 < 3 * rounds  # one call drafted for several
+    for s in slots:
+        engine.release(s.seq)
+
+
+def test_trees_grown_for_several_sequences_at_once_are_the_trees_grown_alone(engine):
+    from engine.drafters.base import DraftRequest
+
+    params = GenParams(max_new_tokens=40, ignore_eos=True, spec=SpecParams(types=["draft-head"], tree_nodes=8))
+    slots = [engine.start(p, params, seq=i) for i, p in enumerate(PROMPTS)]
+    for _ in range(3):  # the prefills, then rounds: the head has features and entries to attend to
+        engine.step()
+    head = engine.pool["draft-head"]
+    shape = head.params.tree
+    head.params.tree = HeadTreeParams(min_score=0.0)  # the tiny head is unsure of everything: expand anyway
+
+    def trees(seqs):
+        reqs = [DraftRequest(seq=s.seq, prompt=list(s.tokens), id_last=s.id_last, n_max=6, n_min=0, p_min=0.0,
+                             tree_max=8) for s in slots if s.seq in seqs]
+        head.draft(reqs)
+        return [(r.result_tree.tokens, r.result_tree.parents, r.result_tree.scores) for r in reqs]
+
+    together = trees({s.seq for s in slots})
+    assert together == [trees({s.seq})[0] for s in slots]
+    assert all(max(t[1]) >= 0 for t in together)  # real trees: more than one depth
+    head.params.tree = shape
     for s in slots:
         engine.release(s.seq)
 

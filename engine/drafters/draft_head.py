@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from engine.batch import Batch
 from engine.drafters.base import Drafter, DraftRequest, DraftStreams, top_k_q
 from engine.drafters.head_net import DraftHead, HeadConfig, fingerprint_matches, load_head
-from engine.drafters.head_tree import HeadTreeParams, grow
+from engine.drafters.head_tree import HeadTreeParams, TreeSeed, grow_many
 from engine.mapped import drop_resident
 from engine.prefix import common_prefix
 
@@ -199,10 +199,11 @@ class DraftHeadDrafter(Drafter):
             attn = torch.stack([self._attend(self._state(requests[i].seq), q[i]) for i in trees])
             g = head.finish(feat[trees], attn)
             logits = head.logits(g).float()
-            for n, i in enumerate(trees):
-                r, st = requests[i], self._state(requests[i].seq)
-                r.result_tree = grow(head, st.k, st.v, base[r.seq], g[n], logits[n], r.tree_max, r.n_max,
-                                     self.params.tree)
+            seeds = [TreeSeed(self._state(requests[i].seq).k, self._state(requests[i].seq).v,
+                              base[requests[i].seq], g[n], logits[n], requests[i].tree_max, requests[i].n_max)
+                     for n, i in enumerate(trees)]
+            for i, tree in zip(trees, grow_many(head, seeds, self.params.tree)):
+                requests[i].result_tree = tree
         live = [i for i, r in enumerate(requests) if r.tree_max == 0]
         feat, q = feat[live], q[live]
         while live:

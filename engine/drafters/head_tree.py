@@ -11,7 +11,7 @@ nodes always include their ancestors. The round's budget (engine/budget.py) then
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -39,38 +39,78 @@ class _Node:
     entry: int = -1  # index of its KV entry among the tree entries, once expanded
 
 
-def grow(head, st_k: torch.Tensor, st_v: torch.Tensor, base: int, g0: torch.Tensor, logits0: torch.Tensor,
-         n_nodes: int, depth_max: int, params: HeadTreeParams) -> DraftTree:
-    """One sequence's tree. st_k, st_v [base, kv_heads, d]: the head's entries of the confirmed positions;
-    g0 [hidden] and logits0 [draft_vocab]: the head's step at id_last's position."""
-    nodes: list[_Node] = []
-    _offer(head, nodes, -1, 0, 1.0, g0, logits0, params.branch)
-    tree_k, tree_v = [], []  # entries of expanded nodes, [kv_heads, d] each
-    newest = list(range(len(nodes)))
+@dataclass
+class TreeSeed:
+    """One sequence's start: st_k, st_v [base, kv_heads, d] the head's entries of its confirmed positions; g0
+    [hidden] and logits0 [draft_vocab] the head's step at id_last's position."""
+
+    st_k: torch.Tensor
+    st_v: torch.Tensor
+    base: int
+    g0: torch.Tensor
+    logits0: torch.Tensor
+    n_nodes: int  # the tree handed on keeps this many best-scored nodes
+    depth_max: int
+
+
+@dataclass
+class _Growing:
+    seed: TreeSeed
+    nodes: list[_Node] = field(default_factory=list)
+    tree_k: list[torch.Tensor] = field(default_factory=list)  # entries of expanded nodes, [kv_heads, d] each
+    tree_v: list[torch.Tensor] = field(default_factory=list)
+    newest: list[int] = field(default_factory=list)
+
+
+def grow_many(head, seeds: list[TreeSeed], params: HeadTreeParams) -> list[DraftTree]:
+    """Every sequence's tree, grown depth by depth together: one head step per depth for all their frontiers
+    (the linears take all rows at once; attention stays per sequence, over its own entries). The head's linears
+    give a row the same bits in any batch (engine/prepack.py), so each tree is the one grown alone."""
+    growing = [_Growing(seed) for seed in seeds]
+    for gr in growing:
+        _offer(head, gr.nodes, -1, 0, 1.0, gr.seed.g0, gr.seed.logits0, params.branch)
+        gr.newest = list(range(len(gr.nodes)))
     depth = 1
-    while depth < depth_max and newest:
-        front = sorted(newest, key=lambda i: -nodes[i].score)[: params.width]
-        front = [i for i in front if nodes[i].score >= params.min_score]
-        if not front:
+    while True:
+        fronts = []  # (state, its expanded nodes)
+        for gr in growing:
+            if depth >= gr.seed.depth_max or not gr.newest:
+                continue
+            front = sorted(gr.newest, key=lambda i: -gr.nodes[i].score)[: params.width]
+            front = [i for i in front if gr.nodes[i].score >= params.min_score]
+            gr.newest = []
+            if front:
+                fronts.append((gr, front))
+        if not fronts:
             break
-        feats = torch.stack([nodes[i].g_parent for i in front])
-        toks = torch.tensor([nodes[i].token for i in front])
-        pos = torch.full((len(front),), base + depth - 1)
+        feats = torch.stack([gr.nodes[i].g_parent for gr, front in fronts for i in front])
+        toks = torch.tensor([gr.nodes[i].token for gr, front in fronts for i in front])
+        pos = torch.tensor([gr.seed.base + depth - 1 for gr, front in fronts for _ in front])
         q, k, v = head.qkv(feats, toks, pos)  # [F, heads, d], [F, kv_heads, d]
-        for j, i in enumerate(front):
-            nodes[i].entry = len(tree_k)
-            tree_k.append(k[j])
-            tree_v.append(v[j])
-        attn = _attend(head, q, st_k, st_v, torch.stack(tree_k), torch.stack(tree_v),
-                       [_ancestor_entries(nodes, i) for i in front])
-        g = head.finish(feats, attn)
+        attn, row = [], 0
+        for gr, front in fronts:
+            for j, i in enumerate(front):
+                gr.nodes[i].entry = len(gr.tree_k)
+                gr.tree_k.append(k[row + j])
+                gr.tree_v.append(v[row + j])
+            attn.append(_attend(head, q[row:row + len(front)], gr.seed.st_k, gr.seed.st_v, torch.stack(gr.tree_k),
+                                torch.stack(gr.tree_v), [_ancestor_entries(gr.nodes, i) for i in front]))
+            row += len(front)
+        g = head.finish(feats, torch.cat(attn))
         logits = head.logits(g).float()
-        newest = []
-        for j, i in enumerate(front):
-            first = len(nodes)
-            _offer(head, nodes, i, depth, nodes[i].score, g[j], logits[j], params.branch)
-            newest += range(first, len(nodes))
+        row = 0
+        for gr, front in fronts:
+            for i in front:
+                first = len(gr.nodes)
+                _offer(head, gr.nodes, i, depth, gr.nodes[i].score, g[row], logits[row], params.branch)
+                gr.newest += range(first, len(gr.nodes))
+                row += 1
         depth += 1
+    return [_best(gr.nodes, gr.seed.n_nodes) for gr in growing]
+
+
+def _best(nodes: list[_Node], n_nodes: int) -> DraftTree:
+    """The n_nodes best-scored nodes as a tree (a child never outscores its parent: ancestors come along)."""
     best = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth))[:n_nodes]
     tree = DraftTree()
     where = {-1: -1}
