@@ -19,8 +19,9 @@ The goodput is only as good as the scores. The draft head's are calibrated (docs
 drafter's are a product of per-position acceptance rates that start from priors and are learned only where its
 drafts were verified, and on open text the nodes it had scored 0.3 to 0.4 were reached 12% of the time. So each
 slot's scores from each drafter are scaled by what its verified nodes showed (`ScoreCorrection`): reached /
-predicted over the slot's recent rounds, starting at 1 (a copying slot and an open one beside it differ). A drafter whose nodes are never reached stops taking rows; one that beats its
-scores gets them raised, capped at 1.
+predicted over the slot's recent rounds, starting at 1 (a copying slot and an open one beside it differ). A
+drafter whose nodes are never reached stops taking rows; one that beats its scores gets them raised, capped
+at 1.
 """
 
 from __future__ import annotations

@@ -199,9 +199,9 @@ class DraftHeadDrafter(Drafter):
             attn = torch.stack([self._attend(self._state(requests[i].seq), q[i]) for i in trees])
             g = head.finish(feat[trees], attn)
             logits = head.logits(g).float()
-            seeds = [TreeSeed(self._state(requests[i].seq).k, self._state(requests[i].seq).v,
-                              base[requests[i].seq], g[n], logits[n], requests[i].tree_max, requests[i].n_max)
-                     for n, i in enumerate(trees)]
+            states = [self._state(requests[i].seq) for i in trees]
+            seeds = [TreeSeed(st.k, st.v, base[requests[i].seq], g[n], logits[n], requests[i].tree_max,
+                              requests[i].n_max) for n, (i, st) in enumerate(zip(trees, states))]
             for i, tree in zip(trees, grow_many(head, seeds, self.params.tree)):
                 requests[i].result_tree = tree
         live = [i for i, r in enumerate(requests) if r.tree_max == 0]

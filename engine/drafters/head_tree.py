@@ -3,10 +3,10 @@
 A node's score is the head's probability of its whole path (the product of its tokens' probabilities along the
 way), which the head's calibration makes an estimate of the chance that the target's walk reaches the node.
 Growing by depth: the `width` best-scored nodes of the newest depth are expanded, those of every sequence
-drafting this round together in one batched head step (each node attends to the sequence's confirmed entries and its own ancestors' entries, a tree mask
-over one key set), and each expanded node offers its `branch` most likely tokens as children. The tree handed
-on is the `n_nodes` best-scored nodes (EAGLE-2's reranking); a child never outscores its parent, so the best
-nodes always include their ancestors. The round's budget (engine/budget.py) then keeps what pays.
+drafting this round together in one batched head step (each node attends to its sequence's confirmed entries
+and its own ancestors' entries, a tree mask over one key set), and each expanded node offers its `branch` most
+likely tokens as children. The tree handed on is the `n_nodes` best-scored nodes (EAGLE-2's reranking); a child
+never outscores its parent, so the best nodes always include their ancestors. The round's budget (engine/budget.py) then keeps what pays.
 """
 
 from __future__ import annotations

@@ -53,8 +53,7 @@ static void weigh64(const float *restrict vb, const int64_t *restrict cells, int
     float acc[4][64] = {{0}};
     for (int64_t i = 0; i < n; i++) {
         const float *restrict vc = vb + cells[i] * 64;
-        for (int g = 0; g < 4; g++) {
-            if (g >= group) break;
+        for (int g = 0; g < group; g++) {
             const float e = s[g * n + i];
             for (int d = 0; d < 64; d++) acc[g][d] += e * vc[d];
         }
