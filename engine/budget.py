@@ -41,6 +41,9 @@ class Budget:
     goodput: float  # expected tokens per single-row forward time
     why: str  # one line for the UI
     factors: dict[int, dict[str, float]] = field(default_factory=dict)  # seq -> drafter -> correction applied
+    # the score one more node would need to raise the goodput of the forward chosen: expected * (c(n + 1) /
+    # c(n) - 1), from (expected + s) / c(n + 1) > expected / c(n)
+    threshold: float = 0.0
 
 
 @dataclass
@@ -80,6 +83,9 @@ class BudgetState:
     probe_every: int = 4  # rounds a slot may go without a single node before it gets a probe
     refused: dict[int, int] = field(default_factory=dict)  # seq -> rounds in a row its nodes were all refused
     correction: ScoreCorrection = field(default_factory=ScoreCorrection)
+    # the last round's Budget.threshold: a model drafter growing a tree need not expand nodes scored below it,
+    # whose children could not get a row either (engine/drafters/head_tree.py)
+    threshold: float = 0.0
 
     def forget(self, seq: int) -> None:
         self.refused.pop(seq, None)
@@ -127,6 +133,8 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: Budge
            f"{n_base + n_nodes} rows ({cost.c(n_base + n_nodes):.2f}x one row)")
     if n_nodes == 0 and offered:
         why = f"no draft node pays its row this round ({offered} offered): plain decoding"
+    n_rows = n_base + n_nodes
+    state.threshold = expected * (cost.c(n_rows + 1) / cost.c(n_rows) - 1)
     return Budget(n_rows=n_base + n_nodes, kept=kept, offered={seq: len(t) for seq, t in trees.items()},
                   expected=expected,
-                  goodput=expected / cost.c(n_base + n_nodes), why=why, factors=factors)
+                  goodput=expected / cost.c(n_base + n_nodes), why=why, factors=factors, threshold=state.threshold)

@@ -74,7 +74,8 @@ class Round:
                 seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max,
                 n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min,
                 want_q=slot.params.sampling.temp > 0 and tree_max == 0,
-                grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max)
+                grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max,
+                tree_min_score=self.budget_state.threshold if self.chain.uses_policy(slot.seq) else 0.0)
         t0 = time.perf_counter()
         failed: dict[int, ErrorEvent] = {}  # seq -> why its generation ends this round
         winners = self._draft(list(requests.values()), failed)

@@ -200,6 +200,14 @@ def test_trees_grown_for_several_sequences_at_once_are_the_trees_grown_alone(eng
     together = trees({s.seq for s in slots})
     assert together == [trees({s.seq})[0] for s in slots]
     assert all(max(t[1]) >= 0 for t in together)  # real trees: more than one depth
+
+    # nodes the last budget would not give a row (scored below its threshold) are not expanded: here none is
+    reqs = [DraftRequest(seq=s.seq, prompt=list(s.tokens), id_last=s.id_last, n_max=6, n_min=0, p_min=0.0,
+                         tree_max=8, tree_min_score=1.0) for s in slots]
+    head.draft(reqs)
+    for r, (tokens_, _, scores) in zip(reqs, together):
+        assert r.result_tree.parents == [-1] * len(r.result_tree)  # the root's children only
+        assert r.result_tree.scores == sorted(scores[:len(r.result_tree)], reverse=True)
     head.params.tree = shape
     for s in slots:
         engine.release(s.seq)

@@ -170,12 +170,17 @@ def test_the_budget_keeps_what_pays_for_the_whole_forward():
 
     knee = CostModel(sizes=[1, 8, 16, 32], seconds=[1.0, 1.05, 2.0, 4.0])  # nearly free up to 8 rows
     deep = _scored([([5, 6, 7, 8], [0.9, 0.8, 0.7, 0.6]), ([9], [0.001])])
-    one = plan({0: deep}, 1, knee, BudgetState())
+    state = BudgetState()
+    one = plan({0: deep}, 1, knee, state)
     assert one.kept[0] == [0, 1, 2, 3] and one.n_rows == 5  # one slot: the deep path, not the 0.1% branch
     assert abs(one.expected - 4.0) < 1e-9
+    # one more node would have to bring what its row costs: 4 expected tokens times c(6) / c(5) - 1
+    assert one.threshold == pytest.approx(4.0 * (knee.c(6) / knee.c(5) - 1)) and state.threshold == one.threshold
+    assert 0.001 < one.threshold < 0.05  # the 0.1% branch is below it: that is why it stayed out
     # four slots: the free rows are shared, one node each; the deeper ones would cost more than they bring
     four = plan({s: _scored([([5, 6, 7, 8], [0.9, 0.8, 0.7, 0.6])]) for s in range(4)}, 4, knee, BudgetState())
     assert all(v == [0] for v in four.kept.values()) and four.n_rows == 8
+    assert four.threshold > 0.5  # past the knee a node must be all but sure: the next depths need not be drafted
     steep = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
     none = plan({0: deep}, 1, steep, BudgetState(probe_every=100))
     assert none.kept[0] == [] and none.n_rows == 1 and "plain decoding" in none.why

@@ -34,6 +34,9 @@ class DraftRequest:
     # tree mode (engine/tree.py): every drafter of the sequence drafts and the chain merges their proposals into
     # `tree`, at most this many nodes; 0: the relay of chains, the first drafter with a draft wins
     tree_max: int = 0
+    # tree mode: nodes scored below this would not get a row of the forward (the last round's budget
+    # threshold, engine/budget.py): a drafter that grows a tree need not expand them
+    tree_min_score: float = 0.0
     tree: Any = None  # the merged DraftTree, in tree mode
     result_tree: Any = None  # a drafter's own DraftTree, in tree mode (the draft head's), instead of `result`
     # tree mode: other continuations besides `result`, each with the share of the evidence behind it (ngram-map-k4v:

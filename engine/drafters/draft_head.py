@@ -201,7 +201,8 @@ class DraftHeadDrafter(Drafter):
             logits = head.logits(g).float()
             states = [self._state(requests[i].seq) for i in trees]
             seeds = [TreeSeed(st.k, st.v, base[requests[i].seq], g[n], logits[n], requests[i].tree_max,
-                              requests[i].n_max) for n, (i, st) in enumerate(zip(trees, states))]
+                              requests[i].n_max, requests[i].tree_min_score)
+                     for n, (i, st) in enumerate(zip(trees, states))]
             for i, tree in zip(trees, grow_many(head, seeds, self.params.tree)):
                 requests[i].result_tree = tree
         live = [i for i, r in enumerate(requests) if r.tree_max == 0]

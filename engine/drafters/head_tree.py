@@ -51,6 +51,8 @@ class TreeSeed:
     logits0: torch.Tensor
     n_nodes: int  # the tree handed on keeps this many best-scored nodes
     depth_max: int
+    # nodes scored below this are not expanded either: the round's budget would give their children no row
+    min_score: float = 0.0
 
 
 @dataclass
@@ -77,7 +79,7 @@ def grow_many(head, seeds: list[TreeSeed], params: HeadTreeParams) -> list[Draft
             if depth >= gr.seed.depth_max or not gr.newest:
                 continue
             front = sorted(gr.newest, key=lambda i: -gr.nodes[i].score)[: params.width]
-            front = [i for i in front if gr.nodes[i].score >= params.min_score]
+            front = [i for i in front if gr.nodes[i].score >= max(params.min_score, gr.seed.min_score)]
             gr.newest = []
             if front:
                 fronts.append((gr, front))
