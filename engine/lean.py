@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import prepack
+from engine.gemm import SmallGemm
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -103,10 +104,14 @@ def _norm(module) -> tuple | None:
 
 
 def _lin(x3: torch.Tensor, wb: tuple, post: str = "none") -> torch.Tensor:
+    if isinstance(wb[0], SmallGemm):
+        return wb[0](x3, post)
     return torch.ops.mkldnn._linear_pointwise(x3, wb[0], wb[1], post, [], "")
 
 
 def _lin_then(x3: torch.Tensor, other: torch.Tensor, wb: tuple, op: str) -> torch.Tensor:
+    if isinstance(wb[0], SmallGemm):
+        return wb[0](x3, op, other)
     return torch.ops.mkldnn._linear_pointwise.binary(x3, other, wb[0], wb[1], op)
 
 

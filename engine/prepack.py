@@ -22,6 +22,9 @@ import types
 import torch
 from torch import nn
 
+from engine import gemm
+from engine.gemm import SmallGemm
+
 BATCH_HINT = 4  # rows the weight layout is tuned for: a verification batch of k + 1 ~ 4
 DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN packs on the CPU
 
@@ -55,6 +58,8 @@ def _check(module: nn.Linear) -> None:
 def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """module(x) through the packed weight."""
     _check(module)
+    if isinstance(module._packed_weight, SmallGemm):
+        return module._packed_weight(x)
     out = torch.ops.mkldnn._linear_pointwise(_rows3(x), module._packed_weight, module.bias, "none", [], "")
     return _unrows(out, x)
 
@@ -62,6 +67,8 @@ def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def linear_silu(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """silu(module(x)) in one call (oneDNN's eltwise post-op)."""
     _check(module)
+    if isinstance(module._packed_weight, SmallGemm):
+        return module._packed_weight(x, "swish")
     out = torch.ops.mkldnn._linear_pointwise(_rows3(x), module._packed_weight, module.bias, "swish", [], "")
     return _unrows(out, x)
 
@@ -69,6 +76,8 @@ def linear_silu(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def linear_then(module: nn.Linear, x: torch.Tensor, other: torch.Tensor, op: str) -> torch.Tensor:
     """module(x) `op` other, op "add" or "mul", in one call (oneDNN's binary post-op)."""
     _check(module)
+    if isinstance(module._packed_weight, SmallGemm):
+        return module._packed_weight(x, op, other)
     out = torch.ops.mkldnn._linear_pointwise.binary(_rows3(x), _rows3(other), module._packed_weight, module.bias,
                                                     op)
     return _unrows(out, x)
@@ -91,15 +100,19 @@ def _tied_elsewhere(model: nn.Module) -> set[int]:
     return owned
 
 
-def prepack_linears(model: nn.Module, keep_weights: bool = False) -> int:
+def prepack_linears(model: nn.Module, keep_weights: bool = False, small_gemm: bool = True) -> int:
     """Replace the weight of every float32 / bfloat16 CPU nn.Linear of `model` by its packed layout; how many.
 
     A weight shared with a non-linear module stays as it is and gets a packed copy beside it; so does every
     weight with keep_weights, for models whose own code reads their linears' weights (transformers' Mamba
-    reads `out_proj.weight.dtype`): the lean forward's families do not, the others keep both."""
+    reads `out_proj.weight.dtype`): the lean forward's families do not, the others keep both.
+
+    bfloat16 weights go to our own kernel where it applies (engine/gemm.py, small_gemm=False keeps oneDNN):
+    every row of every batch then goes through one of the two, never both, so batch invariance holds."""
     if not available():
         return 0
     tied = _tied_elsewhere(model)
+    kernel, _ = gemm.load() if small_gemm else (None, None)
     n = 0
     with torch.no_grad():
         for module in model.modules():
@@ -108,7 +121,8 @@ def prepack_linears(model: nn.Module, keep_weights: bool = False) -> int:
             w = module.weight
             if w.device.type != "cpu" or w.dtype not in DTYPES:
                 continue
-            module._packed_weight = torch.ops.mkldnn._reorder_linear_weight(w.detach(), BATCH_HINT)
+            module._packed_weight = (SmallGemm.pack(kernel, w, module.bias)
+                                     or torch.ops.mkldnn._reorder_linear_weight(w.detach(), BATCH_HINT))
             if id(w) not in tied and not keep_weights:
                 del module.weight  # the packed layout is the one copy
             module.forward = types.MethodType(_packed_forward, module)
