@@ -15,6 +15,12 @@ slots share the rows that are still nearly free; when no node pays its row the b
 plain decoding. A slot whose nodes were all refused for `probe_every` rounds gets its best node anyway, so the
 acceptance estimates behind its scores can recover (as the length policy's probe).
 
+Goodput alone would let a copying slot take rows that slow an open slot beside it: the batch emits more, the
+open answer comes slower than plain decoding would give it. So the budget is also fair: a slot expects
+1 + (its kept nodes' scores) tokens from a forward that costs c(n_rows) / c(n_base) times the plain one, and no
+slot may expect less than its plain speed. The forward grows by at most the factor of the slot expecting the
+least; while one slot has no draft at all, only the rows the curve gives for free are spent.
+
 The goodput is only as good as the scores. The draft head's are calibrated (docs/draft-head.md); an n-gram
 drafter's are a product of per-position acceptance rates that start from priors and are learned only where its
 drafts were verified, and on open text the nodes it had scored 0.3 to 0.4 were reached 12% of the time. So each
@@ -81,6 +87,9 @@ class ScoreCorrection:
 @dataclass
 class BudgetState:
     probe_every: int = 4  # rounds a slot may go without a single node before it gets a probe
+    # every slot of the forward must expect at least its plain-decoding speed: the forward grows by no more
+    # than 1 + the kept scores of the slot that expects the least. False: the batch's goodput alone decides
+    fair: bool = True
     refused: dict[int, int] = field(default_factory=dict)  # seq -> rounds in a row its nodes were all refused
     correction: ScoreCorrection = field(default_factory=ScoreCorrection)
     # the last round's Budget.threshold: a model drafter growing a tree need not expand nodes scored below it,
@@ -107,6 +116,11 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: Budge
     chosen_set: set[tuple[int, int]] = set()
     best_n, best_value = 0, n_base / cost.c(n_base)
     total = float(n_base)
+    # fair: no slot may expect to be served slower than plain decoding would serve it, so the forward may
+    # grow by at most the factor of the slot that expects the least, 1 + its kept scores (1 with none)
+    own = {seq: 1.0 for seq in trees}
+    floor = [1.0] if n_base > len(trees) else []  # a slot without a tree (or a replay) expects its 1 token
+    c_base = cost.c(n_base)
     for score, _, seq, v in nodes:
         parent = trees[seq].parents[v]
         if parent >= 0 and (seq, parent) not in chosen_set:
@@ -114,7 +128,11 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: Budge
         chosen.append((seq, v))
         chosen_set.add((seq, v))
         total += score
-        value = total / cost.c(n_base + len(chosen))
+        own[seq] += score
+        c_n = cost.c(n_base + len(chosen))
+        if state.fair and c_n / c_base > min(floor + list(own.values())):
+            continue
+        value = total / c_n
         if value > best_value * 1.001:
             best_n, best_value = len(chosen), value
     for seq, v in chosen[:best_n]:

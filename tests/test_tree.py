@@ -189,6 +189,23 @@ def test_the_budget_keeps_what_pays_for_the_whole_forward():
     assert plan({0: deep}, 1, steep, state).kept[0] == [0]  # the probe: its best node, so estimates can recover
 
 
+def test_the_budget_never_slows_a_slot_below_plain_decoding_to_speed_another():
+    from engine.budget import BudgetState, plan
+    from engine.policy import CostModel
+
+    cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.0, 4.0])  # 2 rows free, then 0.1 of a forward a row
+    sure = ([5, 6, 7, 8], [0.95, 0.9, 0.85, 0.8])
+    # slot 1 has no draft: any row that costs slows it, however much slot 0 would gain
+    assert plan({0: _scored([sure])}, 2, cost, BudgetState(probe_every=100)).kept[0] == []
+    greedy = plan({0: _scored([sure])}, 2, cost, BudgetState(probe_every=100, fair=False))
+    assert greedy.kept[0] == [0, 1, 2, 3]  # what the batch's goodput alone would take
+    # both slots draft: the forward may grow by what the slot expecting the least gains, its own node included
+    both = plan({0: _scored([sure]), 1: _scored([([9], [0.55])])}, 2, cost, BudgetState(probe_every=100))
+    assert both.kept == {0: [0, 1, 2, 3], 1: [0]} and both.n_rows == 7  # 1.5x the forward, slot 1 expects 1.55
+    weak = plan({0: _scored([sure]), 1: _scored([([9], [0.3])])}, 2, cost, BudgetState(probe_every=100))
+    assert weak.n_rows == 2  # slot 1 would expect 1.3 of a forward grown 1.5x: nothing
+
+
 def test_the_budget_learns_how_far_each_drafters_scores_can_be_trusted():
     from engine.budget import BudgetState, plan
     from engine.policy import CostModel
@@ -199,7 +216,7 @@ def test_the_budget_learns_how_far_each_drafters_scores_can_be_trusted():
     def offer():
         return {0: _scored([([5], [0.8])]), 1: _scored([([6], [0.8])])}
 
-    state = BudgetState(probe_every=1000)
+    state = BudgetState(probe_every=1000, fair=False)  # the batch's goodput alone: fairness is tested above
     assert plan(offer(), 2, cost, state).kept == {0: [0], 1: [0]}  # believed at first
     for _ in range(12):  # slot 0's nodes are never reached, slot 1's always
         trees = offer()

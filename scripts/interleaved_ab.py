@@ -1,0 +1,104 @@
+"""Speculative over plain decoding for groups of slots, timed round by round in turn.
+
+The bench (`python -m engine.bench --parallel N --repeat R`) times whole runs, plain then speculative; on a
+shared 2-core machine a pair of runs moves by 5 to 10%. Here two engines share the loaded model, one plain and
+one speculative, start the same prompts, and step in turn: a round of one, then a round of the other, so a slow
+second of the machine falls on both. Each group's figure is the ratio of decode throughputs (tokens over the
+time of the rounds after the prefills); repeats alternate which engine steps first. Pairs of rounds are also
+sorted by what the speculative one did (verified a tree or a chain, drafted nothing, ...), with their cost over
+the plain round beside it.
+
+    .venv/bin/python scripts/interleaved_ab.py --prompts assets/prompts/unseen.jsonl --kind open --parallel 4 \\
+        --repeat 2 [-- BENCH OPTIONS, e.g. --spec ngram-simple,draft-head]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def kind_of_round(events) -> str:
+    modes = {getattr(e, "verify_mode", "") for e in events}
+    if "tree" in modes:
+        return "verified a tree"
+    if any(getattr(e, "kind", "") == "spec" for e in events):
+        return "verified a chain"
+    return "verified no draft"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--kind", default="all", help="only prompts of this kind (copy, open); 'all' keeps every one")
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("bench", nargs="*", help="options for engine.bench's configuration (after --)")
+    a = ap.parse_args(argv)
+
+    from engine.bench.cli import load_prompts, parse_args
+    from engine.bench.run import BenchConfig, prompt_ids
+    from engine.bench.sweep import cells_needed, sweep_from_args
+    from engine.params import GenParams, SpecParams
+    from engine.sampling import SamplerParams
+
+    args = parse_args(["--prompts", a.prompts, "--max-new-tokens", str(a.max_new_tokens), "--tree", "on",
+                       "--parallel", str(a.parallel)] + a.bench)
+    sweep = sweep_from_args(args)
+    cfg = BenchConfig.from_args(args, min(sweep.n_max), a.parallel, 0)
+    target, draft = cfg.load()
+    prompts = [p for p in load_prompts(a.prompts) if a.kind == "all" or p.get("kind") == a.kind]
+    cfg.n_ctx = max(cfg.n_ctx, cells_needed(target, prompts, sweep, a.max_new_tokens))
+    engines = {spec: cfg.build(target, draft, n_seq_max=a.parallel, n_draft=max(sweep.n_max))
+               for spec in (False, True)}
+    groups = [prompts[i:i + a.parallel] for i in range(0, len(prompts) - a.parallel + 1, a.parallel)]
+
+    def params(spec: bool) -> GenParams:
+        sp = cfg.spec if spec else SpecParams(types=[])
+        return GenParams(max_new_tokens=a.max_new_tokens, sampling=SamplerParams(**vars(cfg.sampling)),
+                         spec=SpecParams(**{**vars(sp), "types": list(sp.types)}), ignore_eos=cfg.ignore_eos)
+
+    by_kind: dict[str, list[float]] = {}
+    for group in groups:
+        ids = [prompt_ids(engines[False], p, 0) for p in group]
+        ratios = []
+        for rep in range(a.repeat):
+            for spec, engine in engines.items():
+                for seq, toks in enumerate(ids):
+                    engine.start(toks, params(spec), seq=seq)
+            seconds, tokens = {False: 0.0, True: 0.0}, {False: 0, True: 0}
+            order = [False, True] if rep % 2 == 0 else [True, False]
+            while any(e.active() for e in engines.values()):
+                pair = {}
+                for spec in order:
+                    if not engines[spec].active():
+                        continue
+                    t0 = time.perf_counter()
+                    events = engines[spec].step()
+                    dt = time.perf_counter() - t0
+                    if any(getattr(e, "kind", "") == "prefill" for e in events):
+                        continue
+                    seconds[spec] += dt
+                    tokens[spec] += sum(len(getattr(e, "emitted", [])) for e in events)
+                    pair[spec] = (dt, events)
+                if len(pair) == 2:
+                    by_kind.setdefault(kind_of_round(pair[True][1]), []).append(pair[True][0] / pair[False][0])
+            for engine in engines.values():
+                for seq in range(len(ids)):
+                    engine.release(seq)
+            ratios.append((tokens[True] / seconds[True]) / (tokens[False] / seconds[False]))
+        print(f"{', '.join(p['id'] for p in group)}: speculative / plain {statistics.median(ratios):.3f} "
+              f"(runs: {', '.join(f'{r:.3f}' for r in ratios)})", flush=True)
+    for kind, costs in sorted(by_kind.items()):
+        print(f"rounds that {kind}: {len(costs)}, mean cost {statistics.mean(costs):.3f}x the plain round beside it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
