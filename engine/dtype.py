@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from engine.kernels.build import cpu_flags
+
 CHOICES = ("auto", "float32", "bfloat16")
 NATIVE_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs that compute bfloat16 natively
 MARGIN = 0.95  # bfloat16 is kept when its layer time is below this fraction of float32's
@@ -25,18 +27,6 @@ class DtypeChoice:
     dtype: str  # "float32" or "bfloat16": what the weights are loaded in
     reason: str  # one line for the status bar, the Benchmark tab and traces.csv
     layer_ms: dict[str, float] = field(default_factory=dict)  # measured time of one layer's linears, by dtype
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def native_bf16_flag() -> str | None:

@@ -25,9 +25,9 @@ POST = {"none": 0, "swish": 1, "add": 2, "mul": 3}  # the kernel's epilogues, by
 
 def load():
     """(the kernel's two functions, None) or (None, why not)."""
-    from engine.kernels.build import _cpu_flags, build
+    from engine.kernels.build import build, cpu_flags
 
-    if "avx512_bf16" not in _cpu_flags().split():
+    if "avx512_bf16" not in cpu_flags():
         return None, "the CPU has no AVX512-BF16"
     lib, where = build("small_gemm")
     if lib is None:

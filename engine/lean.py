@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import torch
 
 from engine import prepack
-from engine.gemm import SmallGemm
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -104,15 +103,11 @@ def _norm(module) -> tuple | None:
 
 
 def _lin(x3: torch.Tensor, wb: tuple, post: str = "none") -> torch.Tensor:
-    if isinstance(wb[0], SmallGemm):
-        return wb[0](x3, post)
-    return torch.ops.mkldnn._linear_pointwise(x3, wb[0], wb[1], post, [], "")
+    return prepack.packed_linear(wb[0], wb[1], x3, post)
 
 
 def _lin_then(x3: torch.Tensor, other: torch.Tensor, wb: tuple, op: str) -> torch.Tensor:
-    if isinstance(wb[0], SmallGemm):
-        return wb[0](x3, op, other)
-    return torch.ops.mkldnn._linear_pointwise.binary(x3, other, wb[0], wb[1], op)
+    return prepack.packed_linear(wb[0], wb[1], x3, op, other)
 
 
 class LeanForward:

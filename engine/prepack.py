@@ -55,32 +55,33 @@ def _check(module: nn.Linear) -> None:
                            "through it")
 
 
+def packed_linear(w, bias: torch.Tensor | None, x3: torch.Tensor, post: str = "none",
+                  other3: torch.Tensor | None = None) -> torch.Tensor:
+    """x3 [1, T, in] through a packed weight, ours (engine/gemm.py) or oneDNN's; post "none" or "swish", or
+    "add" / "mul" with other3 [1, T, out]. The lean forward calls it with the weights it fetched once."""
+    if isinstance(w, SmallGemm):
+        return w(x3, post, other3)
+    if other3 is not None:
+        return torch.ops.mkldnn._linear_pointwise.binary(x3, other3, w, bias, post)
+    return torch.ops.mkldnn._linear_pointwise(x3, w, bias, post, [], "")
+
+
 def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """module(x) through the packed weight."""
     _check(module)
-    if isinstance(module._packed_weight, SmallGemm):
-        return module._packed_weight(x)
-    out = torch.ops.mkldnn._linear_pointwise(_rows3(x), module._packed_weight, module.bias, "none", [], "")
-    return _unrows(out, x)
+    return _unrows(packed_linear(module._packed_weight, module.bias, _rows3(x)), x)
 
 
 def linear_silu(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """silu(module(x)) in one call (oneDNN's eltwise post-op)."""
     _check(module)
-    if isinstance(module._packed_weight, SmallGemm):
-        return module._packed_weight(x, "swish")
-    out = torch.ops.mkldnn._linear_pointwise(_rows3(x), module._packed_weight, module.bias, "swish", [], "")
-    return _unrows(out, x)
+    return _unrows(packed_linear(module._packed_weight, module.bias, _rows3(x), "swish"), x)
 
 
 def linear_then(module: nn.Linear, x: torch.Tensor, other: torch.Tensor, op: str) -> torch.Tensor:
     """module(x) `op` other, op "add" or "mul", in one call (oneDNN's binary post-op)."""
     _check(module)
-    if isinstance(module._packed_weight, SmallGemm):
-        return module._packed_weight(x, op, other)
-    out = torch.ops.mkldnn._linear_pointwise.binary(_rows3(x), _rows3(other), module._packed_weight, module.bias,
-                                                    op)
-    return _unrows(out, x)
+    return _unrows(packed_linear(module._packed_weight, module.bias, _rows3(x), op, _rows3(other)), x)
 
 
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -26,14 +26,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPECPLAY_CACHE") or Path.home() / ".cache" / "specplay") / "kernels"
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo ("flags" on x86, "Features" on ARM); empty where there is none."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
-                return line
+                return set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return ""
+    return set()
 
 
 def _compiler() -> str | None:
@@ -50,7 +51,7 @@ def build(name: str) -> tuple[ctypes.CDLL | None, str]:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{cc} --version failed: {e}"
-    key = hashlib.sha256("\0".join([source.read_text(), version, " ".join(FLAGS), _cpu_flags()]).encode())
+    key = hashlib.sha256("\0".join([source.read_text(), version, " ".join(FLAGS), " ".join(sorted(cpu_flags()))]).encode())
     target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.exists():
         try:

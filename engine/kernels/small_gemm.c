@@ -1,4 +1,4 @@
-/* y = x W^T for a few rows of x (1 to 64), bfloat16 weights and inputs, float32 sums: a decoding or
+/* y = x W^T for a few rows of x (any number, 16 at a time), bfloat16 weights and inputs, float32 sums: a decoding or
  * verification forward's linears.
  *
  * At a handful of rows a linear is a pass over its weights, and what it costs is reading them. This kernel
