@@ -13,13 +13,16 @@ given size is the |N| best-scored nodes, so one pass over the nodes sorted by sc
 outscores its parent, so that prefix is a set of whole paths). One slot alone can then take a deep tree; four
 slots share the rows that are still nearly free; when no node pays its row the budget is zero and the round is
 plain decoding. A slot whose nodes were all refused for `probe_every` rounds gets its best node anyway, so the
-acceptance estimates behind its scores can recover (as the length policy's probe).
+acceptance estimates behind its scores can recover (as the length policy's probe), where the other slots of
+the forward can afford the row.
 
 Goodput alone would let a copying slot take rows that slow an open slot beside it: the batch emits more, the
-open answer comes slower than plain decoding would give it. So the budget is also fair: a slot expects
-1 + (its kept nodes' scores) tokens from a forward that costs c(n_rows) / c(n_base) times the plain one, and no
-slot may expect less than its plain speed. The forward grows by at most the factor of the slot expecting the
-least; while one slot has no draft at all, only the rows the curve gives for free are spent.
+open answer comes slower than plain decoding would give it. So the budget is also fair: a forward that costs
+c(n_rows) / c(n_base) plain forwards spends tau = that ratio - 1 more on every slot in it than plain decoding
+would, and each slot must expect to make it up: its kept nodes' scores plus its balance (the tokens it got so
+far beyond plain decoding, counted on what the rounds emitted) reach tau. A slot ahead can share a dearer
+forward; one whose scores promised more than its rounds gave asks more of them; one without a tree has only its
+balance. Probes, too, go in only where the other slots can afford their rows.
 
 The goodput is only as good as the scores. The draft head's are calibrated (docs/draft-head.md); an n-gram
 drafter's are a product of per-position acceptance rates that start from priors and are learned only where its
@@ -32,6 +35,7 @@ at 1.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from engine.policy import CostModel
@@ -41,6 +45,7 @@ from engine.tree import DraftTree
 @dataclass
 class Budget:
     n_rows: int  # rows of the forward: the slots' own rows plus the draft nodes kept
+    n_base: int  # rows it would have without drafts: the plain forward a slot's balance is measured against
     kept: dict[int, list[int]]  # seq -> the nodes of its tree kept (indices into that tree)
     offered: dict[int, int]  # seq -> the nodes its drafters offered
     expected: float  # expected tokens the forward emits
@@ -95,55 +100,53 @@ class BudgetState:
     # the last round's Budget.threshold: a model drafter growing a tree need not expand nodes scored below it,
     # whose children could not get a row either (engine/drafters/head_tree.py)
     threshold: float = 0.0
+    # seq -> tokens the slot got beyond what plain decoding would have given it in the same time: each round
+    # adds its emitted tokens minus c(rows) / c(n_base), the forward's cost in plain forwards
+    balance: dict[int, float] = field(default_factory=dict)
+
+    def settle(self, seq: int, n_emitted: int, cost_ratio: float) -> None:
+        self.balance[seq] = self.balance.get(seq, 0.0) + n_emitted - cost_ratio
 
     def forget(self, seq: int) -> None:
         self.refused.pop(seq, None)
+        self.balance.pop(seq, None)
         self.correction.forget(seq)
 
 
-def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: BudgetState) -> Budget:
+def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: BudgetState,
+         bare: list[int] | None = None) -> Budget:
     """Choose among every slot's tree nodes. trees: seq -> its tree (scores filled); n_base: rows the forward
-    has without drafts (each slot's sampled token, replay rows). The trees' scores are corrected and bounded
+    has without drafts (each slot's sampled token, replay rows); bare: the slots in the forward without a tree
+    (None: one unknown slot if n_base has more rows than trees). The trees' scores are corrected and bounded
     in place: the kept trees carry the scores they were ranked by."""
     factors = {seq: {d: state.correction.factor(seq, d) for d in set(t.drafters)} for seq, t in trees.items()}
     for seq, t in trees.items():
         t.scores = [min(1.0, s * factors[seq][d]) for s, d in zip(t.scores, t.drafters)]
         t.bound_scores()
-    nodes = sorted(((t.scores[v], -t.depth(v), seq, v) for seq, t in trees.items() for v in range(len(t))),
-                   reverse=True)
+    # every node of every tree, best first; a child never outscores its parent and ties go to the shallower,
+    # so any prefix of one slot's nodes in this order is a set of whole paths
+    ranked = sorted(((t.scores[v], -t.depth(v), seq, v) for seq, t in trees.items() for v in range(len(t))),
+                    reverse=True)
+    if bare is None:
+        bare = [-1] if n_base > len(trees) else []
+    if state.fair:
+        balance = {seq: state.balance.get(seq, 0.0) for seq in list(trees) + bare}
+        take = _fair_take(trees, ranked, n_base, cost, balance, bare)
+    else:
+        take = _greedy_take(ranked, n_base, cost)
     kept: dict[int, list[int]] = {seq: [] for seq in trees}
-    chosen: list[tuple[int, int]] = []
-    chosen_set: set[tuple[int, int]] = set()
-    best_n, best_value = 0, n_base / cost.c(n_base)
-    total = float(n_base)
-    # fair: no slot may expect to be served slower than plain decoding would serve it, so the forward may
-    # grow by at most the factor of the slot that expects the least, 1 + its kept scores (1 with none)
-    own = {seq: 1.0 for seq in trees}
-    floor = [1.0] if n_base > len(trees) else []  # a slot without a tree (or a replay) expects its 1 token
-    c_base = cost.c(n_base)
-    for score, _, seq, v in nodes:
-        parent = trees[seq].parents[v]
-        if parent >= 0 and (seq, parent) not in chosen_set:
-            continue  # a node whose parent did not make it cannot be reached
-        chosen.append((seq, v))
-        chosen_set.add((seq, v))
-        total += score
-        own[seq] += score
-        c_n = cost.c(n_base + len(chosen))
-        if state.fair and c_n / c_base > min(floor + list(own.values())):
-            continue
-        value = total / c_n
-        if value > best_value * 1.001:
-            best_n, best_value = len(chosen), value
-    for seq, v in chosen[:best_n]:
-        kept[seq].append(v)
+    for _, _, seq, v in ranked:
+        if len(kept[seq]) < take.get(seq, 0):
+            kept[seq].append(v)
     for seq, t in trees.items():
         if kept[seq] or not len(t):
             state.refused[seq] = 0
             continue
         state.refused[seq] = state.refused.get(seq, 0) + 1
         if state.refused[seq] % state.probe_every == 0:
-            kept[seq] = t.path(max(range(len(t)), key=lambda v: (t.scores[v], -t.depth(v))))
+            probe = t.path(max(range(len(t)), key=lambda v: (t.scores[v], -t.depth(v))))
+            if not state.fair or _others_afford(trees, kept, bare, seq, len(probe), n_base, cost, state.balance):
+                kept[seq] = probe
     n_nodes = sum(len(k) for k in kept.values())
     expected = n_base + sum(trees[seq].scores[v] for seq, vs in kept.items() for v in vs)
     offered = sum(len(t) for t in trees.values())
@@ -153,6 +156,84 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: Budge
         why = f"no draft node pays its row this round ({offered} offered): plain decoding"
     n_rows = n_base + n_nodes
     state.threshold = expected * (cost.c(n_rows + 1) / cost.c(n_rows) - 1)
-    return Budget(n_rows=n_base + n_nodes, kept=kept, offered={seq: len(t) for seq, t in trees.items()},
+    return Budget(n_rows=n_base + n_nodes, n_base=n_base, kept=kept, offered={seq: len(t) for seq, t in trees.items()},
                   expected=expected,
                   goodput=expected / cost.c(n_base + n_nodes), why=why, factors=factors, threshold=state.threshold)
+
+
+def _others_afford(trees, kept, bare: list[int], seq: int, n_probe: int, n_base: int, cost: CostModel,
+                   balance: dict[int, float]) -> bool:
+    """Whether slot `seq` may add a probe of n_probe rows: it explores on its own account, and every other slot
+    of the forward can pay the dearer forward from its kept scores and its balance (or the rows are free)."""
+    n_rows = n_base + sum(len(k) for k in kept.values())
+    tau = cost.c(n_rows + n_probe) / cost.c(n_base) - 1.0
+    if tau <= 1e-12:
+        return True
+    own = {other: sum(trees[other].scores[v] for v in vs) for other, vs in kept.items() if other != seq}
+    own.update({other: 0.0 for other in bare})
+    return all(score + balance.get(other, 0.0) >= tau for other, score in own.items())
+
+
+def _greedy_take(ranked, n_base: int, cost: CostModel) -> dict[int, int]:
+    """seq -> how many of its best nodes to keep: the prefix of `ranked` with the best goodput."""
+    best_n, best_value = 0, n_base / cost.c(n_base)
+    total = float(n_base)
+    for n, (score, _, _, _) in enumerate(ranked, start=1):
+        total += score
+        value = total / cost.c(n_base + n)
+        if value > best_value * 1.001:
+            best_n, best_value = n, value
+    take: dict[int, int] = {}
+    for _, _, seq, _ in ranked[:best_n]:
+        take[seq] = take.get(seq, 0) + 1
+    return take
+
+
+def _fair_take(trees, ranked, n_base: int, cost: CostModel, balance: dict[int, float],
+               bare: list[int]) -> dict[int, int]:
+    """seq -> how many of its best nodes to keep: the set of the best goodput among those under which no slot
+    expects to fall behind plain decoding.
+
+    A forward of n_base + n rows costs c(n_base + n) / c(n_base) plain forwards, tau(n) more than plain decoding
+    spends on a slot, so a slot must expect at least tau(n) - (its balance) tokens from its kept nodes: the
+    balance (`BudgetState.balance`, what it got so far beyond plain decoding, measured on emitted tokens, not
+    scores) lets a slot that is ahead share a dearer forward, and makes a slot whose scores promised more than
+    its rounds gave ask more of them. A slot without a tree has only its balance. For each n the cheapest way
+    to give every slot its share is the shortest prefix of its own ranking that reaches it; the rows left go to
+    the best remaining nodes of any slot. A prefix of the one global ranking would not do: a copying slot's deep
+    chain ranks first and makes the forward too dear for the open slots beside it before their one likely node
+    is reached."""
+    c_base = cost.c(n_base)
+    best: dict[int, int] = {}
+    best_value = n_base / c_base
+    mine: dict[int, list[float]] = {seq: [0.0] for seq in trees}  # seq -> sums of its best 0, 1, 2, ... scores
+    rank = []  # rank[i]: how many nodes of its own slot come before ranked[i]
+    for score, _, seq, _ in ranked:
+        rank.append(len(mine[seq]) - 1)
+        mine[seq].append(mine[seq][-1] + score)
+    lowest_bare = min((balance[seq] for seq in bare), default=float("inf"))
+    for n in range(1, len(ranked) + 1):
+        c_n = cost.c(n_base + n)
+        tau = c_n / c_base - 1.0
+        if tau > 1e-12 and tau > lowest_bare:
+            break  # a slot without a tree would fall behind, the more so in a larger forward
+        # a forward that costs no more than the plain one takes nothing from anyone
+        share = {seq: tau - balance[seq] if tau > 1e-12 else 0.0 for seq in mine}
+        need = {seq: bisect.bisect_left(sums, share[seq] - 1e-12) for seq, sums in mine.items()}
+        if any(k == len(mine[seq]) for seq, k in need.items()):
+            break  # some slot cannot reach its share with all its nodes, nor the larger share of a larger forward
+        spare = n - sum(need.values())
+        if spare < 0:
+            continue
+        take = dict(need)
+        for i in range(len(ranked)):
+            if spare == 0:
+                break
+            seq = ranked[i][2]
+            if rank[i] >= take[seq]:  # the next of its slot's ranking: the one before it is in already
+                take[seq] += 1
+                spare -= 1
+        value = (n_base + sum(mine[seq][k] for seq, k in take.items())) / c_n
+        if value > best_value * 1.001:
+            best, best_value = take, value
+    return best

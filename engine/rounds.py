@@ -134,10 +134,14 @@ class Round:
         if batch.has_tree():
             self.chain.process(*sub_batch(batch, res, sorted(kept_rows)))
         n_emitted = 0
+        cost_ratio = (self.chain.policy.cost.c(len(batch)) / self.chain.policy.cost.c(budget.n_base)
+                      if budget is not None else 1.0)
         for ev in events:
             if isinstance(ev, RoundEvent):
                 ev.n_seqs = len(in_batch)
                 n_emitted += len(ev.emitted)
+                if budget is not None:
+                    self.budget_state.settle(ev.seq, len(ev.emitted), cost_ratio)
                 if budget is not None and ev.seq in requests:
                     ev.budget_why = budget.why
                     ev.tree_offered = budget.offered.get(ev.seq, 0)
@@ -266,7 +270,8 @@ class Round:
             return None
         n_base = sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)
         n_base += sum(len(r.tree) for seq, r in requests.items() if r.tree is not None and seq not in trees)
-        out = budget_plan(trees, n_base, policy.cost, self.budget_state)
+        bare = [s.seq for s in slots if s.seq not in trees]
+        out = budget_plan(trees, n_base, policy.cost, self.budget_state, bare)
         for seq, tree in trees.items():
             requests[seq].tree = tree.keep(out.kept[seq]) if out.kept[seq] else None
         return out

@@ -114,6 +114,8 @@ class DraftTree:
                 for v in family:
                     self.scores[v] *= shrink
                     factor[v] *= shrink
+            for v in family:  # rounding must not let a child outscore its parent: rankings take parents first
+                self.scores[v] = min(self.scores[v], cap)
 
     def depth(self, node: int) -> int:
         """1 for a child of the root."""

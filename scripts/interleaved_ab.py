@@ -6,7 +6,8 @@ one speculative, start the same prompts, and step in turn: a round of one, then 
 second of the machine falls on both. Each group's figure is the ratio of decode throughputs (tokens over the
 time of the rounds after the prefills); repeats alternate which engine steps first. Pairs of rounds are also
 sorted by what the speculative one did (verified a tree or a chain, drafted nothing, ...), with their cost over
-the plain round beside it.
+the plain round beside it. Each prompt's own figure divides its tokens by the time of the rounds it was
+generating in: the speed its user sees.
 
     .venv/bin/python scripts/interleaved_ab.py --prompts assets/prompts/unseen.jsonl --kind open --parallel 4 \\
         --repeat 2 [-- BENCH OPTIONS, e.g. --spec ngram-simple,draft-head]
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                          spec=SpecParams(**{**vars(sp), "types": list(sp.types)}), ignore_eos=cfg.ignore_eos)
 
     by_kind: dict[str, list[float]] = {}
+    per_prompt: dict[str, list[float]] = {}  # prompt id -> its own speed ratio per run
     for group in groups:
         ids = [prompt_ids(engines[False], p, 0) for p in group]
         ratios = []
@@ -73,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                 for seq, toks in enumerate(ids):
                     engine.start(toks, params(spec), seq=seq)
             seconds, tokens = {False: 0.0, True: 0.0}, {False: 0, True: 0}
+            # per prompt: its tokens and the time of the rounds it was generating in (its latency's share)
+            own_s = {(spec, seq): 0.0 for spec in engines for seq in range(len(ids))}
+            own_n = dict.fromkeys(own_s, 0)
             order = [False, True] if rep % 2 == 0 else [True, False]
             while any(e.active() for e in engines.values()):
                 pair = {}
@@ -86,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     seconds[spec] += dt
                     tokens[spec] += sum(len(getattr(e, "emitted", [])) for e in events)
+                    for e in events:
+                        if hasattr(e, "emitted"):
+                            own_s[(spec, e.seq)] += dt
+                            own_n[(spec, e.seq)] += len(e.emitted)
                     pair[spec] = (dt, events)
                 if len(pair) == 2:
                     by_kind.setdefault(kind_of_round(pair[True][1]), []).append(pair[True][0] / pair[False][0])
@@ -93,8 +102,14 @@ def main(argv: list[str] | None = None) -> int:
                 for seq in range(len(ids)):
                     engine.release(seq)
             ratios.append((tokens[True] / seconds[True]) / (tokens[False] / seconds[False]))
+            for seq in range(len(ids)):
+                speed = {spec: own_n[(spec, seq)] / own_s[(spec, seq)] for spec in engines if own_s[(spec, seq)] > 0}
+                if len(speed) == 2:
+                    per_prompt.setdefault(group[seq]["id"], []).append(speed[True] / speed[False])
+        own = [statistics.median(per_prompt[p["id"]]) for p in group if p["id"] in per_prompt]
         print(f"{', '.join(p['id'] for p in group)}: speculative / plain {statistics.median(ratios):.3f} "
-              f"(runs: {', '.join(f'{r:.3f}' for r in ratios)})", flush=True)
+              f"(runs: {', '.join(f'{r:.3f}' for r in ratios)}); each prompt's own: "
+              f"{', '.join(f'{r:.3f}' for r in own)}", flush=True)
     for kind, costs in sorted(by_kind.items()):
         print(f"rounds that {kind}: {len(costs)}, mean cost {statistics.mean(costs):.3f}x the plain round beside it")
     return 0

@@ -203,7 +203,65 @@ def test_the_budget_never_slows_a_slot_below_plain_decoding_to_speed_another():
     both = plan({0: _scored([sure]), 1: _scored([([9], [0.55])])}, 2, cost, BudgetState(probe_every=100))
     assert both.kept == {0: [0, 1, 2, 3], 1: [0]} and both.n_rows == 7  # 1.5x the forward, slot 1 expects 1.55
     weak = plan({0: _scored([sure]), 1: _scored([([9], [0.3])])}, 2, cost, BudgetState(probe_every=100))
-    assert weak.n_rows == 2  # slot 1 would expect 1.3 of a forward grown 1.5x: nothing
+    # slot 1 expects 1.3: the forward may grow to 1.3x (5 rows), so slot 0 gets two nodes, not four
+    assert weak.kept == {0: [0, 1], 1: [0]} and weak.n_rows == 5
+    hopeless = plan({0: _scored([sure]), 1: _scored([([9], [0.05])])}, 2, cost, BudgetState(probe_every=100))
+    assert hopeless.n_rows == 2  # slot 1's 1.05 pays for no row past the free ones
+
+
+def test_the_fair_budget_gives_every_slot_its_likely_node_before_one_slot_goes_deep():
+    from engine.budget import BudgetState, plan
+    from engine.policy import CostModel
+
+    # 4 slots: past 4 rows each row costs 0.05 of a forward. One slot copies (a long sure chain), three write
+    # freely (one node each, 0.5 likely). The deep chain ranks first: a prefix of the global ranking makes the
+    # forward 1.4x dear before the open slots' nodes come in, and then none of them may join
+    cost = CostModel(sizes=[1, 4, 64], seconds=[1.0, 1.0, 4.0])
+    sure = ([5, 6, 7, 8, 9, 10, 11, 12], [0.98, 0.96, 0.94, 0.92, 0.9, 0.88, 0.86, 0.84])
+    trees = {0: _scored([sure]), **{s: _scored([([20 + s], [0.5])]) for s in (1, 2, 3)}}
+    out = plan(trees, 4, cost, BudgetState(probe_every=100))
+    assert all(out.kept[s] == [0] for s in (1, 2, 3))  # each open slot expects 1.5 from a forward of at most 1.5x
+    assert out.kept[0] == list(range(len(out.kept[0]))) and 1 <= len(out.kept[0]) <= 7
+    assert cost.c(out.n_rows) / cost.c(4) <= 1.5 + 1e-9
+    assert out.goodput > 4 / cost.c(4) * 1.3
+
+
+def test_a_slot_behind_plain_decoding_asks_more_of_its_scores_and_one_ahead_shares_a_dearer_forward():
+    from engine.budget import BudgetState, plan
+    from engine.policy import CostModel
+
+    cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.0, 4.0])  # 2 rows free, then 0.1 of a forward a row
+    sure = ([5, 6, 7, 8], [0.95, 0.9, 0.85, 0.8])
+
+    def offer():
+        return {0: _scored([sure]), 1: _scored([([9], [0.55])])}
+
+    even = plan(offer(), 2, cost, BudgetState(probe_every=100))
+    assert even.n_rows == 7  # slot 1's 0.55 pays for a forward of 1.5x
+    behind = BudgetState(probe_every=100)
+    behind.settle(1, 1, 1.3)  # slot 1's last round cost 1.3 plain forwards and gave it one token
+    assert plan(offer(), 2, cost, behind).n_rows == 4  # now its 0.55 - 0.3 pays for 1.2x at most
+    ahead = BudgetState(probe_every=100)
+    ahead.settle(1, 3, 1.0)  # slot 1 is 2 tokens ahead of plain decoding
+    bare_ahead = plan({0: _scored([sure])}, 2, cost, ahead, bare=[1])
+    assert bare_ahead.kept[0] == [0, 1, 2, 3]  # even without a draft it can pay for slot 0's whole chain
+    assert plan({0: _scored([sure])}, 2, cost, BudgetState(probe_every=100), bare=[1]).kept[0] == []
+    ahead.forget(1)
+    assert ahead.balance == {}
+
+
+def test_a_probe_is_a_slots_own_exploration_and_needs_the_others_to_afford_its_row():
+    from engine.budget import BudgetState, plan
+    from engine.policy import CostModel
+
+    steep = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
+    weak = ([5], [0.2])
+    alone = BudgetState(probe_every=1)
+    assert plan({0: _scored([weak])}, 1, steep, alone).kept[0] == [0]  # alone: it explores on its own account
+    shared = BudgetState(probe_every=1)
+    assert plan({0: _scored([weak])}, 2, steep, shared, bare=[1]).kept[0] == []  # slot 1 would pay for it
+    shared.settle(1, 3, 1.0)
+    assert plan({0: _scored([weak])}, 2, steep, shared, bare=[1]).kept[0] == [0]  # slot 1 is ahead: it can
 
 
 def test_the_budget_learns_how_far_each_drafters_scores_can_be_trusted():
