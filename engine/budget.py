@@ -154,6 +154,10 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: Budge
            f"{n_base + n_nodes} rows ({cost.c(n_base + n_nodes):.2f}x one row)")
     if n_nodes == 0 and offered:
         why = f"no draft node pays its row this round ({offered} offered): plain decoding"
+        if state.fair and _greedy_take(ranked, n_base, cost):
+            behind = min([s for s in list(trees) + bare if s >= 0], key=lambda s: state.balance.get(s, 0.0))
+            why = (f"no draft node pays its row without slowing a slot below plain decoding ({offered} offered; "
+                   f"slot {behind} stands at {state.balance.get(behind, 0.0):+.2f} tokens against it): plain decoding")
     n_rows = n_base + n_nodes
     state.threshold = expected * (cost.c(n_rows + 1) / cost.c(n_rows) - 1)
     return Budget(n_rows=n_base + n_nodes, n_base=n_base, kept=kept, offered={seq: len(t) for seq, t in trees.items()},

@@ -14,8 +14,8 @@ drafting, for each (slot, model drafter), from what drafting gave that slot in e
 Drafting for the slot adds g tokens and t seconds to a round of N tokens in T seconds; it raises the batch's
 tokens per second when (N + g) / (T + t) > N / T, that is when g * T / N > t. While that fails the drafter skips
 the slot, drafting anyway every `probe_every` rounds so the estimates follow the text (an open answer that
-starts to copy, or the reverse); the probes of all slots fall on the same rounds, so they share one batched
-call. The n-gram drafters cost microseconds and are not gated.
+starts to copy, or the reverse), twice as seldom after each probe that found nothing worth its time; the probes
+of all slots fall on the same rounds, so they share one batched call. The n-gram drafters cost microseconds and are not gated.
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ class GateParams:
     decay: float = 0.8  # weight of the old estimate in each update
     prior_gain: float = 1.0  # tokens per round assumed before any evidence: one unlucky first round must not
     # shut a drafter out for probe_every rounds
-    probe_every: int = 8  # a drafter that does not pay for a slot still drafts for it this often
+    probe_every: int = 8  # a drafter that does not pay for a slot still drafts for it this often at first
+    # each probe that still does not pay doubles the slot's interval, up to this; one that pays resets it. With
+    # four open slots the head's probe rounds cost a third of a round each, every 8th round
+    probe_max: int = 64
     covered_at: float = 0.5  # the drafters before it guess the next token with this chance: a "covered" round
 
 
@@ -38,6 +41,8 @@ class _Estimate:
     cost: float | None = None  # seconds of drafting per round charged to the slot
     pending: float | None = None  # this round's drafting time, until the round's gain is known
     n: int = 0  # rounds measured
+    period: int = 0  # rounds between its probes while it does not pay (0: probe_every)
+    probing: bool = False  # this round's drafting is a probe
 
 
 @dataclass
@@ -74,8 +79,10 @@ class DrafterGate:
         if e.gain * self.seconds_per_token > e.cost:
             return True
         # a model drafter drafts for all its slots in one batched call that costs about the same for one slot
-        # as for four: slots probing on rounds of their own would each pay a whole call
-        return self.n_rounds % self.params.probe_every == 0
+        # as for four: slots probing on rounds of their own would each pay a whole call. The intervals are
+        # probe_every times powers of 2, so a slot's probe rounds include those of every slot probing less often
+        e.probing = self.n_rounds % (e.period or self.params.probe_every) == 0
+        return e.probing
 
     def note_cost(self, seq: int, name: str, seconds: float) -> None:
         self._estimate(seq, name).pending = seconds
@@ -88,6 +95,11 @@ class DrafterGate:
         e.cost = self._ema(e.cost, e.pending, e.n - 1)
         e.gain = self._ema(self.params.prior_gain if e.gain is None else e.gain, float(tokens), e.n)
         e.pending = None
+        if e.probing:
+            pays = self.seconds_per_token is not None and e.gain * self.seconds_per_token > e.cost
+            period = e.period or self.params.probe_every
+            e.period = self.params.probe_every if pays else min(2 * period, self.params.probe_max)
+            e.probing = False
 
     def note_round(self, seconds: float, n_emitted: int) -> None:
         self.n_rounds += 1

@@ -245,7 +245,8 @@ def test_a_slot_behind_plain_decoding_asks_more_of_its_scores_and_one_ahead_shar
     ahead.settle(1, 3, 1.0)  # slot 1 is 2 tokens ahead of plain decoding
     bare_ahead = plan({0: _scored([sure])}, 2, cost, ahead, bare=[1])
     assert bare_ahead.kept[0] == [0, 1, 2, 3]  # even without a draft it can pay for slot 0's whole chain
-    assert plan({0: _scored([sure])}, 2, cost, BudgetState(probe_every=100), bare=[1]).kept[0] == []
+    refused = plan({0: _scored([sure])}, 2, cost, BudgetState(probe_every=100), bare=[1])
+    assert refused.kept[0] == [] and "without slowing a slot below plain decoding" in refused.why
     ahead.forget(1)
     assert ahead.balance == {}
 
@@ -326,10 +327,17 @@ def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
                 gate.note_cost(seq, "draft-head", 0.004)
                 gate.note_gain(seq, "draft-head", 0)  # 4 ms of drafting for nothing the n-grams had not found
         gate.note_round(0.030, 3)  # 10 ms a token
-    assert decisions[0][:2] == [True, True] and decisions[0][2:].count(True) == 3  # probes: every third round
+    assert decisions[0][:2] == [True, True]
+    # probes: every third round at first, then twice as seldom after each that found nothing (rounds 3 and 6)
+    assert [i for i, go in enumerate(decisions[0]) if go and i >= 2] == [3, 6]
     # the other slot probes on the same rounds, so one batched call serves both
     probes = [i for i, go in enumerate(decisions[0]) if go and i >= 2]
     assert probes == [i + 1 for i, go in enumerate(decisions[2]) if go and i >= 2]
+    assert gate.estimates[(0, "draft-head", False)].period == 12
+    assert gate.pays(0, "draft-head")  # round 12: a probe, and this time the head finds 2 tokens
+    gate.note_cost(0, "draft-head", 0.004)
+    gate.note_gain(0, "draft-head", 2)
+    assert gate.estimates[(0, "draft-head", False)].period == 3  # it pays again: probes every third round
     assert gate.pays(1, "draft-head")  # another slot has its own estimate
     for _ in range(8):  # a slot where the head finds 2 tokens a round pays its 4 ms
         assert gate.pays(1, "draft-head")
