@@ -129,7 +129,8 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: Budge
                     reverse=True)
     if bare is None:
         bare = [-1] if n_base > len(trees) else []
-    if state.fair:
+    # a slot alone in the forward pays for its rows with its own time: the goodput is its speed
+    if state.fair and len(set(trees) | set(bare)) > 1:
         balance = {seq: state.balance.get(seq, 0.0) for seq in list(trees) + bare}
         take = _fair_take(trees, ranked, n_base, cost, balance, bare)
     else:

@@ -241,6 +241,8 @@ def test_a_slot_behind_plain_decoding_asks_more_of_its_scores_and_one_ahead_shar
     behind = BudgetState(probe_every=100)
     behind.settle(1, 1, 1.3)  # slot 1's last round cost 1.3 plain forwards and gave it one token
     assert plan(offer(), 2, cost, behind).n_rows == 4  # now its 0.55 - 0.3 pays for 1.2x at most
+    alone = plan({1: _scored([([9], [0.55])])}, 1, cost, behind)
+    assert alone.kept[1] == [0]  # alone in the forward its rows cost only its own time: the goodput decides
     ahead = BudgetState(probe_every=100)
     ahead.settle(1, 3, 1.0)  # slot 1 is 2 tokens ahead of plain decoding
     bare_ahead = plan({0: _scored([sure])}, 2, cost, ahead, bare=[1])
