@@ -145,3 +145,20 @@ def test_empty_rows_give_figures_that_say_so():
     figs = plot.figures([])
     for fig in figs.values():
         assert fig["data"] == [] and fig["layout"]["annotations"]
+
+
+def test_a_shared_forward_summary_shows_each_prompts_own_speed_and_the_slowest(capsys):
+    from engine.bench.cli import print_summary
+
+    def row(pid, on, group, own):
+        return dict(prompt_id=pid, spec_decode="on" if on else "off", spec_types="ngram-simple" if on else "",
+                    n_max=8 if on else 0, concurrency=2, ctx_len=0, n_gen=96, tps=10.0, speedup=group,
+                    speedup_decode=own, mean_acc_len=1.5, draft_accept_rate=0.5, verify_cost_c=0.1,
+                    lossless_ok=True, prompt_kind="open", synthetic_accept="", dtype="float32")
+
+    print_summary([row("copy", False, 1.0, 1.0), row("open", False, 1.0, 1.0),
+                   row("copy", True, 1.3, 1.9), row("open", True, 1.3, 0.97)])
+    out = capsys.readouterr().out
+    assert " own " in out.splitlines()[0]
+    assert "1.900" in out and "0.970" in out  # the group's 1.3 hides that one prompt came slower
+    assert "slowest prompt under ngram-simple: open at 0.970x" in out

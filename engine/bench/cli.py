@@ -129,19 +129,27 @@ def _label(r: dict) -> str:
     return f"synthetic P={float(r['synthetic_accept']):g}" if r.get("synthetic_accept") not in (None, "") else name
 
 
+def own_column(r: dict) -> str:
+    return f" {float(r['speedup_decode'] or 0):>6.3f}" if r.get("speedup_decode") not in (None, "") else f" {'':>6}"
+
+
 def print_summary(rows: list[dict]) -> None:
     """One line per row; a sweep adds its concurrency (N), context length and n_max columns."""
     sweeping = len({(r["concurrency"], r["ctx_len"]) for r in rows}) > 1 or \
         len({r["n_max"] for r in rows if r["spec_decode"] == "on"}) > 1
     extra = f" {'N':>2} {'ctx':>5} {'k':>3}" if sweeping else ""
-    head = (f"{'prompt':<22} {'config':<18}{extra} {'n_gen':>5} {'tok/s':>7} {'speedup':>7} {'acc len':>7} "
-            f"{'acc':>5} {'c':>5} lossless")
+    # several slots: `speedup` is the group's (its slots' tokens over its time), `own` the prompt's own decode
+    # speed over its plain run's: what its user sees
+    shared = any(int(r["concurrency"]) > 1 for r in rows)
+    head = (f"{'prompt':<22} {'config':<18}{extra} {'n_gen':>5} {'tok/s':>7} {'speedup':>7}"
+            f"{' ' + format('own', '>6') if shared else ''} {'acc len':>7} {'acc':>5} {'c':>5} lossless")
     print(head)
     print("-" * len(head))
     for r in rows:
         cols = f" {r['concurrency']:>2} {r['ctx_len']:>5} {r['n_max']:>3}" if sweeping else ""
         print(f"{str(r['prompt_id'])[:22]:<22} {_label(r)[:18]:<18}{cols} {r['n_gen']:>5} {r['tps']:>7.2f} "
-              f"{float(r['speedup'] or 0):>7.3f} {r['mean_acc_len']:>7.2f} {r['draft_accept_rate']:>5.2f} "
+              f"{float(r['speedup'] or 0):>7.3f}{own_column(r) if shared else ''} "
+              f"{r['mean_acc_len']:>7.2f} {r['draft_accept_rate']:>5.2f} "
               f"{r['verify_cost_c']:>5.2f} {r['lossless_ok']}")
     by_cfg: dict[tuple[str, str], list[float]] = {}
     for r in rows:
@@ -152,6 +160,13 @@ def print_summary(rows: list[dict]) -> None:
                 by_cfg.setdefault((name, kind), []).append(float(r["speedup"] or 0))
     for (name, kind), xs in by_cfg.items():
         print(f"geomean speedup {name} [{kind}]: {geomean(xs):.3f}x over our plain decoding ({len(xs)} prompts)")
+    if shared:
+        for name in sorted({r["spec_types"] for r in rows if r["spec_decode"] == "on"}):
+            own = [r for r in rows if r["spec_types"] == name and r["speedup_decode"] not in (None, "")]
+            if own:
+                low = min(own, key=lambda r: float(r["speedup_decode"]))
+                print(f"slowest prompt under {name}: {low['prompt_id']} at {float(low['speedup_decode']):.3f}x "
+                      f"its plain decode speed ({len(own)} prompts sharing forwards)")
     for other in OTHER_IMPLEMENTATIONS:
         xs = [float(r["speedup"] or 0) for r in rows if r["spec_types"] == other]
         if xs:
