@@ -107,9 +107,14 @@ class BudgetState:
     def settle(self, seq: int, n_emitted: int, cost_ratio: float) -> None:
         self.balance[seq] = self.balance.get(seq, 0.0) + n_emitted - cost_ratio
 
-    def forget(self, seq: int) -> None:
+    def begin(self, seq: int) -> None:
+        """A new generation in the slot: its answer is measured against plain decoding from here. What its
+        drafters' scores proved (the correction) stays: the next turn of a chat is much like the last."""
         self.refused.pop(seq, None)
         self.balance.pop(seq, None)
+
+    def forget(self, seq: int) -> None:
+        self.begin(seq)
         self.correction.forget(seq)
 
 

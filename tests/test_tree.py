@@ -249,7 +249,7 @@ def test_a_slot_behind_plain_decoding_asks_more_of_its_scores_and_one_ahead_shar
     assert bare_ahead.kept[0] == [0, 1, 2, 3]  # even without a draft it can pay for slot 0's whole chain
     refused = plan({0: _scored([sure])}, 2, cost, BudgetState(probe_every=100), bare=[1])
     assert refused.kept[0] == [] and "without slowing a slot below plain decoding" in refused.why
-    ahead.forget(1)
+    ahead.begin(1)  # a new generation in the slot starts even with plain decoding
     assert ahead.balance == {}
 
 
@@ -301,6 +301,20 @@ def test_cost_curve_pools_a_spike_instead_of_lifting_every_size_after_it(tiny_ta
     assert non_decreasing([1.0, 1.0, 1.5, 2.0]) == [1.0, 1.0, 1.5, 2.0]
     cost = Engine(tiny_target, n_ctx=256, n_seq_max=2).cost
     assert cost.sizes[0] == 1 and all(a <= b for a, b in zip(cost.seconds, cost.seconds[1:]))
+
+
+def test_each_generation_is_measured_against_plain_decoding_from_its_start(engine):
+    params = GenParams(max_new_tokens=12, ignore_eos=True, sampling=SamplerParams(temp=0.0, seed=0),
+                       spec=SpecParams(types=NGRAM_CHAIN, n_max=8, adaptive=True, p_min=0.0, tree_nodes=8))
+    prompt = PROMPTS[0]
+    engine.start(prompt, params, seq=0)
+    while engine.active():
+        engine.step()
+    state = engine.round.budget_state
+    assert 0 in state.balance  # its rounds were settled against plain decoding
+    engine.start(prompt, params, seq=0)  # the next turn in the same slot, not released in between
+    assert 0 not in state.balance
+    engine.release(0)
 
 
 def test_budgeted_trees_are_plain_decoding(engine):
