@@ -142,6 +142,7 @@ class Round:
                 n_emitted += len(ev.emitted)
                 if budget is not None:
                     self.budget_state.settle(ev.seq, len(ev.emitted), cost_ratio)
+                    ev.balance = self.budget_state.balance[ev.seq]
                 if budget is not None and ev.seq in requests:
                     ev.budget_why = budget.why
                     ev.tree_offered = budget.offered.get(ev.seq, 0)

@@ -308,10 +308,12 @@ def test_each_generation_is_measured_against_plain_decoding_from_its_start(engin
                        spec=SpecParams(types=NGRAM_CHAIN, n_max=8, adaptive=True, p_min=0.0, tree_nodes=8))
     prompt = PROMPTS[0]
     engine.start(prompt, params, seq=0)
+    events = []
     while engine.active():
-        engine.step()
+        events += engine.step()
     state = engine.round.budget_state
     assert 0 in state.balance  # its rounds were settled against plain decoding
+    assert [e.balance for e in events if e.balance is not None][-1] == state.balance[0]  # the UI's figure
     engine.start(prompt, params, seq=0)  # the next turn in the same slot, not released in between
     assert 0 not in state.balance
     engine.release(0)

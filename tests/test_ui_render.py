@@ -661,7 +661,8 @@ def test_a_tree_round_draws_the_path_the_branches_and_the_budget(vocab):
     out = tree_html(tree_event(), vocab, context=[1, 4])
     assert out.count("chip-acc") == 2 and out.count("chip-rej") == 3 and out.count("<s>") == 3
     assert out.count("<li>") == 5 and "draft-head" in out and "kept in the cache at position 12" in out
-    assert "5 of 9 draft nodes" in out and "5 of the 9 nodes" in out
+    assert "5 of 9 draft nodes" in out and "5 of the 9 nodes" in out and "against plain decoding" not in out
+    assert "stands +2.4 tokens against plain decoding" in tree_html(tree_event(balance=2.38), vocab, context=[1, 4])
     row = timeline_row(tree_event(), vocab, context=[1, 4])
     assert "(tree: 5 nodes)" in row and "2/5" in row and "branches freed by cell; path kept [11, 13)" in row
     none_kept = timeline_row(tree_event(n_accepted=0, emitted=[9], rm_range=(11, 14), tree_path=[]), vocab, [1, 4])
