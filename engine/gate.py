@@ -15,7 +15,8 @@ Drafting for the slot adds g tokens and t seconds to a round of N tokens in T se
 tokens per second when (N + g) / (T + t) > N / T, that is when g * T / N > t. While that fails the drafter skips
 the slot, drafting anyway every `probe_every` rounds so the estimates follow the text (an open answer that
 starts to copy, or the reverse), twice as seldom after each probe that found nothing worth its time; the probes
-of all slots fall on the same rounds, so they share one batched call. The n-gram drafters cost microseconds and are not gated.
+of all slots fall on the same rounds, so they share one batched call. The n-gram drafters cost microseconds and
+are not gated.
 """
 
 from __future__ import annotations

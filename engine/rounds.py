@@ -143,7 +143,7 @@ class Round:
                 if budget is not None:
                     self.budget_state.settle(ev.seq, len(ev.emitted), cost_ratio)
                     ev.balance = self.budget_state.balance[ev.seq]
-                if budget is not None and ev.seq in requests:
+                if budget is not None and ev.seq in requests:  # a replay slot drafted nothing
                     ev.budget_why = budget.why
                     ev.tree_offered = budget.offered.get(ev.seq, 0)
                     if ev.seq in budget.kept and ev.verify_mode == "tree" and requests[ev.seq].tree is not None:

@@ -129,7 +129,7 @@ def _label(r: dict) -> str:
     return f"synthetic P={float(r['synthetic_accept']):g}" if r.get("synthetic_accept") not in (None, "") else name
 
 
-def own_column(r: dict) -> str:
+def _own_column(r: dict) -> str:
     return f" {float(r['speedup_decode'] or 0):>6.3f}" if r.get("speedup_decode") not in (None, "") else f" {'':>6}"
 
 
@@ -148,7 +148,7 @@ def print_summary(rows: list[dict]) -> None:
     for r in rows:
         cols = f" {r['concurrency']:>2} {r['ctx_len']:>5} {r['n_max']:>3}" if sweeping else ""
         print(f"{str(r['prompt_id'])[:22]:<22} {_label(r)[:18]:<18}{cols} {r['n_gen']:>5} {r['tps']:>7.2f} "
-              f"{float(r['speedup'] or 0):>7.3f}{own_column(r) if shared else ''} "
+              f"{float(r['speedup'] or 0):>7.3f}{_own_column(r) if shared else ''} "
               f"{r['mean_acc_len']:>7.2f} {r['draft_accept_rate']:>5.2f} "
               f"{r['verify_cost_c']:>5.2f} {r['lossless_ok']}")
     by_cfg: dict[tuple[str, str], list[float]] = {}
