@@ -1,72 +1,113 @@
-"""bfloat16 linears for a few rows through our own kernel (engine/kernels/small_gemm.c), where the CPU has
-AVX512-BF16.
+"""Our own linears for a few rows (engine/kernels/small_gemm*.c): bfloat16 where the CPU has AVX512-BF16,
+float32 where it has AVX2 and FMA.
 
 A decoding or verification forward multiplies 1 to 16 rows by each weight matrix: the cost is reading the
 weights, plus whatever each call spends around that. oneDNN's packed linear (engine/prepack.py) spends about
-20 us a call at these sizes; the embedded model makes 211 calls a forward. The kernel streams each packed weight
-once per 16 rows with vdpbf16ps and a fixed order of additions, so a row gets the same bits alone or in a
-batch. Measured on the embedded model's 210 layer linears (AMD EPYC, 2 cores, `scripts/gemm_speed.py`): 1 row
-7.1 ms against oneDNN's 13.8, 4 rows 7.3 against 11.5, 8 rows 11.3 against 13.3, and the same from 12 rows
-on, where both are bound by the multiplications.
+20 us a call at these sizes, the embedded model makes 211 calls a forward, and at a few rows it reads the
+weights at well under the memory's speed. Both kernels stream each packed weight once per call and keep one
+accumulator per (row, output) that runs over the inputs in a fixed order, so a row gets the same bits alone or
+in a batch.
 
-`SmallGemm.pack` returns None where the kernel does not apply (no AVX512-BF16, no C compiler, another dtype,
-a bias, a width that is not a multiple of 16): the caller keeps oneDNN for that weight.
+- bfloat16 (`small_gemm.c`, vdpbf16ps, 16 rows per pass). The embedded model's 210 layer linears (AMD EPYC,
+  2 cores, `scripts/gemm_speed.py`): 1 row 7.1 ms against oneDNN's 13.8, 4 rows 7.3 against 11.5, 8 rows 11.3
+  against 13.3, and the same from 12 rows on, where both are bound by the multiplications.
+- float32 (`small_gemm_f32.c`, vfmadd231ps, 3 rows per pass over a block of 32 outputs, and the later passes
+  prefetch the next block so their arithmetic overlaps the memory reads). The same 210 linears on an AMD EPYC
+  with AVX2 only: 1 row 19.5 ms against oneDNN's 30.6, 4 rows 24.8 against 40.9, 8 rows 25.6 against 48.6,
+  16 rows 30.2 against 56.9 (`scripts/gemm_speed.py --dtype float32`).
+
+`SmallGemm.pack` returns None where no kernel applies (no such CPU feature, no C compiler, another dtype, a
+bias, a width the kernel's blocks do not divide): the caller keeps oneDNN for that weight.
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-POST = {"none": 0, "swish": 1, "add": 2, "mul": 3}  # the kernel's epilogues, by oneDNN's names
+POST = {"none": 0, "swish": 1, "add": 2, "mul": 3}  # the kernels' epilogues, by oneDNN's names
 
 
-def load():
-    """(the kernel's two functions, None) or (None, why not)."""
+@dataclass(frozen=True)
+class _Spec:
+    source: str  # engine/kernels/<source>.c
+    flags: tuple[str, ...]  # /proc/cpuinfo flags it needs
+    n_block: int  # outputs per packed block: N must be a multiple
+    k_pair: int  # inputs packed together: K must be a multiple
+
+
+SPECS = {torch.bfloat16: _Spec("small_gemm", ("avx512_bf16",), 16, 2),
+         torch.float32: _Spec("small_gemm_f32", ("avx2", "fma"), 32, 1)}
+
+
+@dataclass
+class Kernels:
+    """The kernels built for this host, by weight dtype, and why the others are not."""
+
+    fns: dict = field(default_factory=dict)  # dtype -> (multiply, pack) from the built library
+    why_not: dict = field(default_factory=dict)  # dtype -> one line
+
+    def get(self, dtype: torch.dtype):
+        return self.fns.get(dtype)
+
+
+def load(dtypes=(torch.bfloat16, torch.float32)) -> Kernels:
+    """Build (once per host, engine/kernels/build.py) and load the kernels of these dtypes that this CPU runs."""
     from engine.kernels.build import build, cpu_flags
 
-    if "avx512_bf16" not in cpu_flags():
-        return None, "the CPU has no AVX512-BF16"
-    lib, where = build("small_gemm")
-    if lib is None:
-        return None, where
-    fn, pack = lib.small_gemm, lib.small_gemm_pack
-    fn.restype, pack.restype = None, None
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-    return (fn, pack), None
+    out = Kernels()
+    flags = cpu_flags()
+    for dtype in dtypes:
+        spec = SPECS[dtype]
+        missing = [f for f in spec.flags if f not in flags]
+        if missing:
+            out.why_not[dtype] = f"the CPU has no {', '.join(f.upper() for f in missing)}"
+            continue
+        lib, where = build(spec.source)
+        if lib is None:
+            out.why_not[dtype] = where
+            continue
+        fn, pack = getattr(lib, spec.source), getattr(lib, spec.source + "_pack")
+        fn.restype, pack.restype = None, None
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        out.fns[dtype] = (fn, pack)
+    return out
 
 
 @dataclass
 class SmallGemm:
     """One packed weight [N, K] and the kernel that multiplies by it; call it like the linear it replaces."""
 
-    fn: object  # small_gemm from the built library
-    weight: torch.Tensor  # [N * K] bfloat16 in the kernel's layout [N/16][K/2][16][2]
+    fn: object  # the multiply from the built library
+    weight: torch.Tensor  # [N * K] in the kernel's blocked layout
     k: int  # inputs
     n: int  # outputs
+    dtype: torch.dtype  # of the weight, the inputs and the outputs
 
     @classmethod
-    def pack(cls, kernel, w: torch.Tensor, bias: torch.Tensor | None) -> "SmallGemm | None":
+    def pack(cls, kernels: Kernels | None, w: torch.Tensor, bias: torch.Tensor | None) -> "SmallGemm | None":
         n, k = w.shape
-        if kernel is None or w.dtype != torch.bfloat16 or bias is not None or n % 16 or k % 2:
+        spec = SPECS.get(w.dtype)
+        fns = kernels.get(w.dtype) if kernels is not None else None
+        if fns is None or spec is None or bias is not None or n % spec.n_block or k % spec.k_pair:
             return None
-        fn, pack = kernel
+        fn, pack = fns
         src = w.detach().contiguous()
-        packed = torch.empty(n * k, dtype=torch.bfloat16)
+        packed = torch.empty(n * k, dtype=w.dtype)
         pack(src.data_ptr(), packed.data_ptr(), k, n)
-        return cls(fn, packed, k, n)
+        return cls(fn, packed, k, n, w.dtype)
 
     def __call__(self, x: torch.Tensor, post: str = "none", other: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., K] -> [..., N] bfloat16; post "swish", or "add" / "mul" with other [..., N]."""
-        x2 = x.reshape(-1, self.k).to(torch.bfloat16).contiguous()
+        """x [..., K] -> [..., N]; post "swish", or "add" / "mul" with other [..., N]."""
+        x2 = x.reshape(-1, self.k).to(self.dtype).contiguous()
         m = x2.shape[0]
-        y = torch.empty(m, self.n, dtype=torch.bfloat16)
+        y = torch.empty(m, self.n, dtype=self.dtype)
         o = None
         if other is not None:
-            o = other.reshape(-1, self.n).to(torch.bfloat16).contiguous()
+            o = other.reshape(-1, self.n).to(self.dtype).contiguous()
         self.fn(x2.data_ptr(), self.weight.data_ptr(), y.data_ptr(), None if o is None else o.data_ptr(), m,
                 self.k, self.n, POST[post])
         return y.reshape(*x.shape[:-1], self.n)

@@ -108,12 +108,13 @@ def prepack_linears(model: nn.Module, keep_weights: bool = False, small_gemm: bo
     weight with keep_weights, for models whose own code reads their linears' weights (transformers' Mamba
     reads `out_proj.weight.dtype`): the lean forward's families do not, the others keep both.
 
-    bfloat16 weights go to our own kernel where it applies (engine/gemm.py, small_gemm=False keeps oneDNN):
-    every row of every batch then goes through one of the two, never both, so batch invariance holds."""
+    Weights go to our own kernels where one applies (engine/gemm.py: bfloat16 with AVX512-BF16, float32 with
+    AVX2; small_gemm=False keeps oneDNN): every row of every batch then goes through one of the two, never
+    both, so batch invariance holds."""
     if not available():
         return 0
     tied = _tied_elsewhere(model)
-    kernel, _ = gemm.load() if small_gemm else (None, None)
+    kernels = gemm.load() if small_gemm else None
     n = 0
     with torch.no_grad():
         for module in model.modules():
@@ -122,7 +123,7 @@ def prepack_linears(model: nn.Module, keep_weights: bool = False, small_gemm: bo
             w = module.weight
             if w.device.type != "cpu" or w.dtype not in DTYPES:
                 continue
-            module._packed_weight = (SmallGemm.pack(kernel, w, module.bias)
+            module._packed_weight = (SmallGemm.pack(kernels, w, module.bias)
                                      or torch.ops.mkldnn._reorder_linear_weight(w.detach(), BATCH_HINT))
             if id(w) not in tied and not keep_weights:
                 del module.weight  # the packed layout is the one copy

@@ -1,10 +1,10 @@
-"""Our bfloat16 linear kernel (engine/gemm.py) against oneDNN's packed layout on the embedded model's shapes.
+"""Our linear kernels (engine/gemm.py) against oneDNN's packed layout on the embedded model's shapes.
 
-Times the 210 layer linears of a forward (30 layers of q, k, v, o, gate, up, down, random bfloat16 weights
-cycling through memory as in a real forward) at several row counts, fastest of 7 passes each, and checks that a
-row's outputs are the same bits alone as in a batch.
+Times the 210 layer linears of a forward (30 layers of q, k, v, o, gate, up, down, random weights cycling
+through memory as in a real forward) at several row counts, fastest of 7 passes each, and checks that a row's
+outputs are the same bits alone as in a batch.
 
-    .venv/bin/python scripts/gemm_speed.py [--rows 1,2,4,6,8,12,16,24,32]
+    .venv/bin/python scripts/gemm_speed.py [--dtype bfloat16|float32] [--rows 1,2,4,6,8,12,16,24,32]
 """
 
 from __future__ import annotations
@@ -22,21 +22,23 @@ HIDDEN, MLP, LAYERS = 576, 1536, 30  # the embedded model (SmolLM2-135M)
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,2,4,6,8,12,16,24,32")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     a = ap.parse_args(argv)
 
     import torch
 
     from engine import gemm
 
-    kernel, why = gemm.load()
-    if kernel is None:
-        print(f"the kernel does not run here: {why}")
+    dtype = getattr(torch, a.dtype)
+    kernels = gemm.load((dtype,))
+    if kernels.get(dtype) is None:
+        print(f"the {a.dtype} kernel does not run here: {kernels.why_not[dtype]}")
         return 1
     gen = torch.Generator().manual_seed(0)
     shapes = [(HIDDEN, HIDDEN), (HIDDEN, 192), (HIDDEN, 192), (HIDDEN, HIDDEN), (HIDDEN, MLP), (HIDDEN, MLP),
               (MLP, HIDDEN)] * LAYERS  # (in, out)
-    weights = [torch.randn(n, k, generator=gen).to(torch.bfloat16) for k, n in shapes]
-    ours = [gemm.SmallGemm.pack(kernel, w, None) for w in weights]
+    weights = [torch.randn(n, k, generator=gen).to(dtype) for k, n in shapes]
+    ours = [gemm.SmallGemm.pack(kernels, w, None) for w in weights]
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 4) for w in weights]
 
     def timed(fn) -> float:
@@ -51,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     print("rows  ours ms  oneDNN ms")
     with torch.inference_mode():
         for m in [int(r) for r in a.rows.split(",")]:
-            x = {k: torch.randn(1, max(m, 2), k, generator=gen).to(torch.bfloat16) for k in (HIDDEN, MLP)}
+            x = {k: torch.randn(1, max(m, 2), k, generator=gen).to(dtype) for k in (HIDDEN, MLP)}
             mine = timed(lambda: [lin(x[lin.k][:, :m]) for lin in ours])
             theirs = timed(lambda: [torch.ops.mkldnn._linear_pointwise(x[k], w, None, "none", [], "")
                                     for (k, _), w in zip(shapes, onednn)])
             print(f"{m:4d}  {mine:7.2f}  {theirs:9.2f}")
-        x = torch.randn(9, HIDDEN, generator=gen).to(torch.bfloat16)
+        x = torch.randn(9, HIDDEN, generator=gen).to(dtype)
         same = all(torch.equal(ours[4](x[i:i + 1])[0], ours[4](x)[i]) for i in range(9))
     print(f"a row alone gives the bits it gets in a batch of 9: {same}")
     return 0 if same else 1

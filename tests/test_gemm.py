@@ -1,5 +1,5 @@
-"""Our bfloat16 kernel for few-row linears (engine/gemm.py): right sums, the same bits for a row in any batch,
-the fused epilogues, and oneDNN kept wherever the kernel does not apply."""
+"""Our kernels for few-row linears (engine/gemm.py), bfloat16 and float32: right sums, the same bits for a row
+in any batch, the fused epilogues, and oneDNN kept wherever a kernel does not apply."""
 
 import pytest
 import torch
@@ -8,59 +8,79 @@ from torch import nn
 
 from engine import gemm, prepack
 
-KERNEL, WHY = gemm.load()
-needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"small_gemm kernel not available here: {WHY}")
+KERNELS = gemm.load()
+DTYPES = [pytest.param(dt, marks=pytest.mark.skipif(KERNELS.get(dt) is None,
+                                                   reason=f"{dt} kernel not available here: {KERNELS.why_not.get(dt)}"))
+          for dt in (torch.bfloat16, torch.float32)]
+# one bfloat16 rounding of a float32 sum is within 2^-8 of it; float32 sums in another order within 1e-5
+TOL = {torch.bfloat16: dict(rtol=2 ** -7, atol=1e-2), torch.float32: dict(rtol=1e-5, atol=1e-5)}
 
 
-def _weights(n: int, k: int, seed: int = 0) -> torch.Tensor:
+def _weights(n: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16)
+    return (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
 
 
-@needs_kernel
-def test_sums_and_epilogues_match_float_arithmetic():
-    w = _weights(96, 64)
-    lin = gemm.SmallGemm.pack(KERNEL, w, None)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sums_and_epilogues_match_float_arithmetic(dtype):
+    w = _weights(96, 64, dtype)
+    lin = gemm.SmallGemm.pack(KERNELS, w, None)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(5, 64, generator=g).to(torch.bfloat16)
-    other = torch.randn(5, 96, generator=g).to(torch.bfloat16)
-    ref = x.float() @ w.float().T
-    assert lin(x).dtype == torch.bfloat16
-    # one bfloat16 rounding of a float32 sum: within 2^-8 of the exact value
-    torch.testing.assert_close(lin(x).float(), ref, rtol=2 ** -7, atol=1e-3)
-    torch.testing.assert_close(lin(x, "swish").float(), F.silu(ref), rtol=2 ** -7, atol=1e-3)
-    torch.testing.assert_close(lin(x, "add", other).float(), ref + other.float(), rtol=2 ** -7, atol=1e-2)
-    torch.testing.assert_close(lin(x, "mul", other).float(), ref * other.float(), rtol=2 ** -7, atol=1e-2)
+    x = torch.randn(5, 64, generator=g).to(dtype)
+    other = torch.randn(5, 96, generator=g).to(dtype)
+    ref = x.double() @ w.double().T
+    assert lin(x).dtype == dtype
+    torch.testing.assert_close(lin(x).double(), ref, **TOL[dtype])
+    torch.testing.assert_close(lin(x, "swish").double(), F.silu(ref), **TOL[dtype])
+    torch.testing.assert_close(lin(x, "add", other).double(), ref + other.double(), **TOL[dtype])
+    torch.testing.assert_close(lin(x, "mul", other).double(), ref * other.double(), **TOL[dtype])
 
 
-@needs_kernel
-def test_a_row_gets_the_same_bits_alone_and_in_any_batch():
-    w = _weights(48, 128, seed=2)
-    lin = gemm.SmallGemm.pack(KERNEL, w, None)
-    x = torch.randn(37, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-    whole = lin(x)  # 37 rows: two full passes of 16 and a tail of 5
-    for m in (1, 2, 4, 7, 16, 17, 33):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_gets_the_same_bits_alone_and_in_any_batch(dtype):
+    w = _weights(96, 128, dtype, seed=2)
+    lin = gemm.SmallGemm.pack(KERNELS, w, None)
+    x = torch.randn(37, 128, generator=torch.Generator().manual_seed(3)).to(dtype)
+    whole = lin(x)  # 37 rows: several passes over each block (16 rows a pass in bfloat16, 3 in float32) and a tail
+    for m in (1, 2, 3, 4, 7, 16, 17, 33):
         assert torch.equal(lin(x[:m]), whole[:m]), m
     assert torch.equal(lin(x[20:21]), whole[20:21])
 
 
-@needs_kernel
-def test_prepacking_sends_bfloat16_linears_to_the_kernel_and_keeps_onednn_elsewhere():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prepacking_sends_linears_to_the_kernel_and_keeps_onednn_elsewhere(dtype):
     model = nn.Sequential(nn.Linear(64, 32, bias=False), nn.Linear(32, 32, bias=True), nn.Linear(32, 24, bias=False))
-    model = model.to(torch.bfloat16).eval()
-    x = torch.randn(3, 64).to(torch.bfloat16)
+    model = model.to(dtype).eval()
+    x = torch.randn(3, 64).to(dtype)
     with torch.no_grad():
         before = model(x)
         assert prepack.prepack_linears(model) == 3
         after = model(x)
     kinds = [isinstance(m._packed_weight, gemm.SmallGemm) for m in model]
-    assert kinds == [True, False, False]  # a bias, and 24 outputs (not a multiple of 16), stay with oneDNN
+    assert kinds == [True, False, False]  # a bias, and 24 outputs (not a block's multiple), stay with oneDNN
     torch.testing.assert_close(after.float(), before.float(), rtol=0.05, atol=0.05)
-    plain = nn.Linear(64, 32, bias=False).to(torch.bfloat16)
+    plain = nn.Linear(64, 32, bias=False).to(dtype)
     assert prepack.prepack_linears(plain, small_gemm=False) == 1
     assert not isinstance(plain._packed_weight, gemm.SmallGemm)
 
 
-def test_float32_weights_never_go_to_the_kernel():
-    assert gemm.SmallGemm.pack(KERNEL, torch.zeros(32, 32), None) is None
+def test_a_weight_goes_only_to_a_kernel_of_its_own_dtype():
+    only_bf16 = gemm.Kernels(fns={torch.bfloat16: KERNELS.get(torch.bfloat16) or (None, None)})
+    assert gemm.SmallGemm.pack(only_bf16, torch.zeros(32, 32), None) is None
     assert gemm.SmallGemm.pack(None, torch.zeros(32, 32, dtype=torch.bfloat16), None) is None
+    assert gemm.SmallGemm.pack(KERNELS, torch.zeros(32, 32, dtype=torch.float16), None) is None
+
+
+def test_a_cpu_without_the_feature_gets_no_kernel_and_a_reason(monkeypatch):
+    monkeypatch.setattr("engine.kernels.build.cpu_flags", lambda: {"sse2"})
+    none = gemm.load()
+    assert none.get(torch.float32) is None and none.get(torch.bfloat16) is None
+    assert "AVX2" in none.why_not[torch.float32] and "AVX512_BF16" in none.why_not[torch.bfloat16]
+
+
+@pytest.mark.skipif(KERNELS.get(torch.float32) is None, reason="no float32 kernel on this CPU")
+def test_a_cache_that_cannot_be_written_still_gets_the_kernels(tmp_path, monkeypatch):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("SPECPLAY_CACHE", str(blocked))
+    assert gemm.load((torch.float32,)).get(torch.float32) is not None

@@ -1,8 +1,9 @@
 """Compile the engine's C kernels for this host and load them with ctypes.
 
 A kernel is built once per source, compiler and CPU (it is compiled with -march=native) into a cache directory
-(`$SPECPLAY_CACHE`, else `~/.cache/specplay`), in a second or so, and loaded from there afterwards. Without a C
-compiler, or if the build fails, the caller gets None and the reason, and uses its torch path instead.
+(`$SPECPLAY_CACHE`, else `~/.cache/specplay`; the temporary folder where that cannot be written), in a second
+or so, and loaded from there afterwards. Without a C compiler, or if the build fails, the caller gets None and
+the reason, and uses its torch path instead.
 
 OpenMP: torch ships its own libgomp.so.1 and loads it first, so the kernel's `libgomp.so.1` resolves to that
 same runtime and its parallel loops share torch's threads instead of starting a second pool.
@@ -24,6 +25,19 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPI
 
 def cache_dir() -> Path:
     return Path(os.environ.get("SPECPLAY_CACHE") or Path.home() / ".cache" / "specplay") / "kernels"
+
+
+def _writable_dir() -> Path:
+    """The cache directory, or one under the system's temporary folder where the cache cannot be written: a
+    read-only cache must not make one load of a model run other kernels (other bits) than the next."""
+    for where in (cache_dir(), Path(tempfile.gettempdir()) / f"specplay-kernels-{os.getuid()}"):
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            if os.access(where, os.W_OK):
+                return where
+        except OSError:
+            continue
+    return cache_dir()
 
 
 def cpu_flags() -> set[str]:
@@ -52,7 +66,7 @@ def build(name: str) -> tuple[ctypes.CDLL | None, str]:
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{cc} --version failed: {e}"
     key = hashlib.sha256("\0".join([source.read_text(), version, " ".join(FLAGS), " ".join(sorted(cpu_flags()))]).encode())
-    target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
+    target = _writable_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.exists():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
