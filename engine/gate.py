@@ -8,7 +8,10 @@ drafting, for each (slot, model drafter), from what drafting gave that slot in e
 
 - gain g: tokens of the slot's kept path that only this drafter had proposed (the path's length minus the
   longest prefix another drafter of the same tree also proposed), per round it drafted;
-- cost t: its drafting time charged to the slot (one batched call's time shared by the slots in it);
+- cost t: its drafting time charged to the slot (one batched call's time shared by the slots in it), plus the
+  forward time of the rows its nodes took (nodes it was first to propose that the budget kept, at the round's
+  marginal time per row): the budget keeps a node when its score pays for its row, so the gain of those rows
+  is not free, and a drafter whose gain only pays its rows does not pay its drafting;
 - the batch's time per emitted token, T / N, over recent rounds.
 
 Drafting for the slot adds g tokens and t seconds to a round of N tokens in T seconds; it raises the batch's
@@ -53,6 +56,9 @@ class DrafterGate:
     estimates: dict[tuple[int, str, bool], _Estimate] = field(default_factory=dict)
     current: dict[tuple[int, str], bool] = field(default_factory=dict)  # (seq, drafter) -> this round's covered
     seconds_per_token: float | None = None  # the batch's round time over the tokens the round emitted
+    # this round's forward time per draft row beyond the rows it has anyway (set after the forward, read when
+    # the drafters are credited): (t(n) - t(n_base)) / (n - n_base) from the measured cost curve
+    row_seconds: float = 0.0
     n_rounds: int = 0  # rounds seen; probes fall on the same rounds for every slot, so they share one call
 
     def _ema(self, old: float | None, new: float, n: int) -> float:
@@ -88,6 +94,12 @@ class DrafterGate:
     def note_cost(self, seq: int, name: str, seconds: float) -> None:
         self._estimate(seq, name).pending = seconds
 
+    def note_rows(self, seq: int, name: str, n_rows: int) -> None:
+        """This round's forward gave n_rows rows to nodes that `name` proposed for `seq`: their time is its cost."""
+        e = self.estimates.get((seq, name, self.current.get((seq, name), False)))
+        if e is not None and e.pending is not None:
+            e.pending += n_rows * self.row_seconds
+
     def note_gain(self, seq: int, name: str, tokens: int) -> None:
         e = self.estimates.get((seq, name, self.current.get((seq, name), False)))
         if e is None or e.pending is None:
@@ -114,7 +126,7 @@ class DrafterGate:
             return f"{name}: no estimate yet"
         when = "when the others already guess" if covered else "when the others guess little"
         return (f"{name}: {e.gain:.2f} tokens only it found {when} x {self.seconds_per_token * 1e3:.1f} ms a "
-                f"token vs {e.cost * 1e3:.1f} ms drafting")
+                f"token vs {e.cost * 1e3:.1f} ms drafting and rows")
 
     def forget(self, seq: int) -> None:
         for key in [k for k in self.estimates if k[0] == seq]:

@@ -109,6 +109,11 @@ class Round:
             res = self._forward(batch, in_batch)
         except Exception as e:  # it failed twice: these generations end, the engine serves the next round
             return events + [failure(s.seq, "the forward", e) for s in in_batch]
+        self.chain.gate.row_seconds = 0.0  # what a draft row cost this round, for the drafters' gate (gate.py)
+        if budget is not None and len(batch) > budget.n_base:
+            cost = self.chain.policy.cost
+            extra = 1 - cost.c(budget.n_base) / cost.c(len(batch))  # share of the forward beyond the base rows
+            self.chain.gate.row_seconds = res.seconds * extra / (len(batch) - budget.n_base)
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
         kept_rows: list[int] = []  # the rows whose cells stay: a tree's drafters hear only its kept path
         for slot in in_batch:

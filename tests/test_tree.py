@@ -369,6 +369,27 @@ def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
     assert not [k for k in gate.estimates if k[0] == 1]
 
 
+def test_the_gate_charges_a_drafter_the_forward_rows_its_nodes_took():
+    from engine.gate import DrafterGate, GateParams
+
+    def rounds(gate, seq, n_rows):
+        for _ in range(6):
+            if gate.pays(seq, "draft-head"):
+                gate.note_cost(seq, "draft-head", 0.004)  # 4 ms of drafting
+                gate.note_rows(seq, "draft-head", n_rows)
+                gate.note_gain(seq, "draft-head", 1)  # one token a round that nobody else found
+            gate.note_round(0.030, 3)  # 10 ms a token
+        return gate.estimates[(seq, "draft-head", False)]
+
+    gate = DrafterGate(GateParams(decay=0.5, probe_every=100))
+    gate.row_seconds = 0.002
+    # 10 ms of gain against 4 ms drafting and 2 rows of 2 ms: it pays
+    assert abs(rounds(gate, 0, 2).cost - 0.008) < 1e-9 and gate.pays(0, "draft-head")
+    # against 4 ms drafting and 4 rows of 2 ms it does not, though its drafting alone would
+    assert abs(rounds(gate, 1, 4).cost - 0.012) < 1e-9 and not gate.pays(1, "draft-head")
+    assert "drafting and rows" in gate.why(1, "draft-head")
+
+
 def test_the_gate_keeps_rounds_the_ngrams_cover_apart():
     from engine.gate import DrafterGate, GateParams
 

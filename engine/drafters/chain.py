@@ -257,6 +257,7 @@ class DrafterChain:
         gains = exclusive_gains(credit, len(path))
         for name in self.types.get(seq, []):
             if self.pool[name].needs_model:
+                self.gate.note_rows(seq, name, sum(1 for d in tree.drafters if d == name))
                 self.gate.note_gain(seq, name, gains.get(name, 0))
         for name, (k, m) in credit.items():
             s, s_seq = self._both(seq, name)
