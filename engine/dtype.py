@@ -1,10 +1,11 @@
 """The weights' dtype, chosen by measurement: bfloat16 where this CPU computes it natively and it is faster.
 
-A decode step of a small model streams every weight once, so its time is mostly memory traffic: bfloat16
-halves it, and on a CPU with native bfloat16 dot products (AVX-512 `avx512_bf16`, or AMX) the arithmetic keeps
-up. Without them oneDNN emulates bfloat16 and it can be slower than float32. "auto" times one decoder layer's
-linears of the model's own shapes in both dtypes (through the same packed oneDNN path the engine uses, at one
-row and at a verification batch of four) and keeps the faster; an explicit dtype is taken as asked.
+A decode step of a small model streams every weight once, so its time is mostly memory traffic: bfloat16 halves
+it, and on a CPU with native bfloat16 dot products (AVX-512 `avx512_bf16`, or AMX) the arithmetic keeps up.
+Without them oneDNN emulates bfloat16 and it can be slower than float32. "auto" times one decoder layer's linears
+of the model's own shapes in both dtypes (through the same packed path the engine uses, our kernels or oneDNN's
+(engine/gemm.py), at one row and at a verification batch of four) and keeps the faster; an explicit dtype is taken
+as asked.
 
 Plain and speculative decoding run on the same loaded model, so they always share the dtype and the lossless
 check compares like with like.
