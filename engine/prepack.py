@@ -92,6 +92,19 @@ def is_packed(module: nn.Module) -> bool:
     return hasattr(module, "_packed_weight")
 
 
+def linear_paths(model: nn.Module) -> str:
+    """Which path the model's packed linears take, counted: "our float32 kernel 211" or "our bfloat16 kernel
+    210, oneDNN 1" (the status line shows it: the kernels depend on the CPU)."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        w = getattr(module, "_packed_weight", None)
+        if w is None:
+            continue
+        name = f"our {str(w.dtype).removeprefix('torch.')} kernel" if isinstance(w, SmallGemm) else "oneDNN"
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{name} {n}" for name, n in sorted(counts.items())) or "not packed"
+
+
 def _tied_elsewhere(model: nn.Module) -> set[int]:
     """ids of parameters owned by a module that is not a Linear (an embedding an LM head may share)."""
     owned = set()

@@ -58,6 +58,7 @@ def test_prepacking_sends_linears_to_the_kernel_and_keeps_onednn_elsewhere(dtype
         after = model(x)
     kinds = [isinstance(m._packed_weight, gemm.SmallGemm) for m in model]
     assert kinds == [True, False, False]  # a bias, and 24 outputs (not a block's multiple), stay with oneDNN
+    assert prepack.linear_paths(model) == f"oneDNN 2, our {str(dtype).removeprefix('torch.')} kernel 1"
     torch.testing.assert_close(after.float(), before.float(), rtol=0.05, atol=0.05)
     plain = nn.Linear(64, 32, bias=False).to(dtype)
     assert prepack.prepack_linears(plain, small_gemm=False) == 1

@@ -547,6 +547,10 @@ def test_loading_another_target_takes_the_head_out_of_the_chain_and_back(monkeyp
     assert types == NGRAM_CHAIN and "draft-head left the chain" in status
     status, types = load(app, "embedded", "", ["ngram-mod"])
     assert types == ["ngram-mod", "draft-head"] and "draft-head joined the chain" in status
+    from engine.prepack import linear_paths
+
+    assert f"linears: {linear_paths(embedded.model)}" in status  # which kernels this CPU runs, counted
+    assert "kernel 211" in linear_paths(embedded.model) or "oneDNN" in linear_paths(embedded.model)
     # the same model again changes nothing: a user who took the head out keeps it out
     status, types = load(app, "embedded", "", ["ngram-mod"])
     assert types == ["ngram-mod"] and "Already loaded" in status and "joined" not in status

@@ -41,6 +41,11 @@ class Runtime:
         draft = self.draft.name if self.draft is not None else "none"
         ctx = self.engine.ctx
         forward = "lean forward" if ctx.lean is not None else f"transformers' forward ({ctx.lean_reason})"
+        model = getattr(self.target, "model", None)
+        if model is not None:
+            from engine.prepack import linear_paths
+
+            forward += f", linears: {linear_paths(model)}"
         return (f"target {self.target.name} ({self.target.n_params / 1e6:.0f}M params, {self.target.device}, "
                 f"{self.target.dtype}: {self.target.dtype_reason}; {forward}) · "
                 f"draft {draft} · rollback {probe.kind}: {probe.reason} · {ctx.n_seq_max} slots, {ctx.n_ctx} cells")
