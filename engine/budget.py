@@ -166,9 +166,9 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: Budge
                    f"slot {behind} stands at {state.balance.get(behind, 0.0):+.2f} tokens against it): plain decoding")
     n_rows = n_base + n_nodes
     state.threshold = expected * (cost.c(n_rows + 1) / cost.c(n_rows) - 1)
-    return Budget(n_rows=n_base + n_nodes, n_base=n_base, kept=kept, offered={seq: len(t) for seq, t in trees.items()},
-                  expected=expected,
-                  goodput=expected / cost.c(n_base + n_nodes), why=why, factors=factors, threshold=state.threshold)
+    return Budget(n_rows=n_rows, n_base=n_base, kept=kept, offered={seq: len(t) for seq, t in trees.items()},
+                  expected=expected, goodput=expected / cost.c(n_rows), why=why, factors=factors,
+                  threshold=state.threshold)
 
 
 def _others_afford(trees, kept, bare: list[int], seq: int, n_probe: int, n_base: int, cost: CostModel,

@@ -109,11 +109,12 @@ class Round:
             res = self._forward(batch, in_batch)
         except Exception as e:  # it failed twice: these generations end, the engine serves the next round
             return events + [failure(s.seq, "the forward", e) for s in in_batch]
-        self.chain.gate.row_seconds = 0.0  # what a draft row cost this round, for the drafters' gate (gate.py)
-        if budget is not None and len(batch) > budget.n_base:
-            cost = self.chain.policy.cost
-            extra = 1 - cost.c(budget.n_base) / cost.c(len(batch))  # share of the forward beyond the base rows
-            self.chain.gate.row_seconds = res.seconds * extra / (len(batch) - budget.n_base)
+        # the forward's cost in plain forwards (what each slot's balance is charged), and what a draft row cost
+        # this round (the drafters' gate, gate.py): the share of the forward beyond the base rows, per row
+        cost_ratio = (self.chain.policy.cost.c(len(batch)) / self.chain.policy.cost.c(budget.n_base)
+                      if budget is not None else 1.0)
+        n_draft_rows = len(batch) - budget.n_base if budget is not None else 0
+        self.chain.gate.row_seconds = res.seconds * (1 - 1 / cost_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
         kept_rows: list[int] = []  # the rows whose cells stay: a tree's drafters hear only its kept path
         for slot in in_batch:
@@ -139,8 +140,6 @@ class Round:
         if batch.has_tree():
             self.chain.process(*sub_batch(batch, res, sorted(kept_rows)))
         n_emitted = 0
-        cost_ratio = (self.chain.policy.cost.c(len(batch)) / self.chain.policy.cost.c(budget.n_base)
-                      if budget is not None else 1.0)
         for ev in events:
             if isinstance(ev, RoundEvent):
                 ev.n_seqs = len(in_batch)

@@ -69,7 +69,6 @@ def build(name: str) -> tuple[ctypes.CDLL | None, str]:
     target = _writable_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.exists():
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 out = Path(tmp) / target.name
                 done = subprocess.run([cc, *FLAGS, "-o", str(out), str(source), "-lm"], capture_output=True,

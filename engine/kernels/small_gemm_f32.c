@@ -37,7 +37,9 @@ static inline void finish(float *y, const float *other, int post, __m256 acc, in
     __builtin_memcpy(y + at, v, sizeof v);
 }
 
-/* rows m0 .. m0 + m (m <= MB) of x times one block wb [K][NB]; outputs n0 .. n0 + NB of y */
+/* rows m0 .. m0 + m (m <= MB) of x times one block wb [K][NB]; outputs n0 .. n0 + NB of y. The loop is written
+ * out per row count: a generic one over accumulator arrays, inlined with m constant, spilled to the stack and
+ * took 1.5x as long from 4 rows on. */
 static void block(const float *x, int64_t m0, int m, int64_t k, const float *wb, float *y, const float *other,
                   int64_t n, int64_t n0, int post, const char *ahead, int64_t ahead_step) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
