@@ -92,6 +92,13 @@ class ScoreCorrection:
 @dataclass
 class BudgetState:
     probe_every: int = 4  # rounds a slot may go without a single node before it gets a probe
+    # a slot whose nodes were all refused this many rounds in a row rests: it drafts only every probe_every
+    # rounds, and what it drafts then is a probe. On open text the budget refuses nearly every draft, and the
+    # drafting (about 0.1 ms per drafter and slot) is then all a round costs beyond plain decoding, paid by every
+    # slot of the forward. The probe rounds of all slots are the same rounds, so that the others are plain
+    rest_after: int = 2
+    n_rounds: int = 0  # rounds run: probe rounds are those with n_rounds % probe_every == 0
+    waking: set[int] = field(default_factory=set)  # resting slots drafting this round (their probe round)
     # every slot of the forward must expect at least its plain-decoding speed: the forward grows by no more
     # than 1 + the kept scores of the slot that expects the least. False: the batch's goodput alone decides
     fair: bool = True
@@ -105,7 +112,36 @@ class BudgetState:
     balance: dict[int, float] = field(default_factory=dict)
 
     def settle(self, seq: int, n_emitted: int, cost_ratio: float) -> None:
+        """cost_ratio: the round's time in plain forwards of its base rows (its drafting included)."""
         self.balance[seq] = self.balance.get(seq, 0.0) + n_emitted - cost_ratio
+
+    def next_round(self) -> None:
+        self.n_rounds += 1
+        self.waking.clear()
+
+    def rests(self, seq: int) -> bool:
+        """Whether the slot drafts nothing this round (rest_after)."""
+        return self.refused.get(seq, 0) >= self.rest_after and not self.wakes(seq)
+
+    def rest(self, seq: int) -> int:
+        """A round the slot rests counts as one whose nodes were refused; returns the rounds until it drafts."""
+        self.refused[seq] = self.refused.get(seq, 0) + 1
+        return -self.n_rounds % self.probe_every
+
+    def wakes(self, seq: int) -> bool:
+        """Whether a resting slot drafts this round (a probe round); if its nodes are all refused, they make a
+        probe."""
+        if self.refused.get(seq, 0) < self.rest_after:
+            return False
+        if self.n_rounds % self.probe_every != 0:
+            return False
+        self.waking.add(seq)
+        return True
+
+    def probes(self, seq: int) -> bool:
+        """Whether a slot whose nodes were all refused this round gets its best path anyway: a resting slot on
+        the round it drafts, another every probe_every rounds refused."""
+        return seq in self.waking or self.refused.get(seq, 0) % self.probe_every == 0
 
     def begin(self, seq: int) -> None:
         """A new generation in the slot: its answer is measured against plain decoding from here. What its
@@ -149,7 +185,7 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: Budge
             state.refused[seq] = 0
             continue
         state.refused[seq] = state.refused.get(seq, 0) + 1
-        if state.refused[seq] % state.probe_every == 0:
+        if state.probes(seq):
             probe = t.path(max(range(len(t)), key=lambda v: (t.scores[v], -t.depth(v))))
             if not state.fair or _others_afford(trees, kept, bare, seq, len(probe), n_base, cost, state.balance):
                 kept[seq] = probe

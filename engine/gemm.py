@@ -1,5 +1,6 @@
 """Our own linears for a few rows (engine/kernels/small_gemm*.c): bfloat16 where the CPU has AVX512-BF16,
-float32 where it has AVX2 and FMA.
+float32 where it has AVX2 and FMA, and float16 weights over float32 inputs where it also has F16C (the draft
+head's, engine/drafters/head_net.py).
 
 A decoding or verification forward multiplies 1 to 16 rows by each weight matrix: the cost is reading the
 weights, plus whatever each call spends around that. oneDNN's packed linear (engine/prepack.py) spends about
@@ -36,10 +37,17 @@ class _Spec:
     flags: tuple[str, ...]  # /proc/cpuinfo flags it needs
     n_block: int  # outputs per packed block: N must be a multiple
     k_pair: int  # inputs packed together: K must be a multiple
+    symbol: str = ""  # the multiply's name in the library (the source's name if empty); "<symbol>_pack" packs
+    defines: tuple[str, ...] = ()  # -D options of its build
+    act: torch.dtype | None = None  # dtype of the inputs and outputs (the weights' if None)
 
 
+# float16 weights with float32 inputs, sums and outputs: for a drafter trained and stored in float16 (the draft
+# head), whose every step reads all its weights for a few rows: half the bytes, and no value it did not have
 SPECS = {torch.bfloat16: _Spec("small_gemm", ("avx512_bf16",), 16, 2),
-         torch.float32: _Spec("small_gemm_f32", ("avx2", "fma"), 32, 1)}
+         torch.float32: _Spec("small_gemm_f32", ("avx2", "fma"), 32, 1),
+         torch.float16: _Spec("small_gemm_f32", ("avx2", "fma", "f16c"), 32, 1, "small_gemm_f16w",
+                              ("WEIGHT_F16",), torch.float32)}
 
 
 @dataclass
@@ -53,7 +61,7 @@ class Kernels:
         return self.fns.get(dtype)
 
 
-def load(dtypes=(torch.bfloat16, torch.float32)) -> Kernels:
+def load(dtypes=(torch.bfloat16, torch.float32, torch.float16)) -> Kernels:
     """Build (once per host, engine/kernels/build.py) and load the kernels of these dtypes that this CPU runs."""
     from engine.kernels.build import build, cpu_flags
 
@@ -65,11 +73,12 @@ def load(dtypes=(torch.bfloat16, torch.float32)) -> Kernels:
         if missing:
             out.why_not[dtype] = f"the CPU has no {', '.join(f.upper() for f in missing)}"
             continue
-        lib, where = build(spec.source)
+        lib, where = build(spec.source, spec.defines)
         if lib is None:
             out.why_not[dtype] = where
             continue
-        fn, pack = getattr(lib, spec.source), getattr(lib, spec.source + "_pack")
+        symbol = spec.symbol or spec.source
+        fn, pack = getattr(lib, symbol), getattr(lib, symbol + "_pack")
         fn.restype, pack.restype = None, None
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
@@ -85,7 +94,8 @@ class SmallGemm:
     weight: torch.Tensor  # [N * K] in the kernel's blocked layout
     k: int  # inputs
     n: int  # outputs
-    dtype: torch.dtype  # of the weight, the inputs and the outputs
+    dtype: torch.dtype  # of the weight
+    act: torch.dtype  # of the inputs and the outputs
 
     @classmethod
     def pack(cls, kernels: Kernels | None, w: torch.Tensor, bias: torch.Tensor | None) -> "SmallGemm | None":
@@ -98,16 +108,16 @@ class SmallGemm:
         src = w.detach().contiguous()
         packed = torch.empty(n * k, dtype=w.dtype)
         pack(src.data_ptr(), packed.data_ptr(), k, n)
-        return cls(fn, packed, k, n, w.dtype)
+        return cls(fn, packed, k, n, w.dtype, spec.act or w.dtype)
 
     def __call__(self, x: torch.Tensor, post: str = "none", other: torch.Tensor | None = None) -> torch.Tensor:
         """x [..., K] -> [..., N]; post "swish", or "add" / "mul" with other [..., N]."""
-        x2 = x.reshape(-1, self.k).to(self.dtype).contiguous()
+        x2 = x.reshape(-1, self.k).to(self.act).contiguous()
         m = x2.shape[0]
-        y = torch.empty(m, self.n, dtype=self.dtype)
+        y = torch.empty(m, self.n, dtype=self.act)
         o = None
         if other is not None:
-            o = other.reshape(-1, self.n).to(self.dtype).contiguous()
+            o = other.reshape(-1, self.n).to(self.act).contiguous()
         self.fn(x2.data_ptr(), self.weight.data_ptr(), y.data_ptr(), None if o is None else o.data_ptr(), m,
                 self.k, self.n, POST[post])
         return y.reshape(*x.shape[:-1], self.n)

@@ -22,14 +22,55 @@ from dataclasses import dataclass, field
 
 @dataclass
 class CostModel:
-    sizes: list[int] = field(default_factory=lambda: [1])  # rows in a forward, ascending
+    """c(n): a forward of n rows in forwards of one row, from the calibration at start, then from the forwards the
+    engine runs.
+
+    The calibration times one sequence on an idle engine, 5 timings a size, and on a shared 2-core machine two
+    calibrations put 8 rows at 1.00x and at 1.10x of 4 rows: a budget that believes the first adds rows that
+    cost every slot of the forward. Forwards in service have the slots' real contexts, several sequences'
+    attention and the tree mask. So every forward the engine runs is observed (`observe`): a size seen at least
+    `min_seen` times takes its decaying average; another size n takes the calibrated curve's step from the
+    largest such size m below it (the smallest above where none is below), t(m) * cal(n) / cal(m), so the rows
+    beyond what was seen cost what the calibration says they add; the result is made non-decreasing."""
+
+    sizes: list[int] = field(default_factory=lambda: [1])  # rows in a forward, ascending (calibrated)
     seconds: list[float] = field(default_factory=lambda: [1.0])  # measured time of such a forward
+    decay: float = 0.9  # weight of the old average of a size at each new forward of that size
+    min_seen: int = 8  # forwards of a size before its average replaces the calibrated time
+    seen: dict[int, tuple[float, int]] = field(default_factory=dict)  # rows -> (average seconds, forwards)
+    _table: list[float] | None = field(default=None, repr=False)  # t(n) for n = 0 .. the last calibrated size
+
+    def observe(self, n_rows: int, seconds: float) -> None:
+        """A forward of n_rows ran in `seconds`."""
+        avg, n = self.seen.get(n_rows, (seconds, 0))
+        weight = max(1 - self.decay, 1 / (n + 1))  # the mean of the first forwards, then a decaying average
+        self.seen[n_rows] = ((1 - weight) * avg + weight * seconds, n + 1)
+        if n + 1 >= self.min_seen:
+            self._table = None
 
     def c(self, n_rows: int) -> float:
         """Cost of a forward of n_rows relative to one row (linear interpolation; past the last size the last
         segment's slope goes on: rows are never free just because nobody timed that many)."""
-        base = self._at(1)
-        return self._at(n_rows) / base if base > 0 else 1.0
+        base = self._t(1)
+        return self._t(n_rows) / base if base > 0 else 1.0
+
+    def _t(self, n: int) -> float:
+        if self._table is None:
+            self._table = self._build()
+        if n < len(self._table):
+            return self._table[n]
+        return self._table[-1] * self._at(n) / self._at(len(self._table) - 1)
+
+    def _build(self) -> list[float]:
+        trusted = {n: avg for n, (avg, k) in self.seen.items() if k >= self.min_seen and n <= self.sizes[-1]}
+        cal = [self._at(n) for n in range(self.sizes[-1] + 1)]
+        table, anchor = [], min(trusted, default=None)
+        for n in range(len(cal)):
+            anchor = n if n in trusted else anchor
+            table.append(cal[n] if anchor is None else trusted[anchor] * cal[n] / cal[anchor])
+        for n in range(1, len(table)):
+            table[n] = max(table[n], table[n - 1])
+        return table
 
     def _at(self, n: int) -> float:
         s, t = self.sizes, self.seconds

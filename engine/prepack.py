@@ -114,7 +114,8 @@ def _tied_elsewhere(model: nn.Module) -> set[int]:
     return owned
 
 
-def prepack_linears(model: nn.Module, keep_weights: bool = False, small_gemm: bool = True) -> int:
+def prepack_linears(model: nn.Module, keep_weights: bool = False, small_gemm: bool = True,
+                    store: torch.dtype | None = None) -> int:
     """Replace the weight of every float32 / bfloat16 CPU nn.Linear of `model` by its packed layout; how many.
 
     A weight shared with a non-linear module stays as it is and gets a packed copy beside it; so does every
@@ -123,7 +124,10 @@ def prepack_linears(model: nn.Module, keep_weights: bool = False, small_gemm: bo
 
     Weights go to our own kernels where one applies (engine/gemm.py: bfloat16 with AVX512-BF16, float32 with
     AVX2; small_gemm=False keeps oneDNN): every row of every batch then goes through one of the two, never
-    both, so batch invariance holds."""
+    both, so batch invariance holds.
+
+    store=torch.float16 keeps float32 weights as float16 where our float16-weight kernel takes them (float32
+    inputs and sums): for a drafter whose weights are float16 values already, half the bytes to read."""
     if not available():
         return 0
     tied = _tied_elsewhere(model)
@@ -136,7 +140,8 @@ def prepack_linears(model: nn.Module, keep_weights: bool = False, small_gemm: bo
             w = module.weight
             if w.device.type != "cpu" or w.dtype not in DTYPES:
                 continue
-            module._packed_weight = (SmallGemm.pack(kernels, w, module.bias)
+            stored = SmallGemm.pack(kernels, w.to(store), module.bias) if store is not None else None
+            module._packed_weight = (stored or SmallGemm.pack(kernels, w, module.bias)
                                      or torch.ops.mkldnn._reorder_linear_weight(w.detach(), BATCH_HINT))
             if id(w) not in tied and not keep_weights:
                 del module.weight  # the packed layout is the one copy

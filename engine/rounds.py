@@ -53,6 +53,8 @@ class Round:
         n_cells_free = self.ctx.n_ctx - self.ctx.cache.n_used()
         requests: dict[int, DraftRequest] = {}
         ckpts: dict[int, checkpoint.Checkpoint] = {}
+        resting: dict[int, int] = {}  # seq -> rounds until it drafts again (BudgetState.rests)
+        self.budget_state.next_round()
         # cells and logits rows left for drafts once every slot has its one row: all slots share one forward, so
         # each draft is cut to what the slots before it left (in slot order), not to the round's total
         n_free = n_cells_free - len(slots)
@@ -65,11 +67,14 @@ class Round:
             if slot.replay is not None:
                 continue  # a replay round re-runs decided tokens and drafts nothing
             n_max = max(0, min(self._n_draft_max(slot, n_free), n_out_free))
+            tree_max = min(self._tree_max(slot), n_max)
+            if tree_max > 0 and self.chain.uses_policy(slot.seq) and self.budget_state.rests(slot.seq):
+                resting[slot.seq] = self.budget_state.rest(slot.seq)
+                n_max = tree_max = 0
             if slot.params.spec.types and self._needs_checkpoint(slot, n_max):
                 ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache)
             n_free -= n_max
             n_out_free -= n_max
-            tree_max = min(self._tree_max(slot), n_max)
             requests[slot.seq] = DraftRequest(
                 seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max,
                 n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min,
@@ -109,12 +114,16 @@ class Round:
             res = self._forward(batch, in_batch)
         except Exception as e:  # it failed twice: these generations end, the engine serves the next round
             return events + [failure(s.seq, "the forward", e) for s in in_batch]
-        # the forward's cost in plain forwards (what each slot's balance is charged), and what a draft row cost
-        # this round (the drafters' gate, gate.py): the share of the forward beyond the base rows, per row
+        if self.chain.policy is not None:
+            self.chain.policy.cost.observe(len(batch), res.seconds)
+        # the forward's cost in plain forwards, and what a draft row cost this round (the drafters' gate,
+        # gate.py): the share of the forward beyond the base rows, per row. Each slot's balance is charged the
+        # round's time in plain forwards: the forward's cost plus the drafting, which every slot waited for
         cost_ratio = (self.chain.policy.cost.c(len(batch)) / self.chain.policy.cost.c(budget.n_base)
                       if budget is not None else 1.0)
         n_draft_rows = len(batch) - budget.n_base if budget is not None else 0
         self.chain.gate.row_seconds = res.seconds * (1 - 1 / cost_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
+        round_ratio = cost_ratio + t_draft / 1e3 / (res.seconds / cost_ratio)
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
         kept_rows: list[int] = []  # the rows whose cells stay: a tree's drafters hear only its kept path
         for slot in in_batch:
@@ -145,7 +154,7 @@ class Round:
                 ev.n_seqs = len(in_batch)
                 n_emitted += len(ev.emitted)
                 if budget is not None:
-                    self.budget_state.settle(ev.seq, len(ev.emitted), cost_ratio)
+                    self.budget_state.settle(ev.seq, len(ev.emitted), round_ratio)
                     ev.balance = self.budget_state.balance[ev.seq]
                 if budget is not None and ev.seq in requests:  # a replay slot drafted nothing
                     ev.budget_why = budget.why
@@ -154,6 +163,9 @@ class Round:
                         self.budget_state.correction.observe(ev.seq, requests[ev.seq].tree, ev.tree_path,
                                                             budget.factors[ev.seq])
                 skipped = self.chain.skipped.get(ev.seq)  # model drafters that do not pay for this slot (gate.py)
+                if ev.seq in resting:
+                    skipped = [f"its drafts were refused {self.budget_state.refused[ev.seq] - 1} rounds in a row: "
+                               f"it rests, and drafts a probe in {resting[ev.seq]} round(s)"]
                 if skipped:
                     parts = ([ev.budget_why] if ev.budget_why else []) + ["not drafted: " + s for s in skipped]
                     ev.budget_why = "; ".join(parts)
@@ -269,6 +281,8 @@ class Round:
         for r in requests.values():
             if r.tree is not None and not len(r.tree):
                 r.tree = None
+            if r.tree is None and r.tree_max > 0 and self.budget_state.refused.get(r.seq, 0) >= self.budget_state.rest_after:
+                self.budget_state.refused[r.seq] += 1  # a resting slot's probe round that found nothing: it rests on
         policy = self.chain.policy
         trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
         if policy is None or not trees:

@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg.n_ctx = max(cfg.n_ctx, cells_needed(target, prompts, sweep, a.max_new_tokens))
     engines = {spec: cfg.build(target, draft, n_seq_max=a.parallel, n_draft=max(sweep.n_max))
                for spec in (False, True)}
+    cost = engines[True].cost  # what the speculative engine's budget believes a forward costs (its calibration)
+    print("cost curve, relative to a plain forward of the group: "
+          + ", ".join(f"{n} rows {cost.c(n) / cost.c(a.parallel):.3f}" for n in (a.parallel + 1, a.parallel + 2,
+                                                                            2 * a.parallel, 4 * a.parallel)))
     groups = [prompts[i:i + a.parallel] for i in range(0, len(prompts) - a.parallel + 1, a.parallel)]
 
     def params(spec: bool) -> GenParams:

@@ -1,4 +1,4 @@
-"""Our kernels for few-row linears (engine/gemm.py), bfloat16 and float32: right sums, the same bits for a row
+"""Our kernels for few-row linears (engine/gemm.py), bfloat16, float32 and float16 weights: right sums, the same bits for a row
 in any batch, the fused epilogues, and oneDNN kept wherever a kernel does not apply."""
 
 import pytest
@@ -11,9 +11,12 @@ from engine import gemm, prepack
 KERNELS = gemm.load()
 DTYPES = [pytest.param(dt, marks=pytest.mark.skipif(KERNELS.get(dt) is None,
                                                    reason=f"{dt} kernel not available here: {KERNELS.why_not.get(dt)}"))
-          for dt in (torch.bfloat16, torch.float32)]
-# one bfloat16 rounding of a float32 sum is within 2^-8 of it; float32 sums in another order within 1e-5
-TOL = {torch.bfloat16: dict(rtol=2 ** -7, atol=1e-2), torch.float32: dict(rtol=1e-5, atol=1e-5)}
+          for dt in (torch.bfloat16, torch.float32, torch.float16)]
+# one bfloat16 rounding of a float32 sum is within 2^-8 of it; float32 sums in another order within 1e-5 (float16
+# weights are widened exactly and summed in float32)
+TOL = {torch.bfloat16: dict(rtol=2 ** -7, atol=1e-2), torch.float32: dict(rtol=1e-5, atol=1e-5),
+       torch.float16: dict(rtol=1e-5, atol=1e-5)}
+ACT = {torch.float16: torch.float32}  # inputs and outputs of a kernel whose weights are of another dtype
 
 
 def _weights(n: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -26,10 +29,11 @@ def test_sums_and_epilogues_match_float_arithmetic(dtype):
     w = _weights(96, 64, dtype)
     lin = gemm.SmallGemm.pack(KERNELS, w, None)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(5, 64, generator=g).to(dtype)
-    other = torch.randn(5, 96, generator=g).to(dtype)
+    act = ACT.get(dtype, dtype)
+    x = torch.randn(5, 64, generator=g).to(act)
+    other = torch.randn(5, 96, generator=g).to(act)
     ref = x.double() @ w.double().T
-    assert lin(x).dtype == dtype
+    assert lin(x).dtype == act
     torch.testing.assert_close(lin(x).double(), ref, **TOL[dtype])
     torch.testing.assert_close(lin(x, "swish").double(), F.silu(ref), **TOL[dtype])
     torch.testing.assert_close(lin(x, "add", other).double(), ref + other.double(), **TOL[dtype])
@@ -40,7 +44,7 @@ def test_sums_and_epilogues_match_float_arithmetic(dtype):
 def test_a_row_gets_the_same_bits_alone_and_in_any_batch(dtype):
     w = _weights(96, 128, dtype, seed=2)
     lin = gemm.SmallGemm.pack(KERNELS, w, None)
-    x = torch.randn(37, 128, generator=torch.Generator().manual_seed(3)).to(dtype)
+    x = torch.randn(37, 128, generator=torch.Generator().manual_seed(3)).to(ACT.get(dtype, dtype))
     whole = lin(x)  # 37 rows: several passes over each block (16 rows a pass in bfloat16, 3 in float32) and a tail
     for m in (1, 2, 3, 4, 7, 16, 17, 33):
         assert torch.equal(lin(x[:m]), whole[:m]), m
@@ -50,33 +54,36 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_prepacking_sends_linears_to_the_kernel_and_keeps_onednn_elsewhere(dtype):
     model = nn.Sequential(nn.Linear(64, 32, bias=False), nn.Linear(32, 32, bias=True), nn.Linear(32, 24, bias=False))
-    model = model.to(dtype).eval()
-    x = torch.randn(3, 64).to(dtype)
+    act = ACT.get(dtype, dtype)  # float16 weights: a float32 model whose weights are stored in float16
+    model = model.to(act).eval()
+    x = torch.randn(3, 64).to(act)
     with torch.no_grad():
         before = model(x)
-        assert prepack.prepack_linears(model) == 3
+        assert prepack.prepack_linears(model, store=dtype if dtype in ACT else None) == 3
         after = model(x)
     kinds = [isinstance(m._packed_weight, gemm.SmallGemm) for m in model]
     assert kinds == [True, False, False]  # a bias, and 24 outputs (not a block's multiple), stay with oneDNN
     assert prepack.linear_paths(model) == f"oneDNN 2, our {str(dtype).removeprefix('torch.')} kernel 1"
     torch.testing.assert_close(after.float(), before.float(), rtol=0.05, atol=0.05)
-    plain = nn.Linear(64, 32, bias=False).to(dtype)
-    assert prepack.prepack_linears(plain, small_gemm=False) == 1
+    plain = nn.Linear(64, 32, bias=False).to(act)
+    assert prepack.prepack_linears(plain, small_gemm=False, store=dtype if dtype in ACT else None) == 1
     assert not isinstance(plain._packed_weight, gemm.SmallGemm)
 
 
 def test_a_weight_goes_only_to_a_kernel_of_its_own_dtype():
     only_bf16 = gemm.Kernels(fns={torch.bfloat16: KERNELS.get(torch.bfloat16) or (None, None)})
     assert gemm.SmallGemm.pack(only_bf16, torch.zeros(32, 32), None) is None
+    assert gemm.SmallGemm.pack(only_bf16, torch.zeros(32, 32, dtype=torch.float16), None) is None
     assert gemm.SmallGemm.pack(None, torch.zeros(32, 32, dtype=torch.bfloat16), None) is None
-    assert gemm.SmallGemm.pack(KERNELS, torch.zeros(32, 32, dtype=torch.float16), None) is None
+    assert gemm.SmallGemm.pack(KERNELS, torch.zeros(32, 32, dtype=torch.float64), None) is None
 
 
 def test_a_cpu_without_the_feature_gets_no_kernel_and_a_reason(monkeypatch):
     monkeypatch.setattr("engine.kernels.build.cpu_flags", lambda: {"sse2"})
     none = gemm.load()
-    assert none.get(torch.float32) is None and none.get(torch.bfloat16) is None
+    assert none.get(torch.float32) is None and none.get(torch.bfloat16) is None and none.get(torch.float16) is None
     assert "AVX2" in none.why_not[torch.float32] and "AVX512_BF16" in none.why_not[torch.bfloat16]
+    assert "F16C" in none.why_not[torch.float16]
 
 
 @pytest.mark.skipif(KERNELS.get(torch.float32) is None, reason="no float32 kernel on this CPU")

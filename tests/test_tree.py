@@ -189,6 +189,51 @@ def test_the_budget_keeps_what_pays_for_the_whole_forward():
     assert plan({0: deep}, 1, steep, state).kept[0] == [0]  # the probe: its best node, so estimates can recover
 
 
+def test_slots_whose_drafts_are_refused_rest_and_draft_again_together_on_probe_rounds():
+    from engine.budget import BudgetState, plan
+    from engine.policy import CostModel
+
+    steep = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
+    state = BudgetState(probe_every=4, rest_after=2, fair=False)  # fair: the probes would wait for a balance
+    drafted: dict[int, list[int]] = {0: [], 1: []}
+    probes = []
+    for _ in range(12):
+        state.next_round()
+        offered = {seq: _scored([([5, 6], [0.3, 0.2])]) for seq in (0, 1) if not state.rests(seq)}
+        for seq in {0, 1} - set(offered):
+            state.rest(seq)
+        for seq in offered:
+            drafted[seq].append(state.n_rounds)
+        if offered:
+            out = plan(offered, 2, steep, state)
+            probes += [(state.n_rounds, seq) for seq, kept in out.kept.items() if kept]
+    # two refused rounds, then both rest and draft on the same rounds only, each time a probe of their best path
+    assert drafted[0] == drafted[1] == [1, 2, 4, 8, 12]
+    assert all(n in (4, 8, 12) for n, _ in probes) and len(probes) >= 3
+
+
+def test_the_cost_model_learns_the_forwards_the_engine_runs():
+    from engine.policy import CostModel
+
+    # a calibration that found rows 4 to 8 free; in service 4 rows take 1.0 and 8 rows 1.3
+    cost = CostModel(sizes=[1, 4, 8, 16], seconds=[1.0, 1.0, 1.0, 2.0], min_seen=3)
+    assert cost.c(8) / cost.c(4) == pytest.approx(1.0)
+    for _ in range(2):
+        cost.observe(4, 1.0)
+        cost.observe(8, 1.3)
+    assert cost.c(8) / cost.c(4) == pytest.approx(1.0)  # seen too few times to be trusted yet
+    cost.observe(4, 1.0)
+    cost.observe(8, 1.3)
+    assert cost.c(8) / cost.c(4) == pytest.approx(1.3)
+    # sizes not seen take the calibrated step from the size seen below them, never less than a smaller size
+    assert cost.c(16) / cost.c(8) == pytest.approx(2.0)
+    assert cost.c(6) / cost.c(4) == pytest.approx(1.0) and cost.c(9) >= cost.c(8)
+    # a decaying average: a machine that got slower at 8 rows shows in a few forwards
+    for _ in range(20):
+        cost.observe(8, 1.6)
+    assert cost.c(8) / cost.c(4) == pytest.approx(1.6, rel=0.02)
+
+
 def test_the_budget_never_slows_a_slot_below_plain_decoding_to_speed_another():
     from engine.budget import BudgetState, plan
     from engine.policy import CostModel

@@ -144,9 +144,13 @@ class DraftHead(nn.Module):
         self.lm_weight = self.embed[self.d2t].float().contiguous()
 
     def for_inference(self, dtype: torch.dtype) -> None:
-        """Run the head's linears in `dtype` (the target's) through packed oneDNN weights, as the target runs its
-        own (engine/prepack.py): a head step reads all its weights for one or a few rows, so it costs what they
-        weigh, and bfloat16 halves it. Norms, residuals and attention stay float32."""
+        """Run the head's linears in `dtype` (the target's) through packed weights, as the target runs its own
+        (engine/prepack.py): a head step reads all its weights for one or a few rows, so it costs what they
+        weigh, and bfloat16 halves it. Beside a float32 target the weights are kept in float16 where the CPU has
+        our float16-weight kernel (engine/gemm.py): the trained ones are stored in float16 (save_head), so that
+        rounds nothing of them, and the LM head's rows (the target's embeddings) lose bits a draft can spare,
+        for half the bytes (the target's forward evicts them from the cache between rounds). Norms, residuals
+        and attention stay float32."""
         from engine import prepack
 
         lm = nn.Linear(self.cfg.hidden, self.cfg.draft_vocab, bias=False)
@@ -157,7 +161,7 @@ class DraftHead(nn.Module):
                 module.to(dtype)
         self.lin_dtype = dtype
         if prepack.available():
-            prepack.prepack_linears(self)
+            prepack.prepack_linears(self, store=torch.float16 if dtype == torch.float32 else None)
         self.lm_weight = None  # the packed LM head is the one copy
 
     def _lin(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -55,8 +55,9 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def build(name: str) -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library, where it came from) or (None, why not) for HERE/<name>.c."""
+def build(name: str, defines: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, where it came from) or (None, why not) for HERE/<name>.c, compiled with these
+    -D options (one source may build several kernels)."""
     source = HERE / f"{name}.c"
     cc = _compiler()
     if cc is None:
@@ -65,13 +66,14 @@ def build(name: str) -> tuple[ctypes.CDLL | None, str]:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{cc} --version failed: {e}"
-    key = hashlib.sha256("\0".join([source.read_text(), version, " ".join(FLAGS), " ".join(sorted(cpu_flags()))]).encode())
+    flags = [*FLAGS, *(f"-D{d}" for d in defines)]
+    key = hashlib.sha256("\0".join([source.read_text(), version, " ".join(flags), " ".join(sorted(cpu_flags()))]).encode())
     target = _writable_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.exists():
         try:
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 out = Path(tmp) / target.name
-                done = subprocess.run([cc, *FLAGS, "-o", str(out), str(source), "-lm"], capture_output=True,
+                done = subprocess.run([cc, *flags, "-o", str(out), str(source), "-lm"], capture_output=True,
                                       text=True, timeout=300)
                 if done.returncode != 0:
                     return None, f"{cc} could not build {source.name}: {done.stderr.strip()[-300:]}"

@@ -1,5 +1,7 @@
-/* y = x W^T for a few rows of x, float32 weights, inputs and sums, with AVX2 and FMA: a decoding or
- * verification forward's linears on CPUs without AVX512-BF16.
+/* y = x W^T for a few rows of x, float32 inputs and sums, with AVX2 and FMA: a decoding or verification
+ * forward's linears on CPUs without AVX512-BF16. Weights are float32, or float16 when built with -DWEIGHT_F16
+ * (F16C's vcvtph2ps widens 8 of them per load): half the bytes to read, for a drafter whose weights were
+ * trained and stored in float16, so that nothing is rounded that was not already.
  *
  * At a handful of rows a linear is a pass over its weights, and what it costs is reading them. The weights are
  * packed as [N/32][K][32]: for each k, the 32 outputs of a block lie in two cache lines, and a block is read
@@ -16,6 +18,18 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+
+#ifdef WEIGHT_F16
+typedef uint16_t wtype;
+#define LOADW(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define GEMM small_gemm_f16w
+#define PACK small_gemm_f16w_pack
+#else
+typedef float wtype;
+#define LOADW(p) _mm256_loadu_ps(p)
+#define GEMM small_gemm_f32
+#define PACK small_gemm_f32_pack
+#endif
 
 #define NB 32 /* outputs per block: four ymm of float32 */
 #define MB 3  /* rows per pass over a block: 12 accumulators */
@@ -40,7 +54,7 @@ static inline void finish(float *y, const float *other, int post, __m256 acc, in
 /* rows m0 .. m0 + m (m <= MB) of x times one block wb [K][NB]; outputs n0 .. n0 + NB of y. The loop is written
  * out per row count: a generic one over accumulator arrays, inlined with m constant, spilled to the stack and
  * took 1.5x as long from 4 rows on. */
-static void block(const float *x, int64_t m0, int m, int64_t k, const float *wb, float *y, const float *other,
+static void block(const float *x, int64_t m0, int m, int64_t k, const wtype *wb, float *y, const float *other,
                   int64_t n, int64_t n0, int post, const char *ahead, int64_t ahead_step) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
@@ -48,10 +62,9 @@ static void block(const float *x, int64_t m0, int m, int64_t k, const float *wb,
     const float *x0 = x + m0 * k, *x1 = x0 + k, *x2 = x1 + k;
     if (m == 3) {
         for (int64_t p = 0; p < k; p++) {
-            const float *w = wb + p * NB;
+            const wtype *w = wb + p * NB;
             _mm_prefetch(ahead + p * ahead_step, _MM_HINT_T1);
-            __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8), w2 = _mm256_loadu_ps(w + 16),
-                   w3 = _mm256_loadu_ps(w + 24);
+            __m256 w0 = LOADW(w), w1 = LOADW(w + 8), w2 = LOADW(w + 16), w3 = LOADW(w + 24);
             __m256 b = _mm256_broadcast_ss(x0 + p);
             a00 = _mm256_fmadd_ps(b, w0, a00); a01 = _mm256_fmadd_ps(b, w1, a01);
             a02 = _mm256_fmadd_ps(b, w2, a02); a03 = _mm256_fmadd_ps(b, w3, a03);
@@ -64,10 +77,9 @@ static void block(const float *x, int64_t m0, int m, int64_t k, const float *wb,
         }
     } else if (m == 2) {
         for (int64_t p = 0; p < k; p++) {
-            const float *w = wb + p * NB;
+            const wtype *w = wb + p * NB;
             _mm_prefetch(ahead + p * ahead_step, _MM_HINT_T1);
-            __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8), w2 = _mm256_loadu_ps(w + 16),
-                   w3 = _mm256_loadu_ps(w + 24);
+            __m256 w0 = LOADW(w), w1 = LOADW(w + 8), w2 = LOADW(w + 16), w3 = LOADW(w + 24);
             __m256 b = _mm256_broadcast_ss(x0 + p);
             a00 = _mm256_fmadd_ps(b, w0, a00); a01 = _mm256_fmadd_ps(b, w1, a01);
             a02 = _mm256_fmadd_ps(b, w2, a02); a03 = _mm256_fmadd_ps(b, w3, a03);
@@ -77,13 +89,13 @@ static void block(const float *x, int64_t m0, int m, int64_t k, const float *wb,
         }
     } else {
         for (int64_t p = 0; p < k; p++) {
-            const float *w = wb + p * NB;
+            const wtype *w = wb + p * NB;
             _mm_prefetch(ahead + p * ahead_step, _MM_HINT_T1);
             __m256 b = _mm256_broadcast_ss(x0 + p);
-            a00 = _mm256_fmadd_ps(b, _mm256_loadu_ps(w), a00);
-            a01 = _mm256_fmadd_ps(b, _mm256_loadu_ps(w + 8), a01);
-            a02 = _mm256_fmadd_ps(b, _mm256_loadu_ps(w + 16), a02);
-            a03 = _mm256_fmadd_ps(b, _mm256_loadu_ps(w + 24), a03);
+            a00 = _mm256_fmadd_ps(b, LOADW(w), a00);
+            a01 = _mm256_fmadd_ps(b, LOADW(w + 8), a01);
+            a02 = _mm256_fmadd_ps(b, LOADW(w + 16), a02);
+            a03 = _mm256_fmadd_ps(b, LOADW(w + 24), a03);
         }
     }
     __m256 acc[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
@@ -92,17 +104,17 @@ static void block(const float *x, int64_t m0, int m, int64_t k, const float *wb,
 }
 
 /* x [M, K], wp packed [N/32][K][32] (N a multiple of 32), y [M, N]; other [M, N] for post 2 and 3 */
-void small_gemm_f32(const float *x, const float *wp, float *y, const float *other, int64_t M, int64_t K, int64_t N,
+void GEMM(const float *x, const wtype *wp, float *y, const float *other, int64_t M, int64_t K, int64_t N,
                     int post) {
     int64_t nblocks = N / NB;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < nblocks; b++) {
-        const float *wb = wp + b * K * NB;
+        const wtype *wb = wp + b * K * NB;
         /* the passes over this block also bring the next one into L2, a share each, so the later passes'
          * arithmetic overlaps the reading of memory instead of following it */
         int64_t n_pass = (M + MB - 1) / MB;
         const char *next = (const char *)(wp + (b + 1 < nblocks ? b + 1 : b) * K * NB);
-        int64_t step = n_pass > 1 ? (int64_t)(NB * sizeof(float)) / n_pass : 0; /* one pass: the hardware's own */
+        int64_t step = n_pass > 1 ? (int64_t)(NB * sizeof(wtype)) / n_pass : 0; /* one pass: the hardware's own */
         for (int64_t m0 = 0, j = 0; m0 < M; m0 += MB, j++) {
             int m = (int)(M - m0 < MB ? M - m0 : MB);
             block(x, m0, m, K, wb, y, other, N, b * NB, post, next + j * K * step, step);
@@ -110,8 +122,8 @@ void small_gemm_f32(const float *x, const float *wp, float *y, const float *othe
     }
 }
 
-/* w [N, K] row-major -> wp [N/32][K][32] */
-void small_gemm_f32_pack(const float *w, float *wp, int64_t K, int64_t N) {
+/* w [N, K] row-major -> wp [N/32][K][32], in the weights' own type */
+void PACK(const wtype *w, wtype *wp, int64_t K, int64_t N) {
     for (int64_t b = 0; b < N / NB; b++)
         for (int64_t p = 0; p < K; p++)
             for (int j = 0; j < NB; j++) wp[(b * K + p) * NB + j] = w[(b * NB + j) * K + p];
