@@ -68,7 +68,10 @@ class Round:
                 continue  # a replay round re-runs decided tokens and drafts nothing
             n_max = max(0, min(self._n_draft_max(slot, n_free), n_out_free))
             tree_max = min(self._tree_max(slot), n_max)
-            if tree_max > 0 and self.chain.uses_policy(slot.seq) and self.budget_state.rests(slot.seq):
+            # alone, a slot's drafting costs only its own time, which the gate weighs for the draft head; beside
+            # others, it delays them all
+            if (tree_max > 0 and len(slots) > 1 and self.chain.uses_policy(slot.seq)
+                    and self.budget_state.rests(slot.seq)):
                 resting[slot.seq] = self.budget_state.rest(slot.seq)
                 n_max = tree_max = 0
             if slot.params.spec.types and self._needs_checkpoint(slot, n_max):
@@ -80,7 +83,8 @@ class Round:
                 n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min,
                 want_q=slot.params.sampling.temp > 0 and tree_max == 0,
                 grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max,
-                tree_min_score=self.budget_state.threshold if self.chain.uses_policy(slot.seq) else 0.0)
+                tree_min_score=self.budget_state.threshold if self.chain.uses_policy(slot.seq) else 0.0,
+                probe=slot.seq in self.budget_state.waking)
         t0 = time.perf_counter()
         failed: dict[int, ErrorEvent] = {}  # seq -> why its generation ends this round
         winners = self._draft(list(requests.values()), failed)

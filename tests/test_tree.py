@@ -452,3 +452,29 @@ def test_the_gate_keeps_rounds_the_ngrams_cover_apart():
         gate.note_round(0.030, 3)
     assert all(drafted[False]) and not any(drafted[True][5:])
     assert not gate.pays(0, "draft-head", p_covered=0.9) and "already guess" in gate.why(0, "draft-head")
+
+
+def test_a_resting_slot_probes_with_the_ngram_drafters_only():
+    from engine.drafters.base import DraftRequest, Drafter
+    from engine.drafters.chain import DrafterChain, make_drafter
+    from engine.policy import CostModel, DraftLengthPolicy
+
+    class Network(Drafter):  # stands for the draft head: a drafter whose every call runs a network
+        name = "net"
+        needs_model = True
+        calls: list[list[int]] = []
+
+        def draft(self, requests):
+            self.calls.append([r.seq for r in requests])
+
+    prompt = list(range(10, 30)) * 2 + [10, 11, 12]
+    ngrams = make_drafter("ngram-simple", params=SMALL_NGRAMS["ngram-simple"])
+    chain = DrafterChain({"ngram-simple": ngrams, "net": Network()}, DraftLengthPolicy(CostModel()))
+    for seq in (0, 1):
+        chain.begin(seq, prompt, ["ngram-simple", "net"])
+    requests = [DraftRequest(seq=seq, prompt=prompt, id_last=13, n_max=4, n_min=0, p_min=None, tree_max=8,
+                             probe=seq == 1) for seq in (0, 1)]
+    chain.draft(requests)
+    assert Network.calls == [[0]]  # the probing slot is left out of the network's call
+    assert len(requests[1].tree) > 0  # and its n-gram drafter still looked: 10 11 12 13 -> 14
+    assert any("rests" in why for why in chain.skipped[1])

@@ -37,6 +37,9 @@ class DraftRequest:
     # tree mode: nodes scored below this would not get a row of the forward (the last round's budget
     # threshold, engine/budget.py): a drafter that grows a tree need not expand them
     tree_min_score: float = 0.0
+    # tree mode: the slot rests (its drafts were refused round after round, engine/budget.py) and drafts this
+    # round to probe: the n-gram drafters look, a model drafter does not spend its time on it
+    probe: bool = False
     tree: Any = None  # the merged DraftTree, in tree mode
     result_tree: Any = None  # a drafter's own DraftTree, in tree mode (the draft head's), instead of `result`
     # tree mode: other continuations besides `result`, each with the share of the evidence behind it (ngram-map-k4v:

@@ -166,6 +166,9 @@ class DrafterChain:
         without the policy every drafter drafts what it can."""
         if r.tree_max == 0 or not self.uses_policy(r.seq):
             return True
+        if r.probe:
+            self.skipped.setdefault(r.seq, []).append(f"{name}: the slot rests; the n-gram drafters probe")
+            return False
         first = [score for score, parent in zip(r.tree.scores, r.tree.parents) if parent < 0] if r.tree else []
         if self.gate.pays(r.seq, name, p_covered=sum(first)):
             return True
