@@ -93,9 +93,9 @@ class ScoreCorrection:
 class BudgetState:
     probe_every: int = 4  # rounds a slot may go without a single node before it gets a probe
     # a slot beside others whose nodes were all refused this many rounds in a row rests: it drafts only every
-    # probe_every rounds, and what it drafts then is a probe. On open text the budget refuses nearly every draft, and the
-    # drafting (about 0.1 ms per drafter and slot) is then all a round costs beyond plain decoding, paid by every
-    # slot of the forward. The probe rounds of all slots are the same rounds, so that the others are plain
+    # probe_every rounds, and what it drafts then is a probe. On open text the budget refuses nearly every
+    # draft, and the drafting (about 0.1 ms per drafter and slot) is then all a round costs beyond plain
+    # decoding, paid by every slot of the forward. All slots probe on the same rounds: the others are plain
     rest_after: int = 2
     n_rounds: int = 0  # rounds run: probe rounds are those with n_rounds % probe_every == 0
     waking: set[int] = field(default_factory=set)  # resting slots drafting this round (their probe round)

@@ -206,19 +206,24 @@ class CellCache(Cache):
     def settle(self, cells: list[int]) -> None:
         """Move each of these cells (a kept tree path) to its home cell when that is free, so the sequence stays
         one run of cells (read as a slice, with no gather)."""
+        src, dst = [], []
         for c in cells:
             pos = int(self.cell_pos[c])
             seqs = torch.nonzero(self.cell_seq[c]).flatten()
             if pos < 0 or len(seqs) != 1:
                 continue
-            dst = int(self.home(int(seqs[0]), pos))
-            if dst == c or dst >= self.n_cells or int(self.cell_pos[dst]) >= 0:
+            home = int(self.home(int(seqs[0]), pos))
+            if home == c or home >= self.n_cells or int(self.cell_pos[home]) >= 0:
                 continue
-            for k, v in zip(self.k, self.v):
-                k[:, :, dst] = k[:, :, c]
-                v[:, :, dst] = v[:, :, c]
-            self.cell_pos[dst], self.cell_seq[dst] = pos, self.cell_seq[c]
+            self.cell_pos[home], self.cell_seq[home] = pos, self.cell_seq[c]
             self.cell_pos[c], self.cell_seq[c] = -1, False
+            src.append(c)
+            dst.append(home)
+        if src:  # every destination was free and no source is one: one copy per layer moves them all
+            src_t, dst_t = torch.tensor(src), torch.tensor(dst)
+            for k, v in zip(self.k, self.v):
+                k[:, :, dst_t] = k[:, :, src_t]
+                v[:, :, dst_t] = v[:, :, src_t]
         self._refresh_live()
 
     def mask(self, pos: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:

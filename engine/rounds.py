@@ -84,7 +84,8 @@ class Round:
                 want_q=slot.params.sampling.temp > 0 and tree_max == 0,
                 grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max,
                 tree_min_score=self.budget_state.threshold if self.chain.uses_policy(slot.seq) else 0.0,
-                probe=slot.seq in self.budget_state.waking)
+                probe=slot.seq in self.budget_state.waking,
+                token_seconds=(self.chain.gate.seconds_per_token or 0.0) if self.chain.uses_policy(slot.seq) else 0.0)
         t0 = time.perf_counter()
         failed: dict[int, ErrorEvent] = {}  # seq -> why its generation ends this round
         winners = self._draft(list(requests.values()), failed)
@@ -285,8 +286,9 @@ class Round:
         for r in requests.values():
             if r.tree is not None and not len(r.tree):
                 r.tree = None
-            if r.tree is None and r.tree_max > 0 and self.budget_state.refused.get(r.seq, 0) >= self.budget_state.rest_after:
-                self.budget_state.refused[r.seq] += 1  # a resting slot's probe round that found nothing: it rests on
+            state = self.budget_state
+            if r.tree is None and r.tree_max > 0 and state.refused.get(r.seq, 0) >= state.rest_after:
+                state.refused[r.seq] += 1  # a resting slot's probe round that found nothing: it rests on
         policy = self.chain.policy
         trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
         if policy is None or not trees:

@@ -1,5 +1,5 @@
-"""Our kernels for few-row linears (engine/gemm.py), bfloat16, float32 and float16 weights: right sums, the same bits for a row
-in any batch, the fused epilogues, and oneDNN kept wherever a kernel does not apply."""
+"""Our kernels for few-row linears (engine/gemm.py), bfloat16, float32 and float16 weights: right sums, the
+same bits for a row in any batch, the fused epilogues, and oneDNN kept wherever a kernel does not apply."""
 
 import pytest
 import torch

@@ -37,6 +37,9 @@ class DraftRequest:
     # tree mode: nodes scored below this would not get a row of the forward (the last round's budget
     # threshold, engine/budget.py): a drafter that grows a tree need not expand them
     tree_min_score: float = 0.0
+    # tree mode: the batch's time per emitted token over recent rounds (0: not known yet): a drafter that grows a
+    # tree weighs the time of each further step against the tokens it may add (engine/drafters/head_tree.py)
+    token_seconds: float = 0.0
     # tree mode: the slot rests (its drafts were refused round after round, engine/budget.py) and drafts this
     # round to probe: the n-gram drafters look, a model drafter does not spend its time on it
     probe: bool = False

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from engine.batch import Batch
 from engine.drafters.base import Drafter, DraftRequest, DraftStreams, top_k_q
 from engine.drafters.head_net import DraftHead, HeadConfig, fingerprint_matches, load_head
-from engine.drafters.head_tree import HeadTreeParams, TreeSeed, grow_many
+from engine.drafters.head_tree import HeadTreeParams, StepCost, TreeSeed, grow_many
 from engine.mapped import drop_resident
 from engine.prefix import common_prefix
 
@@ -82,6 +82,7 @@ class DraftHeadDrafter(Drafter):
         self.hidden_layers = tuple(head.cfg.layers)
         self.states: dict[int, _SeqState] = {}
         self.streams = DraftStreams()  # per-seq temperature, seed and random stream
+        self.step_cost = StepCost()  # tree mode: what a depth step of the head costs and gives (head_tree.py)
 
     def _state(self, seq: int) -> _SeqState:
         if seq not in self.states:
@@ -203,7 +204,8 @@ class DraftHeadDrafter(Drafter):
             seeds = [TreeSeed(st.k, st.v, base[requests[i].seq], g[n], logits[n], requests[i].tree_max,
                               requests[i].n_max, requests[i].tree_min_score)
                      for n, (i, st) in enumerate(zip(trees, states))]
-            for i, tree in zip(trees, grow_many(head, seeds, self.params.tree)):
+            token_seconds = max(requests[i].token_seconds for i in trees)  # the same batch for all of them
+            for i, tree in zip(trees, grow_many(head, seeds, self.params.tree, self.step_cost, token_seconds)):
                 requests[i].result_tree = tree
         live = [i for i, r in enumerate(requests) if r.tree_max == 0]
         feat, q = feat[live], q[live]
