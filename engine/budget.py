@@ -112,7 +112,7 @@ class BudgetState:
     balance: dict[int, float] = field(default_factory=dict)
 
     def settle(self, seq: int, n_emitted: int, cost_ratio: float) -> None:
-        """cost_ratio: the round's time in plain forwards of its base rows (its drafting included)."""
+        """cost_ratio: the round's forward in plain forwards of its base rows."""
         self.balance[seq] = self.balance.get(seq, 0.0) + n_emitted - cost_ratio
 
     def next_round(self) -> None:

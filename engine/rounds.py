@@ -121,14 +121,12 @@ class Round:
             return events + [failure(s.seq, "the forward", e) for s in in_batch]
         if self.chain.policy is not None:
             self.chain.policy.cost.observe(len(batch), res.seconds)
-        # the forward's cost in plain forwards, and what a draft row cost this round (the drafters' gate,
-        # gate.py): the share of the forward beyond the base rows, per row. Each slot's balance is charged the
-        # round's time in plain forwards: the forward's cost plus the drafting, which every slot waited for
+        # the forward's cost in plain forwards (what each slot's balance is charged), and what a draft row cost
+        # this round (the drafters' gate, gate.py): the share of the forward beyond the base rows, per row
         cost_ratio = (self.chain.policy.cost.c(len(batch)) / self.chain.policy.cost.c(budget.n_base)
                       if budget is not None else 1.0)
         n_draft_rows = len(batch) - budget.n_base if budget is not None else 0
         self.chain.gate.row_seconds = res.seconds * (1 - 1 / cost_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
-        round_ratio = cost_ratio + t_draft / 1e3 / (res.seconds / cost_ratio)
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
         kept_rows: list[int] = []  # the rows whose cells stay: a tree's drafters hear only its kept path
         for slot in in_batch:
@@ -159,7 +157,7 @@ class Round:
                 ev.n_seqs = len(in_batch)
                 n_emitted += len(ev.emitted)
                 if budget is not None:
-                    self.budget_state.settle(ev.seq, len(ev.emitted), round_ratio)
+                    self.budget_state.settle(ev.seq, len(ev.emitted), cost_ratio)
                     ev.balance = self.budget_state.balance[ev.seq]
                 if budget is not None and ev.seq in requests:  # a replay slot drafted nothing
                     ev.budget_why = budget.why
