@@ -120,7 +120,7 @@ class BudgetState:
         self.waking.clear()
 
     def rests(self, seq: int) -> bool:
-        """Whether the slot drafts nothing this round (rest_after)."""
+        """Whether the slot drafts nothing this round (rest_after); on a probe round it wakes instead."""
         return self.refused.get(seq, 0) >= self.rest_after and not self.wakes(seq)
 
     def rest(self, seq: int) -> int:

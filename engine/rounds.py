@@ -269,7 +269,8 @@ class Round:
             pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
             p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=q_draft,
             target_top=[int(t) for t in logits.argmax(dim=-1)],
-            verify_mode="synthetic" if slot.coins is not None else "rejection" if use_rejection else "match", rollback=rollback, rm_range=rm_range,
+            verify_mode="synthetic" if slot.coins is not None else "rejection" if use_rejection else "match",
+            rollback=rollback, rm_range=rm_range,
             t_draft_ms=t_draft, t_verify_ms=t_verify, t_rollback_ms=t_rollback, batch_rows=batch_rows,
         )
         slot.round += 1

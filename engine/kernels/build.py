@@ -67,7 +67,8 @@ def build(name: str, defines: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None,
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{cc} --version failed: {e}"
     flags = [*FLAGS, *(f"-D{d}" for d in defines)]
-    key = hashlib.sha256("\0".join([source.read_text(), version, " ".join(flags), " ".join(sorted(cpu_flags()))]).encode())
+    key = hashlib.sha256("\0".join([source.read_text(), version, " ".join(flags),
+                                    " ".join(sorted(cpu_flags()))]).encode())
     target = _writable_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.exists():
         try:
