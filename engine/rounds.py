@@ -287,7 +287,7 @@ class Round:
                 r.tree = None
             state = self.budget_state
             if r.tree is None and r.tree_max > 0 and state.refused.get(r.seq, 0) >= state.rest_after:
-                state.refused[r.seq] += 1  # a resting slot's probe round that found nothing: it rests on
+                state.refused[r.seq] = state.refused.get(r.seq, 0) + 1  # a probe that found nothing: it rests on
         policy = self.chain.policy
         trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
         if policy is None or not trees:
