@@ -68,10 +68,10 @@ class Round:
                 continue  # a replay round re-runs decided tokens and drafts nothing
             n_max = max(0, min(self._n_draft_max(slot, n_free), n_out_free))
             tree_max = min(self._tree_max(slot), n_max)
+            budgeted = self.chain.uses_policy(slot.seq)
             # alone, a slot's drafting costs only its own time, which the gate weighs for the draft head; beside
             # others, it delays them all
-            if (tree_max > 0 and len(slots) > 1 and self.chain.uses_policy(slot.seq)
-                    and self.budget_state.rests(slot.seq)):
+            if tree_max > 0 and len(slots) > 1 and budgeted and self.budget_state.rests(slot.seq):
                 resting[slot.seq] = self.budget_state.rest(slot.seq)
                 n_max = tree_max = 0
             if slot.params.spec.types and self._needs_checkpoint(slot, n_max):
@@ -83,9 +83,9 @@ class Round:
                 n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min,
                 want_q=slot.params.sampling.temp > 0 and tree_max == 0,
                 grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max,
-                tree_min_score=self.budget_state.threshold if self.chain.uses_policy(slot.seq) else 0.0,
+                tree_min_score=self.budget_state.threshold if budgeted else 0.0,
                 probe=slot.seq in self.budget_state.waking,
-                token_seconds=(self.chain.gate.seconds_per_token or 0.0) if self.chain.uses_policy(slot.seq) else 0.0)
+                token_seconds=(self.chain.gate.seconds_per_token or 0.0) if budgeted else 0.0)
         t0 = time.perf_counter()
         failed: dict[int, ErrorEvent] = {}  # seq -> why its generation ends this round
         winners = self._draft(list(requests.values()), failed)
@@ -285,9 +285,8 @@ class Round:
         for r in requests.values():
             if r.tree is not None and not len(r.tree):
                 r.tree = None
-            state = self.budget_state
-            if r.tree is None and r.tree_max > 0 and state.refused.get(r.seq, 0) >= state.rest_after:
-                state.refused[r.seq] = state.refused.get(r.seq, 0) + 1  # a probe that found nothing: it rests on
+            if r.tree is None and r.seq in self.budget_state.waking:
+                self.budget_state.rest(r.seq)  # a probe round that found nothing: the slot rests on
         policy = self.chain.policy
         trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
         if policy is None or not trees:
