@@ -12,10 +12,13 @@ in a batch.
 - bfloat16 (`small_gemm.c`, vdpbf16ps, 16 rows per pass). The embedded model's 210 layer linears (AMD EPYC,
   2 cores, `scripts/gemm_speed.py`): 1 row 7.1 ms against oneDNN's 13.8, 4 rows 7.3 against 11.5, 8 rows 11.3
   against 13.3, and the same from 12 rows on, where both are bound by the multiplications.
-- float32 (`small_gemm_f32.c`, vfmadd231ps, 3 rows per pass over a block of 32 outputs, and the later passes
-  prefetch the next block so their arithmetic overlaps the memory reads). The same 210 linears on an AMD EPYC
-  with AVX2 only: 1 row 19.5 ms against oneDNN's 30.6, 4 rows 24.8 against 40.9, 8 rows 25.6 against 48.6,
-  16 rows 30.2 against 56.9 (`scripts/gemm_speed.py --dtype float32`).
+- float32 (`small_gemm_f32.c`, vfmadd231ps, up to 12 rows a pass over a block of 8 outputs, two blocks at a
+  time up to 6 rows, weights prefetched 16 KB ahead). The same 210 linears on an AMD EPYC with AVX2 only,
+  2 cores, weights from memory, fastest and median of 30 timings interleaved with the layout it replaced
+  (3 rows a pass over blocks of 32 outputs): 1 row 22.9 / 27.1 ms against 22.0 / 27.7, 4 rows 25.9 / 28.8
+  against 28.4 / 33.9, 8 rows 27.0 / 31.3 against 30.6 / 34.5, 12 rows 27.9 / 39.4 against 30.2 / 41.5,
+  16 rows 37.1 / 52.2 against 37.6 / 51.7. oneDNN took 1.5x to 1.8x as long at 1 to 8 rows
+  (`scripts/gemm_speed.py --dtype float32`).
 
 `SmallGemm.pack` returns None where no kernel applies (no such CPU feature, no C compiler, another dtype, a
 bias, a width the kernel's blocks do not divide): the caller keeps oneDNN for that weight.
@@ -45,8 +48,8 @@ class _Spec:
 # float16 weights with float32 inputs, sums and outputs: for a drafter trained and stored in float16 (the draft
 # head), whose every step reads all its weights for a few rows: half the bytes, and no value it did not have
 SPECS = {torch.bfloat16: _Spec("small_gemm", ("avx512_bf16",), 16, 2),
-         torch.float32: _Spec("small_gemm_f32", ("avx2", "fma"), 32, 1),
-         torch.float16: _Spec("small_gemm_f32", ("avx2", "fma", "f16c"), 32, 1, "small_gemm_f16w",
+         torch.float32: _Spec("small_gemm_f32", ("avx2", "fma"), 8, 1),
+         torch.float16: _Spec("small_gemm_f32", ("avx2", "fma", "f16c"), 8, 1, "small_gemm_f16w",
                               ("WEIGHT_F16",), torch.float32)}
 
 

@@ -4,10 +4,13 @@
  * trained and stored in float16, so that nothing is rounded that was not already.
  *
  * At a handful of rows a linear is a pass over its weights, and what it costs is reading them. The weights are
- * packed as [N/32][K][32]: for each k, the 32 outputs of a block lie in two cache lines, and a block is read
- * front to back. A pass takes 3 rows over one block with 12 accumulators (3 rows x 4 ymm of 8 outputs) in
- * registers; further rows pass over the same block again while it is still in L2 (32 x 1536 floats, 192 KB at
- * most for the embedded model), so memory is read once per block whatever the number of rows.
+ * packed as [N/8][K][8]: for each k, the 8 outputs of a block are one ymm, and a block is read front to back.
+ * One pass takes up to 12 rows over a block, one accumulator per row, so that memory is read once for 12 rows
+ * and their multiplications run while the next lines arrive (a prefetch PF_DIST inputs ahead keeps the reads
+ * going: without it 8 rows took 1.3x as long). Up to 6 rows, a pass takes two adjacent blocks: a row then has
+ * two sums in flight per k instead of one that waits on the latency of its last fused multiply-add. Beyond 12
+ * rows the passes split the rows evenly and re-read the block from L2 (8 x 1536 floats, 48 KB at most for the
+ * embedded model).
  *
  * Each output's sum runs over k in order with one fused multiply-add per k, in a register of its own, whatever
  * the number of rows or the pass a row falls in: a row gets the same bits alone or in any batch (plain decoding
@@ -31,8 +34,9 @@ typedef float wtype;
 #define PACK small_gemm_f32_pack
 #endif
 
-#define NB 32 /* outputs per block: four ymm of float32 */
-#define MB 3  /* rows per pass over a block: 12 accumulators */
+#define NB 8  /* outputs per block: one ymm of float32 */
+#define MB 12 /* rows per pass over a block: 12 accumulators */
+#define PF_DIST 512 /* inputs ahead of the one multiplied whose weights are asked for (16 KB in float32) */
 
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 
@@ -51,78 +55,91 @@ static inline void finish(float *y, const float *other, int post, __m256 acc, in
     __builtin_memcpy(y + at, v, sizeof v);
 }
 
-/* rows m0 .. m0 + m (m <= MB) of x times one block wb [K][NB]; outputs n0 .. n0 + NB of y. The loop is written
- * out per row count: a generic one over accumulator arrays, inlined with m constant, spilled to the stack and
- * took 1.5x as long from 4 rows on. */
-static void block(const float *x, int64_t m0, int m, int64_t k, const wtype *wb, float *y, const float *other,
-                  int64_t n, int64_t n0, int post, const char *ahead, int64_t ahead_step) {
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
-    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-    __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
-    const float *x0 = x + m0 * k, *x1 = x0 + k, *x2 = x1 + k;
-    if (m == 3) {
-        for (int64_t p = 0; p < k; p++) {
-            const wtype *w = wb + p * NB;
-            _mm_prefetch(ahead + p * ahead_step, _MM_HINT_T1);
-            __m256 w0 = LOADW(w), w1 = LOADW(w + 8), w2 = LOADW(w + 16), w3 = LOADW(w + 24);
-            __m256 b = _mm256_broadcast_ss(x0 + p);
-            a00 = _mm256_fmadd_ps(b, w0, a00); a01 = _mm256_fmadd_ps(b, w1, a01);
-            a02 = _mm256_fmadd_ps(b, w2, a02); a03 = _mm256_fmadd_ps(b, w3, a03);
-            b = _mm256_broadcast_ss(x1 + p);
-            a10 = _mm256_fmadd_ps(b, w0, a10); a11 = _mm256_fmadd_ps(b, w1, a11);
-            a12 = _mm256_fmadd_ps(b, w2, a12); a13 = _mm256_fmadd_ps(b, w3, a13);
-            b = _mm256_broadcast_ss(x2 + p);
-            a20 = _mm256_fmadd_ps(b, w0, a20); a21 = _mm256_fmadd_ps(b, w1, a21);
-            a22 = _mm256_fmadd_ps(b, w2, a22); a23 = _mm256_fmadd_ps(b, w3, a23);
-        }
-    } else if (m == 2) {
-        for (int64_t p = 0; p < k; p++) {
-            const wtype *w = wb + p * NB;
-            _mm_prefetch(ahead + p * ahead_step, _MM_HINT_T1);
-            __m256 w0 = LOADW(w), w1 = LOADW(w + 8), w2 = LOADW(w + 16), w3 = LOADW(w + 24);
-            __m256 b = _mm256_broadcast_ss(x0 + p);
-            a00 = _mm256_fmadd_ps(b, w0, a00); a01 = _mm256_fmadd_ps(b, w1, a01);
-            a02 = _mm256_fmadd_ps(b, w2, a02); a03 = _mm256_fmadd_ps(b, w3, a03);
-            b = _mm256_broadcast_ss(x1 + p);
-            a10 = _mm256_fmadd_ps(b, w0, a10); a11 = _mm256_fmadd_ps(b, w1, a11);
-            a12 = _mm256_fmadd_ps(b, w2, a12); a13 = _mm256_fmadd_ps(b, w3, a13);
-        }
-    } else {
-        for (int64_t p = 0; p < k; p++) {
-            const wtype *w = wb + p * NB;
-            _mm_prefetch(ahead + p * ahead_step, _MM_HINT_T1);
-            __m256 b = _mm256_broadcast_ss(x0 + p);
-            a00 = _mm256_fmadd_ps(b, LOADW(w), a00);
-            a01 = _mm256_fmadd_ps(b, LOADW(w + 8), a01);
-            a02 = _mm256_fmadd_ps(b, LOADW(w + 16), a02);
-            a03 = _mm256_fmadd_ps(b, LOADW(w + 24), a03);
-        }
+#define ROW(r) if (m > r) a##r = _mm256_fmadd_ps(_mm256_broadcast_ss(x + (r) * k + p), w, a##r);
+#define OUT(r) if (m > r) finish(y, other, post, a##r, (m0 + r) * n + n0);
+#define ROW2(r)                                                                                              \
+    if (m > r) {                                                                                             \
+        __m256 b = _mm256_broadcast_ss(x + (r) * k + p);                                                     \
+        a##r = _mm256_fmadd_ps(b, w, a##r);                                                                  \
+        c##r = _mm256_fmadd_ps(b, v, c##r);                                                                  \
     }
-    __m256 acc[3][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}};
-    for (int r = 0; r < m; r++)
-        for (int j = 0; j < 4; j++) finish(y, other, post, acc[r][j], (m0 + r) * n + n0 + 8 * j);
+#define OUT2(r) if (m > r) { finish(y, other, post, a##r, (m0 + r) * n + n0); \
+                             finish(y, other, post, c##r, (m0 + r) * n + n0 + NB); }
+
+/* rows m0 .. m0 + m of x (m <= MB, a constant where it is inlined) times one block wb [K][NB]: outputs
+ * n0 .. n0 + NB of y */
+static inline __attribute__((always_inline)) void pass(const float *x, int64_t m0, const int m, int64_t k,
+                                                       const wtype *wb, float *y, const float *other, int64_t n,
+                                                       int64_t n0, int post) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+           a9 = a0, a10 = a0, a11 = a0;
+    x += m0 * k;
+    for (int64_t p = 0; p < k; p++) {
+        _mm_prefetch((const char *)(wb + (p + PF_DIST) * NB), _MM_HINT_T0);
+        __m256 w = LOADW(wb + p * NB);
+        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5) ROW(6) ROW(7) ROW(8) ROW(9) ROW(10) ROW(11)
+    }
+    OUT(0) OUT(1) OUT(2) OUT(3) OUT(4) OUT(5) OUT(6) OUT(7) OUT(8) OUT(9) OUT(10) OUT(11)
 }
 
-/* x [M, K], wp packed [N/32][K][32] (N a multiple of 32), y [M, N]; other [M, N] for post 2 and 3 */
+/* the same over two adjacent blocks (outputs n0 .. n0 + 2 NB) for m <= MB / 2 rows: each k then has two
+ * independent sums per row in flight, where one would wait on the last one's latency */
+static inline __attribute__((always_inline)) void pair_pass(const float *x, int64_t m0, const int m, int64_t k,
+                                                        const wtype *wb, float *y, const float *other, int64_t n,
+                                                        int64_t n0, int post) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0, c4 = a0, c5 = a0;
+    const wtype *wc = wb + k * NB;
+    x += m0 * k;
+    for (int64_t p = 0; p < k; p++) {
+        _mm_prefetch((const char *)(wb + (p + PF_DIST) * NB), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wc + (p + PF_DIST) * NB), _MM_HINT_T0);
+        __m256 w = LOADW(wb + p * NB), v = LOADW(wc + p * NB);
+        ROW2(0) ROW2(1) ROW2(2) ROW2(3) ROW2(4) ROW2(5)
+    }
+    OUT2(0) OUT2(1) OUT2(2) OUT2(3) OUT2(4) OUT2(5)
+}
+
+typedef void (*pass_fn)(const float *, int64_t, int64_t, const wtype *, float *, const float *, int64_t, int64_t,
+                        int);
+#define PASS(c) static void pass_##c(const float *x, int64_t m0, int64_t k, const wtype *wb, float *y,         \
+                                    const float *other, int64_t n, int64_t n0, int post) {                    \
+    pass(x, m0, c, k, wb, y, other, n, n0, post); }
+#define PASS2(c) static void pair_pass_##c(const float *x, int64_t m0, int64_t k, const wtype *wb, float *y,       \
+                                       const float *other, int64_t n, int64_t n0, int post) {                 \
+    pair_pass(x, m0, c, k, wb, y, other, n, n0, post); }
+PASS(1) PASS(2) PASS(3) PASS(4) PASS(5) PASS(6) PASS(7) PASS(8) PASS(9) PASS(10) PASS(11) PASS(12)
+PASS2(1) PASS2(2) PASS2(3) PASS2(4) PASS2(5) PASS2(6)
+static const pass_fn passes[MB + 1] = {0, pass_1, pass_2, pass_3, pass_4, pass_5, pass_6, pass_7, pass_8, pass_9,
+                                       pass_10, pass_11, pass_12};
+static const pass_fn pair_passes[MB / 2 + 1] = {0, pair_pass_1, pair_pass_2, pair_pass_3, pair_pass_4, pair_pass_5,
+                                                pair_pass_6};
+
+/* x [M, K], wp packed [N/NB][K][NB] (N a multiple of NB), y [M, N]; other [M, N] for post 2 and 3 */
 void GEMM(const float *x, const wtype *wp, float *y, const float *other, int64_t M, int64_t K, int64_t N,
                     int post) {
-    int64_t nblocks = N / NB;
+    int64_t nblocks = N / NB, npairs = (nblocks + 1) / 2;
+    int64_t n_pass = (M + MB - 1) / MB;
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < nblocks; b++) {
+    for (int64_t q = 0; q < npairs; q++) {
+        int64_t b = 2 * q;
         const wtype *wb = wp + b * K * NB;
-        /* the passes over this block also bring the next one into L2, a share each, so the later passes'
-         * arithmetic overlaps the reading of memory instead of following it */
-        int64_t n_pass = (M + MB - 1) / MB;
-        const char *next = (const char *)(wp + (b + 1 < nblocks ? b + 1 : b) * K * NB);
-        int64_t step = n_pass > 1 ? (int64_t)(NB * sizeof(wtype)) / n_pass : 0; /* one pass: the hardware's own */
-        for (int64_t m0 = 0, j = 0; m0 < M; m0 += MB, j++) {
-            int m = (int)(M - m0 < MB ? M - m0 : MB);
-            block(x, m0, m, K, wb, y, other, N, b * NB, post, next + j * K * step, step);
+        int both = b + 1 < nblocks;
+        /* rows split evenly over the passes: 16 rows as 8 + 8, not 12 + 4 */
+        for (int64_t i = 0, m0 = 0; i < n_pass; i++) {
+            int m = (int)(M / n_pass + (i < M % n_pass));
+            if (both && 2 * m <= MB) {
+                pair_passes[m](x, m0, K, wb, y, other, N, b * NB, post);
+            } else {
+                passes[m](x, m0, K, wb, y, other, N, b * NB, post);
+                if (both) passes[m](x, m0, K, wb + K * NB, y, other, N, (b + 1) * NB, post);
+            }
+            m0 += m;
         }
     }
 }
 
-/* w [N, K] row-major -> wp [N/32][K][32], in the weights' own type */
+/* w [N, K] row-major -> wp [N/NB][K][NB], in the weights' own type */
 void PACK(const wtype *w, wtype *wp, int64_t K, int64_t N) {
     for (int64_t b = 0; b < N / NB; b++)
         for (int64_t p = 0; p < K; p++)
