@@ -19,9 +19,23 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+@dataclass
+class RoundPair:
+    """A speculative round and the plain round beside it."""
+
+    cost: float  # its time over the plain round's
+    rows: int  # rows of its forward
+    tokens: int  # tokens it emitted, all slots
+    plain_tokens: int  # tokens the plain round emitted
+    draft_ms: float  # time in the drafters, all slots
+    verify_ms: float  # the forward and the walk
+    plain_verify_ms: float  # the plain round's forward
 
 
 def kind_of_round(events) -> str:
@@ -101,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
                             own_n[(spec, e.seq)] += len(e.emitted)
                     pair[spec] = (dt, events)
                 if len(pair) == 2:
-                    by_kind.setdefault(kind_of_round(pair[True][1]), []).append(pair[True][0] / pair[False][0])
+                    (dt_s, ev_s), (dt_p, ev_p) = pair[True], pair[False]
+                    by_kind.setdefault(kind_of_round(ev_s), []).append(RoundPair(
+                        dt_s / dt_p, max((e.batch_rows for e in ev_s), default=0),
+                        sum(len(e.emitted) for e in ev_s), sum(len(e.emitted) for e in ev_p),
+                        sum(e.t_draft_ms for e in ev_s), max((e.t_verify_ms for e in ev_s), default=0.0),
+                        max((e.t_verify_ms for e in ev_p), default=0.0)))
             for engine in engines.values():
                 for seq in range(len(ids)):
                     engine.release(seq)
@@ -114,8 +133,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{', '.join(p['id'] for p in group)}: speculative / plain {statistics.median(ratios):.3f} "
               f"(runs: {', '.join(f'{r:.3f}' for r in ratios)}); each prompt's own: "
               f"{', '.join(f'{r:.3f}' for r in own)}", flush=True)
-    for kind, costs in sorted(by_kind.items()):
-        print(f"rounds that {kind}: {len(costs)}, mean cost {statistics.mean(costs):.3f}x the plain round beside it")
+    for kind, pairs in sorted(by_kind.items()):
+        def mean(field: str) -> float:
+            return statistics.mean(getattr(r, field) for r in pairs)
+        print(f"rounds that {kind}: {len(pairs)}, mean cost {mean('cost'):.3f}x the plain round beside it; "
+              f"{mean('rows'):.1f} rows, {mean('tokens'):.2f} tokens against {mean('plain_tokens'):.2f}; "
+              f"drafting {mean('draft_ms'):.1f} ms, forward and walk {mean('verify_ms'):.1f} ms against "
+              f"{mean('plain_verify_ms'):.1f}")
     return 0
 
 

@@ -119,16 +119,17 @@ class DraftHeadDrafter(Drafter):
     def process(self, batch: Batch, result=None) -> None:
         if result is None or result.hidden is None:
             return
-        seqs = torch.tensor(batch.seq)
-        pos = torch.tensor(batch.pos)
-        toks = torch.tensor(batch.tokens)
-        for seq in set(batch.seq):
-            rows = (seqs == seq).nonzero().flatten()
+        # a handful of rows each round: grouped in Python, one indexed copy per sequence
+        by_seq: dict[int, list[int]] = {}
+        for row, seq in enumerate(batch.seq):
+            by_seq.setdefault(seq, []).append(row)
+        hidden = result.hidden.float()
+        for seq, rows in by_seq.items():
             st = self._state(seq)
-            p = pos[rows]
-            st.reserve(int(p.max()) + 1, self.params.grow)
-            st.feats[p] = result.hidden[rows].float()
-            st.feat_tok[p] = toks[rows]
+            pos = [batch.pos[r] for r in rows]
+            st.reserve(max(pos) + 1, self.params.grow)
+            st.feats[pos] = hidden[rows]
+            st.feat_tok[pos] = torch.tensor([batch.tokens[r] for r in rows])
 
     # ---- drafting ---------------------------------------------------------------------------------------
 

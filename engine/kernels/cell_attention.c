@@ -7,10 +7,11 @@
  * BLAS and torch's SDPA choose kernels and blockings by shape, which breaks that (engine/attention.py).
  *
  * Per (row, key head): scores s_i = scale * q . k_i over the row's cells (the H / H_kv query heads sharing the
- * key head in one pass), m = max s, e_i = exp(s_i - m), out = (sum_i e_i v_i) / (sum_i e_i), every sum taken
- * in cell-list order; dot products in 16 fixed lanes reduced pairwise. The loops below are shaped for speed
- * (4 cells' dot products interleaved, the weighted sum kept in registers for 64-wide heads), never at the
- * cost of that order: each element's sums are the ones the plain loop over cells would take.
+ * key head in one pass), m = max s, e_i = exp(s_i - m), out = (sum_i e_i v_i) / (sum_i e_i); dot products in
+ * 16 fixed lanes reduced pairwise, sum_i e_i in 8 lanes (cell i in lane i mod 8) reduced pairwise, each
+ * element of sum_i e_i v_i over the cells in list order. The loops below are shaped for speed (4 cells' dot
+ * products interleaved, and for 64-wide heads their reduction done with AVX2 shuffles and the weighted sums
+ * kept in registers), never at the cost of that order: the same additions for any row in any batch.
  */
 #include <math.h>
 #include <stdint.h>
@@ -46,20 +47,40 @@ static float dot(const float *a, const float *b, int d) {
     return lane[0] + tail;
 }
 
-/* sum_i e_i v_i for head_dim 64 and up to 4 query heads, the sums kept in registers: the same additions in
- * the same cell order as the general loop */
+/* 8 floats, loaded from any address: GCC's vector extension, one ymm on AVX2 (two xmm elsewhere) */
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+
+/* sum_i e_i v_i for head_dim 64 and G query heads, 32 dimensions at a time (16 for 4 heads) so that the sums stay in
+ * registers (a 4 x 64 array of them spilled to the stack at every cell): each element still adds e_i v_i over
+ * the cells in list order, one fused multiply-add per cell, as the general loop does */
+static inline __attribute__((always_inline)) void weigh64_g(const float *restrict vb, const int64_t *restrict cells,
+                                                            int64_t n, const int G, const float *restrict s,
+                                                            float *restrict o) {
+    const int W = G <= 3 ? 4 : 2;  /* vectors of 8 per head and pass: G x W sums, 12 at most in registers */
+    for (int d0 = 0; d0 < 64; d0 += 8 * W) {
+        v8 a[4][4] = {{0}};
+        for (int64_t i = 0; i < n; i++) {
+            const v8 *vc = (const v8 *)(vb + cells[i] * 64 + d0);
+            v8 x[4];
+            for (int w = 0; w < W; w++) x[w] = vc[w];
+            for (int g = 0; g < G; g++) {
+                const float e = s[g * n + i];
+                for (int w = 0; w < W; w++) a[g][w] += e * x[w];
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int w = 0; w < W; w++) *(v8 *)(o + g * 64 + d0 + 8 * w) = a[g][w];
+    }
+}
+
 static void weigh64(const float *restrict vb, const int64_t *restrict cells, int64_t n, int group,
                     const float *restrict s, float *restrict o) {
-    float acc[4][64] = {{0}};
-    for (int64_t i = 0; i < n; i++) {
-        const float *restrict vc = vb + cells[i] * 64;
-        for (int g = 0; g < group; g++) {
-            const float e = s[g * n + i];
-            for (int d = 0; d < 64; d++) acc[g][d] += e * vc[d];
-        }
+    switch (group) {
+    case 1: weigh64_g(vb, cells, n, 1, s, o); break;
+    case 2: weigh64_g(vb, cells, n, 2, s, o); break;
+    case 3: weigh64_g(vb, cells, n, 3, s, o); break;
+    default: weigh64_g(vb, cells, n, 4, s, o); break;
     }
-    for (int g = 0; g < group; g++)
-        for (int d = 0; d < 64; d++) o[g * 64 + d] = acc[g][d];
 }
 
 /* q . k for 4 cells at once: each is the arithmetic of dot(), interleaved so the four run side by side */
@@ -95,6 +116,47 @@ static void dot4(const float *a, const float *k0, const float *k1, const float *
     out[3] = l3[0] + t3;
 }
 
+#ifdef __AVX2__
+#include <immintrin.h>
+/* dot4 for head_dim 64 with AVX2 and FMA: the same 16 lanes (two ymm per cell), each lane's products added in
+ * the same k order, and the same pairwise reduction (lane j += lane j + w for w = 8, 4, 2, 1) done for the four
+ * cells at once with shuffles instead of one lane at a time: every addition of dot4 in the same order, on the
+ * same operands, so the same bits. */
+static inline void dot4_64(const float *a, const float *k0, const float *k1, const float *k2, const float *k3,
+                           float *out) {
+    __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
+    for (int i = 0; i < 64; i += 16) {
+        const __m256 xl = _mm256_loadu_ps(a + i), xh = _mm256_loadu_ps(a + i + 8);
+        l0 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k0 + i), l0);
+        h0 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k0 + i + 8), h0);
+        l1 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k1 + i), l1);
+        h1 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k1 + i + 8), h1);
+        l2 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k2 + i), l2);
+        h2 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k2 + i + 8), h2);
+        l3 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k3 + i), l3);
+        h3 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k3 + i + 8), h3);
+    }
+    /* w = 8: lanes 0..7 of each cell */
+    const __m256 r0 = _mm256_add_ps(l0, h0), r1 = _mm256_add_ps(l1, h1);
+    const __m256 r2 = _mm256_add_ps(l2, h2), r3 = _mm256_add_ps(l3, h3);
+    /* w = 4: [cell 0 lanes 0..3 | cell 1 lanes 0..3], and cells 2, 3 */
+    const __m256 s01 = _mm256_add_ps(_mm256_permute2f128_ps(r0, r1, 0x20), _mm256_permute2f128_ps(r0, r1, 0x31));
+    const __m256 s23 = _mm256_add_ps(_mm256_permute2f128_ps(r2, r3, 0x20), _mm256_permute2f128_ps(r2, r3, 0x31));
+    /* w = 2: per 128-bit half [c lanes 0, 1 | c' lanes 0, 1] with c from s01, c' from s23 */
+    const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* w = 1: low half holds cells 0 and 2, high half cells 1 and 3 */
+    const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t, t, _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(t, t, _MM_SHUFFLE(3, 1, 3, 1)));
+    float v[8];
+    _mm256_storeu_ps(v, u);
+    out[0] = v[0] + 0.0f;  /* + the tail dot4 adds (none at 64) */
+    out[1] = v[4] + 0.0f;
+    out[2] = v[1] + 0.0f;
+    out[3] = v[5] + 0.0f;
+}
+#endif
+
 /* One row, one key head: its `group` query heads qr over the n cells listed in `cells`; s: scratch of
  * group * (n + 1) floats; o: group * head_dim outputs. */
 static void one_task(const float *qr, const float *kb, const float *vb, const int64_t *cells, int64_t n,
@@ -105,6 +167,10 @@ static void one_task(const float *qr, const float *kb, const float *vb, const in
         const float *c0 = kb + cells[i] * head_dim, *c1 = kb + cells[i + 1] * head_dim;
         const float *c2 = kb + cells[i + 2] * head_dim, *c3 = kb + cells[i + 3] * head_dim;
         for (int g = 0; g < group; g++) {
+#ifdef __AVX2__
+            if (head_dim == 64) dot4_64(qr + g * head_dim, c0, c1, c2, c3, four);
+            else
+#endif
             dot4(qr + g * head_dim, c0, c1, c2, c3, head_dim, four);
             for (int j = 0; j < 4; j++) s[g * n + i + j] = four[j] * scale;
         }
@@ -115,11 +181,29 @@ static void one_task(const float *qr, const float *kb, const float *vb, const in
     }
     float *total = s + (int64_t)group * n;  /* per query head: the sum of its e_i */
     for (int g = 0; g < group; g++) {
-        float *sg = s + g * n, m = sg[0], sum = 0.0f;
-        for (int64_t i = 1; i < n; i++) m = sg[i] > m ? sg[i] : m;
-        for (int64_t i = 0; i < n; i++) sg[i] = exp_neg(sg[i] - m);
-        for (int64_t i = 0; i < n; i++) sum += sg[i];
-        total[g] = sum;
+        float *sg = s + g * n;
+        /* the max is the same whatever the order of comparison (a tie of -0 and +0 gives the same exps): 8
+         * lanes; the sum's order is fixed: lane i mod 8 over the cells in order, then pairwise, then the tail */
+        float mx[8], lane[8] = {0}, m = sg[0], tail = 0.0f;
+        for (int j = 0; j < 8; j++) mx[j] = sg[0];
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; j++) mx[j] = sg[i + j] > mx[j] ? sg[i + j] : mx[j];
+        for (int j = 0; j < 8; j++) m = mx[j] > m ? mx[j] : m;
+        for (; i < n; i++) m = sg[i] > m ? sg[i] : m;
+        for (i = 0; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; j++) {
+                const float e = exp_neg(sg[i + j] - m);
+                sg[i + j] = e;
+                lane[j] += e;
+            }
+        for (; i < n; i++) {
+            sg[i] = exp_neg(sg[i] - m);
+            tail += sg[i];
+        }
+        for (int w = 4; w >= 1; w /= 2)
+            for (int j = 0; j < w; j++) lane[j] += lane[j + w];
+        total[g] = lane[0] + tail;
     }
     if (head_dim == 64 && group <= 4) {
         weigh64(vb, cells, n, group, s, o);
