@@ -51,6 +51,29 @@ class _SeqState:
         self.k = torch.zeros(0, n_kv, head_dim)  # head keys per position (RoPE applied)
         self.v = torch.zeros(0, n_kv, head_dim)
         self.kv_tokens: list[int] = []  # token of each head KV entry, entries 0..len-1
+        # rounds' features not yet written: (positions, tokens, features [rows, n_feat]). A slot the budget rests
+        # is not drafted for, so its features are written when it next drafts, in one copy for all its rounds
+        self.pending: list[tuple[list[int], list[int], torch.Tensor]] = []
+
+    def note(self, pos: list[int], tokens: list[int], feats: torch.Tensor) -> None:
+        self.pending.append((pos, tokens, feats))
+
+    def flush(self, grow: int) -> None:
+        """Write the pending features, later rounds over earlier ones at the same position."""
+        if self.pending:
+            with torch.inference_mode():  # the features are the forward's inference tensors
+                self._write(grow)
+
+    def _write(self, grow: int) -> None:
+        pos = [p for ps, _, _ in self.pending for p in ps]
+        self.reserve(max(pos) + 1, grow)
+        where = torch.tensor(pos)
+        # index_put with repeated positions keeps an unspecified one: the last round's must win
+        last = {p: i for i, p in enumerate(pos)}
+        keep = torch.tensor(sorted(last.values()))
+        self.feats[where[keep]] = torch.cat([f for _, _, f in self.pending])[keep]
+        self.feat_tok[where[keep]] = torch.tensor([t for _, ts, _ in self.pending for t in ts])[keep]
+        self.pending = []
 
     def reserve(self, n: int, grow: int) -> None:
         if n <= self.feats.shape[0]:
@@ -111,25 +134,24 @@ class DraftHeadDrafter(Drafter):
         if src not in self.states or n <= 0:
             return
         a, b = self._state(src), self._state(dst)
-        b.reserve(n, self.params.grow)
-        m = min(n, a.feats.shape[0])
-        b.feats[:m] = a.feats[:m]
-        b.feat_tok[:m] = a.feat_tok[:m]
+        a.flush(self.params.grow)
+        b.flush(self.params.grow)
+        with torch.inference_mode():  # the stores are written where the forward's features are, in inference
+            b.reserve(n, self.params.grow)
+            m = min(n, a.feats.shape[0])
+            b.feats[:m] = a.feats[:m]
+            b.feat_tok[:m] = a.feat_tok[:m]
 
     def process(self, batch: Batch, result=None) -> None:
         if result is None or result.hidden is None:
             return
-        # a handful of rows each round: grouped in Python, one indexed copy per sequence
         by_seq: dict[int, list[int]] = {}
         for row, seq in enumerate(batch.seq):
             by_seq.setdefault(seq, []).append(row)
         hidden = result.hidden.float()
         for seq, rows in by_seq.items():
-            st = self._state(seq)
-            pos = [batch.pos[r] for r in rows]
-            st.reserve(max(pos) + 1, self.params.grow)
-            st.feats[pos] = hidden[rows]
-            st.feat_tok[pos] = torch.tensor([batch.tokens[r] for r in rows])
+            part = hidden[rows[0]:rows[-1] + 1] if rows[-1] - rows[0] + 1 == len(rows) else hidden[rows]
+            self._state(seq).note([batch.pos[r] for r in rows], [batch.tokens[r] for r in rows], part)
 
     # ---- drafting ---------------------------------------------------------------------------------------
 
@@ -146,6 +168,7 @@ class DraftHeadDrafter(Drafter):
         feats, toks, pos, owner = [], [], [], []
         for i, r in enumerate(requests):
             st = self._state(r.seq)
+            st.flush(self.params.grow)
             confirmed = r.prompt + [r.id_last]
             n = common_prefix(st.kv_tokens, confirmed, limit=len(confirmed) - 1)  # id_last's entry is always remade
             st.k, st.v, st.kv_tokens = st.k[:n], st.v[:n], st.kv_tokens[:n]
