@@ -345,3 +345,28 @@ def test_shipped_head_is_lossless_on_a_bfloat16_embedded_target():
     assert head.lin_dtype == torch.bfloat16 and head.lm_weight is None
     with torch.inference_mode():
         assert head.logits(torch.zeros(2, head.cfg.hidden)).shape == (2, head.cfg.draft_vocab)
+
+
+def test_features_noted_while_a_slot_rests_are_written_as_immediate_writes_would_leave_them():
+    from engine.drafters.draft_head import _SeqState
+
+    g = torch.Generator().manual_seed(0)
+    rounds = [([0, 1, 2], [5, 6, 7]), ([3, 4], [8, 9]), ([4, 5], [10, 11]), ([2], [12])]  # 4 and 2 rewritten
+    deferred, immediate = _SeqState(6, 1, 2), _SeqState(6, 1, 2)
+    deferred.flush_every = 100
+    for pos, toks in rounds:
+        feats = torch.randn(len(pos), 6, generator=g)
+        deferred.note(pos, toks, feats, grow=4)
+        immediate.reserve(max(pos) + 1, 4)
+        immediate.feats[pos] = feats
+        immediate.feat_tok[pos] = torch.tensor(toks)
+    assert len(deferred.pending) == len(rounds)  # nothing written until the slot drafts
+    deferred.flush(grow=4)
+    assert not deferred.pending
+    assert torch.equal(deferred.feats[:6], immediate.feats[:6])
+    assert deferred.feat_tok[:6].tolist() == [5, 6, 12, 8, 10, 11]
+    # a slot that never drafts still writes every flush_every rounds: the noted hidden states do not pile up
+    deferred.flush_every = 2
+    deferred.note([6], [13], torch.zeros(1, 6), grow=4)
+    deferred.note([7], [14], torch.zeros(1, 6), grow=4)
+    assert not deferred.pending and deferred.feat_tok[7] == 14

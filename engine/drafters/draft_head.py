@@ -53,10 +53,14 @@ class _SeqState:
         self.kv_tokens: list[int] = []  # token of each head KV entry, entries 0..len-1
         # rounds' features not yet written: (positions, tokens, features [rows, n_feat]). A slot the budget rests
         # is not drafted for, so its features are written when it next drafts, in one copy for all its rounds
+        # (or every `flush_every` rounds: each entry holds its round's hidden states in memory)
         self.pending: list[tuple[list[int], list[int], torch.Tensor]] = []
+        self.flush_every = 64
 
-    def note(self, pos: list[int], tokens: list[int], feats: torch.Tensor) -> None:
+    def note(self, pos: list[int], tokens: list[int], feats: torch.Tensor, grow: int) -> None:
         self.pending.append((pos, tokens, feats))
+        if len(self.pending) >= self.flush_every:
+            self.flush(grow)
 
     def flush(self, grow: int) -> None:
         """Write the pending features, later rounds over earlier ones at the same position."""
@@ -151,7 +155,8 @@ class DraftHeadDrafter(Drafter):
         hidden = result.hidden.float()
         for seq, rows in by_seq.items():
             part = hidden[rows[0]:rows[-1] + 1] if rows[-1] - rows[0] + 1 == len(rows) else hidden[rows]
-            self._state(seq).note([batch.pos[r] for r in rows], [batch.tokens[r] for r in rows], part)
+            self._state(seq).note([batch.pos[r] for r in rows], [batch.tokens[r] for r in rows], part,
+                                  self.params.grow)
 
     # ---- drafting ---------------------------------------------------------------------------------------
 
