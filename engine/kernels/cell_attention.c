@@ -16,6 +16,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 /* exp(x) for x <= 0 (scores minus their max): 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p the degree-6
  * Taylor polynomial (relative error under 2e-7); written without calls so the loop vectorizes, and the same
@@ -117,7 +120,6 @@ static void dot4(const float *a, const float *k0, const float *k1, const float *
 }
 
 #ifdef __AVX2__
-#include <immintrin.h>
 /* dot4 for head_dim 64 with AVX2 and FMA: the same 16 lanes (two ymm per cell), each lane's products added in
  * the same k order, and the same pairwise reduction (lane j += lane j + w for w = 8, 4, 2, 1) done for the four
  * cells at once with shuffles instead of one lane at a time: every addition of dot4 in the same order, on the

@@ -85,8 +85,8 @@ static inline __attribute__((always_inline)) void pass(const float *x, int64_t m
 /* the same over two adjacent blocks (outputs n0 .. n0 + 2 NB) for m <= MB / 2 rows: each k then has two
  * independent sums per row in flight, where one would wait on the last one's latency */
 static inline __attribute__((always_inline)) void pair_pass(const float *x, int64_t m0, const int m, int64_t k,
-                                                        const wtype *wb, float *y, const float *other, int64_t n,
-                                                        int64_t n0, int post) {
+                                                            const wtype *wb, float *y, const float *other,
+                                                            int64_t n, int64_t n0, int post) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
     __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0, c4 = a0, c5 = a0;
     const wtype *wc = wb + k * NB;
@@ -102,12 +102,16 @@ static inline __attribute__((always_inline)) void pair_pass(const float *x, int6
 
 typedef void (*pass_fn)(const float *, int64_t, int64_t, const wtype *, float *, const float *, int64_t, int64_t,
                         int);
-#define PASS(c) static void pass_##c(const float *x, int64_t m0, int64_t k, const wtype *wb, float *y,         \
-                                    const float *other, int64_t n, int64_t n0, int post) {                    \
-    pass(x, m0, c, k, wb, y, other, n, n0, post); }
-#define PASS2(c) static void pair_pass_##c(const float *x, int64_t m0, int64_t k, const wtype *wb, float *y,       \
-                                       const float *other, int64_t n, int64_t n0, int post) {                 \
-    pair_pass(x, m0, c, k, wb, y, other, n, n0, post); }
+#define PASS(c)                                                                                               \
+    static void pass_##c(const float *x, int64_t m0, int64_t k, const wtype *wb, float *y, const float *other,  \
+                         int64_t n, int64_t n0, int post) {                                                     \
+        pass(x, m0, c, k, wb, y, other, n, n0, post);                                                           \
+    }
+#define PASS2(c)                                                                                              \
+    static void pair_pass_##c(const float *x, int64_t m0, int64_t k, const wtype *wb, float *y,               \
+                              const float *other, int64_t n, int64_t n0, int post) {                          \
+        pair_pass(x, m0, c, k, wb, y, other, n, n0, post);                                                    \
+    }
 PASS(1) PASS(2) PASS(3) PASS(4) PASS(5) PASS(6) PASS(7) PASS(8) PASS(9) PASS(10) PASS(11) PASS(12)
 PASS2(1) PASS2(2) PASS2(3) PASS2(4) PASS2(5) PASS2(6)
 static const pass_fn passes[MB + 1] = {0, pass_1, pass_2, pass_3, pass_4, pass_5, pass_6, pass_7, pass_8, pass_9,
