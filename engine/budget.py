@@ -14,7 +14,8 @@ outscores its parent, so that prefix is a set of whole paths). One slot alone ca
 slots share the rows that are still nearly free; when no node pays its row the budget is zero and the round is
 plain decoding. A slot whose nodes were all refused for `probe_every` rounds gets its best node anyway, so the
 acceptance estimates behind its scores can recover (as the length policy's probe), where the other slots of
-the forward can afford the row.
+the forward can afford the row. Beside other slots, one refused twice rests: it drafts only on probe rounds,
+every 4, 8, ... up to `probe_max` rounds while its probes keep being refused.
 
 Goodput alone would let a copying slot take rows that slow an open slot beside it: the batch emits more, the
 open answer comes slower than plain decoding would give it. So the budget is also fair: a forward that costs
@@ -97,7 +98,12 @@ class BudgetState:
     # draft, and the drafting (about 0.1 ms per drafter and slot) is then all a round costs beyond plain
     # decoding, paid by every slot of the forward. All slots probe on the same rounds: the others are plain
     rest_after: int = 2
-    n_rounds: int = 0  # rounds run: probe rounds are those with n_rounds % probe_every == 0
+    # each probe a resting slot makes that still wins no row on its merit doubles its interval, up to this; a
+    # node kept on its merit ends the rest. Four open slots probing every 4th round spent about 2% of every
+    # round on drafts nobody verified (the head's draft alone, 8 ms of a 65 ms round each time)
+    probe_max: int = 32
+    n_rounds: int = 0  # rounds run: probe rounds are those with n_rounds % (the slot's interval) == 0
+    interval: dict[int, int] = field(default_factory=dict)  # seq -> rounds between its probes (probe_every if none)
     waking: set[int] = field(default_factory=set)  # resting slots drafting this round (their probe round)
     # every slot of the forward must expect at least its plain-decoding speed: the forward grows by no more
     # than 1 + the kept scores of the slot that expects the least. False: the batch's goodput alone decides
@@ -126,17 +132,23 @@ class BudgetState:
     def rest(self, seq: int) -> int:
         """A round the slot rests counts as one whose nodes were refused; returns the rounds until it drafts."""
         self.refused[seq] = self.refused.get(seq, 0) + 1
-        return -self.n_rounds % self.probe_every
+        return -self.n_rounds % self.interval.get(seq, self.probe_every)
 
     def wakes(self, seq: int) -> bool:
         """Whether a resting slot drafts this round (a probe round); if its nodes are all refused, they make a
-        probe."""
+        probe. The intervals are probe_every times powers of 2, so the probe rounds of a slot that probes
+        more often include those of every other: their probes share one batched draft."""
         if self.refused.get(seq, 0) < self.rest_after:
             return False
-        if self.n_rounds % self.probe_every != 0:
+        if self.n_rounds % self.interval.get(seq, self.probe_every) != 0:
             return False
         self.waking.add(seq)
         return True
+
+    def back_off(self, seq: int) -> None:
+        """A waking slot's drafts won no row on their merit: it probes half as often from now."""
+        if seq in self.waking:
+            self.interval[seq] = min(2 * self.interval.get(seq, self.probe_every), self.probe_max)
 
     def probes(self, seq: int) -> bool:
         """Whether a slot whose nodes were all refused this round gets its best path anyway: a resting slot on
@@ -148,6 +160,7 @@ class BudgetState:
         drafters' scores proved (the correction) stays: the next turn of a chat is much like the last."""
         self.refused.pop(seq, None)
         self.balance.pop(seq, None)
+        self.interval.pop(seq, None)
 
     def forget(self, seq: int) -> None:
         self.begin(seq)
@@ -183,8 +196,10 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: Budge
     for seq, t in trees.items():
         if kept[seq] or not len(t):
             state.refused[seq] = 0
+            state.interval.pop(seq, None)
             continue
         state.refused[seq] = state.refused.get(seq, 0) + 1
+        state.back_off(seq)
         if state.probes(seq):
             probe = t.path(max(range(len(t)), key=lambda v: (t.scores[v], -t.depth(v))))
             if not state.fair or _others_afford(trees, kept, bare, seq, len(probe), n_base, cost, state.balance):

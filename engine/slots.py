@@ -21,7 +21,7 @@ from engine.events import ErrorEvent, RoundEvent, failure
 from engine.grammar import Grammar
 from engine.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
-from engine.policy import CostModel, DraftLengthPolicy, non_decreasing
+from engine.policy import CostModel, DraftLengthPolicy, non_decreasing, smooth_small
 from engine.probe import ProbeResult, probe_context
 from engine.prefix import common_prefix
 from engine.rounds import Round
@@ -75,7 +75,7 @@ class Engine:
 
     # ---- set-up ----------------------------------------------------------------------------------------------
 
-    def calibrate(self, sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), passes: int = 5,
+    def calibrate(self, sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), passes: int = 7,
                   n_prefix: int = 256) -> CostModel:
         """Time forwards of n rows after a prefix of a chat turn's length: the c(n) of the length policy and
         the round's budget. Each row attends to the prefix, so a short prefix would make rows look cheaper
@@ -83,7 +83,8 @@ class Engine:
 
         Another process can only slow a forward down, so each size keeps its fastest of `passes` timings, and
         the passes go over all sizes in turn so that a busy second hits one timing of many sizes rather than
-        every timing of one. The curve is then made non-decreasing by pooling adjacent violators: a spike is
+        every timing of one. Sizes up to 16 are then smoothed by one quadratic through them all (policy.py,
+        `smooth_small`), and the curve is made non-decreasing by pooling adjacent violators: a spike is
         averaged with its neighbours instead of lifting every size after it."""
         sizes = [n for n in sizes if n <= self.limits.total] or [1]
         seq = 0
@@ -105,7 +106,7 @@ class Engine:
                 if rep > 0:
                     fastest[j] = min(fastest[j], seconds)
         self.ctx.seq_rm(seq, -1, -1)
-        return CostModel(sizes=list(sizes), seconds=non_decreasing(fastest))
+        return CostModel(sizes=list(sizes), seconds=non_decreasing(smooth_small(sizes, fastest)))
 
     def grammar_tokenizer(self):
         """The target's tokenizer for grammar matchers (about 0.5 s to build, so once per engine). Its end of

@@ -48,9 +48,11 @@ class _SeqState:
     def __init__(self, n_feat: int, n_kv: int, head_dim: int):
         self.feats = torch.zeros(0, n_feat)  # [cap, layers*hidden] target features
         self.feat_tok = torch.zeros(0, dtype=torch.long)  # token of the row that wrote each feature (-1: none)
-        self.k = torch.zeros(0, n_kv, head_dim)  # head keys per position (RoPE applied)
-        self.v = torch.zeros(0, n_kv, head_dim)
-        self.kv_tokens: list[int] = []  # token of each head KV entry, entries 0..len-1
+        # head keys (RoPE applied) and values per position, entries 0..len(kv_tokens)-1 in use: stores that
+        # grow by doubling, written in place, as a round adds one to four entries to each
+        self.k_store = torch.zeros(0, n_kv, head_dim)
+        self.v_store = torch.zeros(0, n_kv, head_dim)
+        self.kv_tokens: list[int] = []  # token of each head KV entry
         # rounds' features not yet written: (positions, tokens, features [rows, n_feat]). A slot the budget rests
         # is not drafted for, so its features are written when it next drafts, in one copy for all its rounds
         # (or every `flush_every` rounds: each entry holds its round's hidden states in memory)
@@ -78,6 +80,25 @@ class _SeqState:
         self.feats[where[keep]] = torch.cat([f for _, _, f in self.pending])[keep]
         self.feat_tok[where[keep]] = torch.tensor([t for _, ts, _ in self.pending for t in ts])[keep]
         self.pending = []
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self.k_store[:len(self.kv_tokens)]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.v_store[:len(self.kv_tokens)]
+
+    def put_kv(self, k: torch.Tensor, v: torch.Tensor, tokens: list[int]) -> None:
+        """Append entries k, v [n, kv_heads, d] of `tokens`."""
+        start, end = len(self.kv_tokens), len(self.kv_tokens) + len(tokens)
+        if end > self.k_store.shape[0]:
+            size = max(end, 2 * self.k_store.shape[0], 64)
+            self.k_store = torch.cat([self.k_store[:start], torch.zeros(size - start, *k.shape[1:])])
+            self.v_store = torch.cat([self.v_store[:start], torch.zeros(size - start, *v.shape[1:])])
+        self.k_store[start:end] = k
+        self.v_store[start:end] = v
+        self.kv_tokens += tokens
 
     def reserve(self, n: int, grow: int) -> None:
         if n <= self.feats.shape[0]:
@@ -169,36 +190,32 @@ class DraftHeadDrafter(Drafter):
 
     def _catch_up(self, requests: list[DraftRequest]) -> list[torch.Tensor]:
         """Bring every sequence's KV up to id_last's position; return each one's (feature, query) there."""
-        head, c = self.head, self.head.cfg
-        feats, toks, pos, owner = [], [], [], []
-        for i, r in enumerate(requests):
+        head = self.head
+        raw, known, toks, pos, spans = [], [], [], [], []
+        for r in requests:
             st = self._state(r.seq)
             st.flush(self.params.grow)
             confirmed = r.prompt + [r.id_last]
             n = common_prefix(st.kv_tokens, confirmed, limit=len(confirmed) - 1)  # id_last's entry is always remade
-            st.k, st.v, st.kv_tokens = st.k[:n], st.v[:n], st.kv_tokens[:n]
+            del st.kv_tokens[n:]
             st.reserve(len(confirmed), self.params.grow)
-            for t in range(n, len(confirmed)):
-                ok = t >= 1 and int(st.feat_tok[t - 1]) == confirmed[t - 1]
-                feats.append(st.feats[t - 1] if ok else None)
-                toks.append(confirmed[t])
-                pos.append(t)
-                owner.append(i)
-        n_feat = c.hidden * len(c.layers)
-        raw = torch.stack([f if f is not None else torch.zeros(n_feat) for f in feats])
-        fused = head.fuse(raw)
-        missing = torch.tensor([f is None for f in feats])
-        fused[missing] = 0.0  # no target feature (position 0, or a position never forwarded): zero, as in training
-        q, k, v = head.qkv(fused, torch.tensor(toks), torch.tensor(pos))
-        owner_t = torch.tensor(owner)
-        lasts = []
-        for i, r in enumerate(requests):
-            rows = (owner_t == i).nonzero().flatten()
-            st = self._state(r.seq)
-            st.k = torch.cat([st.k, k[rows]])
-            st.v = torch.cat([st.v, v[rows]])
-            st.kv_tokens += [toks[j] for j in rows.tolist()]
-            lasts.append(int(rows[-1]))
+            # entry t is made from the feature of t - 1, if that row's token is the confirmed one; at position
+            # 0, or where a position was never forwarded, the feature is zero, as in training
+            prev = torch.arange(n - 1, len(confirmed) - 1).clamp(min=0)
+            want = torch.tensor([confirmed[t - 1] if t >= 1 else -2 for t in range(n, len(confirmed))])
+            known.append(st.feat_tok[prev] == want)
+            raw.append(st.feats[prev])
+            toks += confirmed[n:]
+            pos.append(torch.arange(n, len(confirmed)))
+            spans.append(len(confirmed) - n)
+        known_t = torch.cat(known)
+        fused = head.fuse(torch.cat(raw)) * known_t[:, None]
+        q, k, v = head.qkv(fused, torch.tensor(toks), torch.cat(pos))
+        lasts, start = [], 0
+        for r, n_new in zip(requests, spans):
+            self._state(r.seq).put_kv(k[start:start + n_new], v[start:start + n_new], toks[start:start + n_new])
+            start += n_new
+            lasts.append(start - 1)
         return fused[lasts], q[lasts]
 
     def _choose(self, r: DraftRequest, logits: torch.Tensor):
@@ -262,12 +279,9 @@ class DraftHeadDrafter(Drafter):
             pos = torch.tensor([base[requests[i].seq] + len(requests[i].result) - 1 for i in live])
             q, k, v = head.qkv(feat, toks, pos)
             for n, i in enumerate(live):
-                st = self._state(requests[i].seq)
-                st.k = torch.cat([st.k, k[n:n + 1]])
-                st.v = torch.cat([st.v, v[n:n + 1]])
+                self._state(requests[i].seq).put_kv(k[n:n + 1], v[n:n + 1], [requests[i].result[-1]])
         for r in requests:  # draft entries leave the head cache: next round remakes them from target features
-            st = self._state(r.seq)
-            st.k, st.v = st.k[:base[r.seq]], st.v[:base[r.seq]]
+            del self._state(r.seq).kv_tokens[base[r.seq]:]
 
 
 def head_fits(target, weights: Path = DEFAULT_WEIGHTS) -> bool:

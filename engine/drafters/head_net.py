@@ -97,15 +97,24 @@ class RMSNorm(nn.Module):
         return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps))
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of x [..., n, heads, head_dim] at positions pos [..., n] (the target's 'default' RoPE)."""
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+def rope_angles(pos: torch.Tensor, d: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [..., n, 1, d] of the rotary angles at positions pos [..., n] (the target's 'default' RoPE)."""
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=pos.device) / d))
     ang = pos.float()[..., None] * inv  # [..., n, d/2]
     cos = torch.cat([ang.cos(), ang.cos()], dim=-1).unsqueeze(-2)
     sin = torch.cat([ang.sin(), ang.sin()], dim=-1).unsqueeze(-2)
+    return cos, sin
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of x [..., n, heads, head_dim] at positions pos [..., n]."""
+    return rotate(x, *rope_angles(pos, x.shape[-1], theta))
 
 
 class DraftHead(nn.Module):
@@ -133,6 +142,11 @@ class DraftHead(nn.Module):
         self.lm_weight: torch.Tensor | None = None  # [draft_vocab, hidden], float32
         self.lm: nn.Linear | None = None  # the same as a packed linear, once for_inference made it
         self.lin_dtype = torch.float32  # what the linears compute in (for_inference)
+        # for_inference's fused linears, kept out of the trained state: "qkv" (q_proj, k_proj, v_proj as one
+        # weight) and "gate_up" (gate, up); empty: the trained modules one by one (training)
+        self.fused: dict[str, nn.Linear] = {}
+        self.rope_cos = torch.zeros(0, 1, cfg.head_dim)  # for_inference: cos and sin by position, grown on demand
+        self.rope_sin = torch.zeros(0, 1, cfg.head_dim)
 
     def attach_target(self, embed_weight: torch.Tensor) -> None:
         """Borrow the target's embedding table (input embeddings, and the tied LM head rows of d2t).
@@ -156,12 +170,20 @@ class DraftHead(nn.Module):
         lm = nn.Linear(self.cfg.hidden, self.cfg.draft_vocab, bias=False)
         lm.weight = nn.Parameter(self.lm_weight, requires_grad=False)
         self.lm = lm
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                module.to(dtype)
+        # linears that read the same input become one: a head step is a few rows, so each call costs its
+        # overhead and its trip to memory, and fewer calls are what makes a step cheap. Each output is still its
+        # own sum over the inputs, so the fused layer gives the bits the separate ones give
+        self.fused = {"qkv": _stacked([self.q_proj, self.k_proj, self.v_proj]),
+                      "gate_up": _stacked([self.gate, self.up])}
+        for name in ("q_proj", "k_proj", "v_proj", "gate", "up"):
+            delattr(self, name)  # the fused copy is the one the head runs
+        linears = [m for m in self.modules() if isinstance(m, nn.Linear)] + list(self.fused.values())
+        for module in linears:
+            module.to(dtype)
         self.lin_dtype = dtype
         if prepack.available():
-            prepack.prepack_linears(self, store=torch.float16 if dtype == torch.float32 else None)
+            for module in linears:
+                prepack.prepack_linears(module, store=torch.float16 if dtype == torch.float32 else None)
         self.lm_weight = None  # the packed LM head is the one copy
 
     def _lin(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -181,16 +203,32 @@ class DraftHead(nn.Module):
         """Layer input from a feature and a token embedding; returns (x, q, k, v) with RoPE applied."""
         e = self.embed[tokens].float()
         x = torch.cat([self.emb_norm(e), self.feat_norm(feat)], dim=-1)
-        shape = x.shape[:-1]
-        q = self._lin(self.q_proj, x).view(*shape, self.cfg.n_heads, self.cfg.head_dim)
-        k = self._lin(self.k_proj, x).view(*shape, self.cfg.n_kv_heads, self.cfg.head_dim)
-        v = self._lin(self.v_proj, x).view(*shape, self.cfg.n_kv_heads, self.cfg.head_dim)
-        return rope(q, pos, self.cfg.rope_theta), rope(k, pos, self.cfg.rope_theta), v
+        shape, c = x.shape[:-1], self.cfg
+        if self.fused:
+            qkv = self._lin(self.fused["qkv"], x).view(*shape, c.n_heads + 2 * c.n_kv_heads, c.head_dim)
+            q, k, v = qkv.split([c.n_heads, c.n_kv_heads, c.n_kv_heads], dim=-2)
+            cos, sin = self._rope_at(pos)
+            return rotate(q, cos, sin), rotate(k, cos, sin), v
+        q = self._lin(self.q_proj, x).view(*shape, c.n_heads, c.head_dim)
+        k = self._lin(self.k_proj, x).view(*shape, c.n_kv_heads, c.head_dim)
+        v = self._lin(self.v_proj, x).view(*shape, c.n_kv_heads, c.head_dim)
+        return rope(q, pos, c.rope_theta), rope(k, pos, c.rope_theta), v
+
+    def _rope_at(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [..., n, 1, d] at pos, from tables that grow by doubling (the same values rope computes)."""
+        n = int(pos.max()) + 1 if pos.numel() else 0
+        if n > self.rope_cos.shape[0]:
+            size = max(n, 2 * self.rope_cos.shape[0], 256)
+            self.rope_cos, self.rope_sin = rope_angles(torch.arange(size), self.cfg.head_dim, self.cfg.rope_theta)
+        return self.rope_cos[pos], self.rope_sin[pos]
 
     def finish(self, feat: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after attention output [..., heads*head_dim] and the MLP: the head's feature g."""
         h = feat + self._lin(self.o_proj, attn)
         y = self.post_norm(h)
+        if self.fused:
+            gate, up = self._lin(self.fused["gate_up"], y).split(self.cfg.intermediate, dim=-1)
+            return h + self._lin(self.down, F.silu(gate) * up)
         return h + self._lin(self.down, F.silu(self._lin(self.gate, y)) * self._lin(self.up, y))
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
@@ -202,6 +240,14 @@ class DraftHead(nn.Module):
     def expand_kv(self, t: torch.Tensor) -> torch.Tensor:
         """[..., n, kv_heads, d] -> [..., n, heads, d] for grouped-query attention."""
         return t.repeat_interleave(self.cfg.n_heads // self.cfg.n_kv_heads, dim=-2)
+
+
+def _stacked(parts: list[nn.Linear]) -> nn.Linear:
+    """One linear whose outputs are those of `parts` in order (same input, no bias)."""
+    weight = torch.cat([p.weight.detach() for p in parts])
+    out = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    out.weight = nn.Parameter(weight, requires_grad=False)
+    return out
 
 
 def save_head(head: DraftHead, path: Path) -> None:
