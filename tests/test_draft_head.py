@@ -370,3 +370,42 @@ def test_features_noted_while_a_slot_rests_are_written_as_immediate_writes_would
     deferred.note([6], [13], torch.zeros(1, 6), grow=4)
     deferred.note([7], [14], torch.zeros(1, 6), grow=4)
     assert not deferred.pending and deferred.feat_tok[7] == 14
+
+
+def test_the_inference_heads_fused_linears_and_rope_table_compute_what_the_trained_layers_do():
+    from torch import nn
+
+    from engine import prepack
+    from engine.drafters.draft_head import DEFAULT_WEIGHTS
+    from engine.drafters.head_net import _stacked
+
+    trained = load_head(DEFAULT_WEIGHTS)
+    served = load_head(DEFAULT_WEIGHTS)
+    served.embed = trained.embed = torch.randn(trained.cfg.target_vocab, trained.cfg.hidden)
+    served.lm_weight = trained.lm_weight = trained.embed[trained.d2t].contiguous()
+    separate = [trained.q_proj, trained.k_proj, trained.v_proj]
+    stacked = _stacked(separate)  # before for_inference packs and drops the trained modules
+    served.for_inference(torch.float32)
+    assert not hasattr(served, "q_proj") and set(served.fused) == {"qkv", "gate_up"}
+    torch.manual_seed(0)
+    feat, toks = torch.randn(5, trained.cfg.hidden), torch.randint(0, 1000, (5,))
+    pos = torch.tensor([0, 3, 4, 300, 700])
+    with torch.inference_mode():
+        for a, b in zip(trained.qkv(feat, toks, pos), served.qkv(feat, toks, pos)):
+            assert torch.allclose(a, b, rtol=2e-2, atol=2e-2)  # the served weights are float16 where the CPU allows
+        attn = torch.randn(5, trained.cfg.n_heads * trained.cfg.head_dim)
+        assert torch.allclose(trained.finish(feat, attn), served.finish(feat, attn), rtol=2e-2, atol=5e-2)
+        # the one fused layer gives each output the bits its own layer gives, through the same packed kernel
+        parts = []
+        for layer in separate:
+            part = nn.Linear(layer.in_features, layer.out_features, bias=False)
+            part.weight = nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
+            parts.append(part)
+        for module in parts + [stacked]:
+            prepack.prepack_linears(module, store=torch.float16)
+        x = torch.randn(3, stacked.in_features)
+        out, alone = stacked(x), torch.cat([part(x) for part in parts], dim=-1)
+        if "our" in prepack.linear_paths(stacked):
+            assert torch.equal(out, alone)
+        else:
+            assert torch.allclose(out, alone, rtol=1e-5, atol=1e-5)

@@ -171,8 +171,8 @@ class DraftHead(nn.Module):
         lm.weight = nn.Parameter(self.lm_weight, requires_grad=False)
         self.lm = lm
         # linears that read the same input become one: a head step is a few rows, so each call costs its
-        # overhead and its trip to memory, and fewer calls are what makes a step cheap. Each output is still its
-        # own sum over the inputs, so the fused layer gives the bits the separate ones give
+        # overhead and its trip to memory, and fewer calls are what makes a step cheap. In our kernel each output
+        # is still its own sum over the inputs in order, so the fused layer gives the bits the separate ones give
         self.fused = {"qkv": _stacked([self.q_proj, self.k_proj, self.v_proj]),
                       "gate_up": _stacked([self.gate, self.up])}
         for name in ("q_proj", "k_proj", "v_proj", "gate", "up"):
