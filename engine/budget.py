@@ -130,8 +130,10 @@ class BudgetState:
         return self.refused.get(seq, 0) >= self.rest_after and not self.wakes(seq)
 
     def rest(self, seq: int) -> int:
-        """A round the slot rests counts as one whose nodes were refused; returns the rounds until it drafts."""
+        """A round the slot rests counts as one whose nodes were refused (a probe round that found nothing backs
+        its interval off); returns the rounds until it drafts."""
         self.refused[seq] = self.refused.get(seq, 0) + 1
+        self.back_off(seq)
         return -self.n_rounds % self.interval.get(seq, self.probe_every)
 
     def wakes(self, seq: int) -> bool:

@@ -105,8 +105,8 @@ def smooth_small(sizes: list[int], seconds: list[float], upto: int = 16) -> list
     y = torch.tensor([[seconds[i]] for i in small], dtype=torch.float64)
     coef = torch.linalg.lstsq(x, y).solution.flatten()
     out = list(seconds)
-    for i in small:
-        out[i] = max(float(x[small.index(i)] @ coef), 0.5 * seconds[i])
+    for row, i in enumerate(small):
+        out[i] = max(float(x[row] @ coef), 0.5 * seconds[i])
     return out
 
 

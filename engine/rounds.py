@@ -286,8 +286,7 @@ class Round:
             if r.tree is not None and not len(r.tree):
                 r.tree = None
             if r.tree is None and r.seq in self.budget_state.waking:
-                self.budget_state.back_off(r.seq)  # a probe round that found nothing: the slot rests on
-                self.budget_state.rest(r.seq)
+                self.budget_state.rest(r.seq)  # a probe round that found nothing: the slot rests on
         policy = self.chain.policy
         trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
         if policy is None or not trees:

@@ -167,9 +167,7 @@ class DraftHead(nn.Module):
         and attention stay float32."""
         from engine import prepack
 
-        lm = nn.Linear(self.cfg.hidden, self.cfg.draft_vocab, bias=False)
-        lm.weight = nn.Parameter(self.lm_weight, requires_grad=False)
-        self.lm = lm
+        self.lm = _frozen_linear(self.lm_weight)
         # linears that read the same input become one: a head step is a few rows, so each call costs its
         # overhead and its trip to memory, and fewer calls are what makes a step cheap. In our kernel each output
         # is still its own sum over the inputs in order, so the fused layer gives the bits the separate ones give
@@ -242,12 +240,16 @@ class DraftHead(nn.Module):
         return t.repeat_interleave(self.cfg.n_heads // self.cfg.n_kv_heads, dim=-2)
 
 
-def _stacked(parts: list[nn.Linear]) -> nn.Linear:
-    """One linear whose outputs are those of `parts` in order (same input, no bias)."""
-    weight = torch.cat([p.weight.detach() for p in parts])
+def _frozen_linear(weight: torch.Tensor) -> nn.Linear:
+    """A bias-free linear over `weight` [out, in], as it is (no copy), not trained."""
     out = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     out.weight = nn.Parameter(weight, requires_grad=False)
     return out
+
+
+def _stacked(parts: list[nn.Linear]) -> nn.Linear:
+    """One linear whose outputs are those of `parts` in order (same input, no bias)."""
+    return _frozen_linear(torch.cat([p.weight.detach() for p in parts]))
 
 
 def save_head(head: DraftHead, path: Path) -> None:
