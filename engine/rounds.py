@@ -55,6 +55,7 @@ class Round:
         ckpts: dict[int, checkpoint.Checkpoint] = {}
         resting: dict[int, int] = {}  # seq -> rounds until it drafts again (BudgetState.rests)
         self.budget_state.next_round()
+        self.chain.gate.crowd = len(slots)
         # cells and logits rows left for drafts once every slot has its one row: all slots share one forward, so
         # each draft is cut to what the slots before it left (in slot order), not to the round's total
         n_free = n_cells_free - len(slots)
@@ -297,6 +298,8 @@ class Round:
         out = budget_plan(trees, n_base, policy.cost, self.budget_state, bare)
         for seq, tree in trees.items():
             requests[seq].tree = tree.keep(out.kept[seq]) if out.kept[seq] else None
+            if requests[seq].tree is None:
+                self.chain.gate.nothing_kept(seq)
         return out
 
     def _tree_max(self, slot: Slot) -> int:

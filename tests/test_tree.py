@@ -463,6 +463,34 @@ def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
     assert not [k for k in gate.estimates if k[0] == 1]
 
 
+def test_a_new_answer_beside_others_starts_from_what_the_drafter_gave_earlier_answers_at_that_many_slots():
+    from engine.gate import DrafterGate, GateParams
+
+    gate = DrafterGate(GateParams(decay=0.5, probe_every=4, probe_max=16, seed_after=4))
+    gate.crowd = 4
+    for i in range(12):  # four answers beside each other: the head finds nothing the n-grams had not
+        for seq in range(4):
+            if gate.pays(seq, "draft-head"):
+                gate.note_cost(seq, "draft-head", 0.005)
+                gate.nothing_kept(seq)  # the budget refused its nodes
+        gate.note_round(0.040, 4)  # 10 ms a token
+    seed = gate.by_crowd[("draft-head", False, 4)]
+    assert seed.n >= 4 and seed.gain * 0.010 < seed.cost and seed.period > 4
+    for seq in range(4):
+        gate.forget(seq)
+    gate.n_rounds += -gate.n_rounds % seed.period + 1  # not a probe round
+    # a new answer at four slots does not draft from its first round; it probes on the rounds the earlier
+    # answers' probes had come to
+    assert not gate.pays(7, "draft-head")
+    assert gate.estimates[(7, "draft-head", False)].period == seed.period
+    assert "ms drafting" in gate.why(7, "draft-head")
+    # alone, or beside a number of slots nobody has measured, an answer drafts and measures
+    gate.crowd = 1
+    assert gate.pays(8, "draft-head")
+    gate.crowd = 2
+    assert gate.pays(9, "draft-head")
+
+
 def test_the_gate_charges_a_drafter_the_forward_rows_its_nodes_took():
     from engine.gate import DrafterGate, GateParams
 
