@@ -386,7 +386,7 @@ def test_the_inference_heads_fused_linears_and_rope_table_compute_what_the_train
     separate = [trained.q_proj, trained.k_proj, trained.v_proj]
     stacked = _stacked(separate)  # before for_inference packs and drops the trained modules
     served.for_inference(torch.float32)
-    assert not hasattr(served, "q_proj") and set(served.fused) == {"qkv", "gate_up"}
+    assert not hasattr(served, "q_proj") and set(served.fused) == {"qkv", "kv", "gate_up"}
     torch.manual_seed(0)
     feat, toks = torch.randn(5, trained.cfg.hidden), torch.randint(0, 1000, (5,))
     pos = torch.tensor([0, 3, 4, 300, 700])
@@ -395,6 +395,15 @@ def test_the_inference_heads_fused_linears_and_rope_table_compute_what_the_train
             assert torch.allclose(a, b, rtol=2e-2, atol=2e-2)  # the served weights are float16 where the CPU allows
         attn = torch.randn(5, trained.cfg.n_heads * trained.cfg.head_dim)
         assert torch.allclose(trained.finish(feat, attn), served.finish(feat, attn), rtol=2e-2, atol=5e-2)
+        # the catch-up's k and v for every row, q for the rows drafting starts from: what qkv gives them
+        feat, toks, pos = torch.randn(20, trained.cfg.hidden), torch.randint(0, 1000, (20,)), torch.arange(20) * 7
+        rows = torch.tensor([3, 19])  # 18 rows without a query: the split path
+        q_all, k_all, v_all = served.qkv(feat, toks, pos)
+        q, k, v = served.kv_then_q(feat, toks, pos, rows)
+        assert q.shape == q_all[rows].shape and k.shape == k_all.shape and v.shape == v_all.shape
+        exact = "our" in prepack.linear_paths(served.fused["kv"])
+        for a, b in ((q, q_all[rows]), (k, k_all), (v, v_all)):
+            assert torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-5, atol=1e-5)
         # the one fused layer gives each output the bits its own layer gives, through the same packed kernel
         parts = []
         for layer in separate:

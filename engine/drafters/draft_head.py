@@ -210,13 +210,13 @@ class DraftHeadDrafter(Drafter):
             spans.append(len(confirmed) - n)
         known_t = torch.cat(known)
         fused = head.fuse(torch.cat(raw)) * known_t[:, None]
-        q, k, v = head.qkv(fused, torch.tensor(toks), torch.cat(pos))
-        lasts, start = [], 0
+        lasts = torch.tensor(spans).cumsum(0) - 1  # each sequence's id_last row: where its drafting starts
+        q, k, v = head.kv_then_q(fused, torch.tensor(toks), torch.cat(pos), lasts)
+        start = 0
         for r, n_new in zip(requests, spans):
             self._state(r.seq).put_kv(k[start:start + n_new], v[start:start + n_new], toks[start:start + n_new])
             start += n_new
-            lasts.append(start - 1)
-        return fused[lasts], q[lasts]
+        return fused[lasts], q
 
     def _choose(self, r: DraftRequest, logits: torch.Tensor):
         """Pick a draft token from head logits [draft_vocab]; return (target id, p of top, p of it, full q)."""
