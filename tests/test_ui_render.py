@@ -490,6 +490,29 @@ def test_step_mode_runs_one_round_per_click_and_stop_ends_the_turn():
     assert "step mode" in session.turns_html[-1]
 
 
+def test_stop_leaves_a_streaming_answer_to_its_own_updates_and_shows_a_step_mode_one_ended():
+    import gradio as gr
+
+    from ui import handlers
+    from ui.session import converse
+    from ui.state import SessionState
+
+    # the views the Stop click could send are made before the engine delivers the stop: arriving after the
+    # stream's last update they would show the stopped answer unfinished, so nothing is sent
+    app, session = fake_app([answer(), answer()]), SessionState()
+    turn = converse(app, session, "hi", Settings(), manual=False)
+    next(turn)  # the answer streams
+    assert all(out == gr.skip() for out in handlers.stop(app, session))
+    assert app.runtime.scheduler.stopped == {1}
+    list(turn)
+    assert not session.busy and "stop: " in session.turns_html[-1]
+    # a step-mode answer ends in the click itself: its views go out
+    app, session = fake_app([[make_round(0, 3)]]), SessionState()
+    list(converse(app, session, "hi", Settings(), manual=True))
+    shown = "".join(out for out in handlers.stop(app, session) if isinstance(out, str))
+    assert "stop: stopped" in shown and not session.busy
+
+
 def test_failed_loads_keep_the_models_that_were_loaded(monkeypatch):
     import ui.loader
     from engine.models import ModelLoadError, VocabMismatchError

@@ -47,8 +47,12 @@ def send(app: AppState, s: SessionState, text: str, stepping: bool, values) -> o
 
 
 def stop(app: AppState, s: SessionState) -> tuple:
+    """A streaming answer ends through its own handler, whose last update shows the stop; views made here,
+    before the engine delivers it, could reach the page after that update and show the answer unfinished, so
+    they are sent only for a step-mode answer, which ends here."""
+    streaming = s.active is not None and not s.active.finished and not s.active.manual
     stop_turn(app, s)
-    return pack(all_views(app, s))
+    return pack({}) if streaming else pack(all_views(app, s))
 
 
 def step(app: AppState, s: SessionState) -> tuple:
