@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from engine import prepack
+from engine.lean_fused import FusedLayers
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -135,6 +136,8 @@ class LeanForward:
                 gate=_packed(mlp.gate_proj), up=_packed(mlp.up_proj), down=_packed(mlp.down_proj),
                 q_norm=_norm(getattr(att, "q_norm", None)), k_norm=_norm(getattr(att, "k_norm", None)),
                 head_dim=int(att.head_dim), scaling=float(att.scaling)))
+        # all layers in one C call where the model is float32 on our kernels (engine/lean_fused.py)
+        self.fused, self.fused_reason = FusedLayers.build(self)
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, cell_rows, rows: torch.Tensor,
@@ -146,6 +149,8 @@ class LeanForward:
         output of layer i, n_layers the final norm), or None when no layer is asked for."""
         t = input_ids.shape[0]
         x = self.inner.embed_tokens(input_ids)  # [T, D]
+        if self.fused is not None and self.fused.applies(cache, cell_rows):
+            return self._fused_call(x, position_ids, cache, cell_rows, rows, hidden_layers)
         x = (x.expand(2, -1) if t == 1 else x).reshape(1, max(t, 2), -1).contiguous()  # [1, T', D]
         cos, sin = self.inner.rotary_emb(x.new_empty(0, dtype=torch.float32), position_ids[None])  # [1, T, hd]
         cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, hd]: broadcast over heads
@@ -160,6 +165,22 @@ class LeanForward:
             kept[self.n_layers] = _rms(x[0, :t], norm, self.eps)
         logits = prepack.linear(self.model.lm_head, out)
         hidden = torch.cat([kept[i] for i in hidden_layers], dim=-1) if hidden_layers else None
+        return logits, hidden
+
+    def _fused_call(self, x, position_ids, cache, cell_rows, rows, hidden_layers):
+        t, d = x.shape
+        cos, sin = self.inner.rotary_emb(x.new_empty(0, dtype=torch.float32), position_ids[None])  # [1, T, hd]
+        slots = {layer: i for i, layer in enumerate(hidden_layers)}
+        hidden = torch.empty(t, len(hidden_layers) * d) if hidden_layers else None
+        if 0 in slots:
+            hidden[:, slots[0] * d:(slots[0] + 1) * d] = x
+        keep = [slots.get(i + 1, -1) if i + 1 < self.n_layers else -1 for i in range(self.n_layers)]
+        x = self.fused(x.float().contiguous(), cos[0].contiguous(), sin[0].contiguous(), cache, cell_rows, keep,
+                       hidden, len(hidden_layers))
+        norm = self.inner.norm.weight
+        if self.n_layers in slots:
+            hidden[:, slots[self.n_layers] * d:(slots[self.n_layers] + 1) * d] = _rms(x, norm, self.eps)
+        logits = prepack.linear(self.model.lm_head, _rms(x[rows], norm, self.eps))
         return logits, hidden
 
     def _layer(self, i: int, w: _Layer, x, t: int, cos, sin, cache, cell_rows) -> torch.Tensor:

@@ -134,3 +134,35 @@ def test_families_and_models_the_lean_forward_does_not_take_say_why():
     prepack.prepack_linears(mixed)
     assert "several attention kinds" in lean_reason(mixed)
     assert ModelContext(mixed, n_ctx=16).lean is None  # it runs, on transformers' forward
+
+
+def test_fused_layers_run_a_float32_llama_as_the_torch_layers_do_and_say_why_elsewhere():
+    """The one-call C layers (engine/lean_fused.py): taken for a float32 Llama-shaped model on our kernels, with
+    the logits, hidden states and cache of the torch layers within rounding; sliding window, several sequences
+    and a removed tail included."""
+    from engine import gemm
+
+    if gemm.load((torch.float32,)).get(torch.float32) is None:
+        pytest.skip("our float32 kernel does not run here")
+    model = _family("mistral")
+    prepack.prepack_linears(model)
+    results = {}
+    for fused in (True, False):
+        ctx = _context(model, 64, True)
+        assert ctx.lean.fused is not None, ctx.lean.fused_reason
+        if not fused:
+            ctx.lean.fused = None
+        ctx.hidden_layers = (0, 2, 3)
+        first = _decode(ctx, [(5 + i % 7, i, 0) for i in range(9)] + [(9 + i % 5, i, 1) for i in range(5)])
+        ctx.seq_rm(0, 6, -1)
+        second = _decode(ctx, [(11, 6, 0), (12, 7, 0), (13, 5, 1)])
+        results[fused] = (first.logits, first.hidden, second.logits, second.hidden, ctx.cache.k[1][0, :, :17],
+                          ctx.cache.v[2][0, :, :17])
+    for got, want in zip(results[True], results[False]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    qwen2 = _family("qwen2")
+    prepack.prepack_linears(qwen2)
+    assert "bias" in ModelContext(qwen2, n_ctx=16).lean.fused_reason
+    qwen3 = _family("qwen3")
+    prepack.prepack_linears(qwen3)
+    assert "per-head norms" in ModelContext(qwen3, n_ctx=16).lean.fused_reason

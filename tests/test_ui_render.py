@@ -342,7 +342,8 @@ class FakeEngine:
     chain: FakeChain = field(default_factory=FakeChain)
     stopped: set = field(default_factory=set)
     probe: object = field(default_factory=lambda: SimpleNamespace(kind="PART", reason="range removal works"))
-    ctx: object = field(default_factory=lambda: SimpleNamespace(n_seq_max=1, n_ctx=64, lean=object(), lean_reason=None))
+    ctx: object = field(default_factory=lambda: SimpleNamespace(n_seq_max=1, n_ctx=64, lean_reason=None,
+                                                                lean=SimpleNamespace(fused=object())))
 
     def stop(self, seq):
         self.stopped.add(seq)
@@ -539,7 +540,7 @@ def test_failed_loads_keep_the_models_that_were_loaded(monkeypatch):
     assert e.value.level == "error" and app.runtime is before and not before.scheduler.closed
     status = load_models(app, "fake", "none")
     assert "Already loaded" in status
-    assert "bfloat16: auto: bfloat16 (avx512_bf16" in status and "lean forward" in status  # which dtype and why
+    assert "bfloat16: auto: bfloat16 (avx512_bf16" in status and "lean forward (layers in one C call)" in status
 
 
 def test_default_chain_ends_with_the_head_only_for_the_model_it_was_trained_for(embedded, tiny_target):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -55,6 +56,13 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def _source_text(source: Path) -> str:
+    """The source and the local files it includes (`#include "x.c"`): a change to any of them is a new build."""
+    text = source.read_text()
+    included = re.findall(r'^#include "([^"]+)"', text, flags=re.M)
+    return "\0".join([text, *(_source_text(HERE / name) for name in included)])
+
+
 def build(name: str, defines: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str]:
     """(the loaded library, where it came from) or (None, why not) for HERE/<name>.c, compiled with these
     -D options (one source may build several kernels)."""
@@ -67,7 +75,7 @@ def build(name: str, defines: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None,
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{cc} --version failed: {e}"
     flags = [*FLAGS, *(f"-D{d}" for d in defines)]
-    key = hashlib.sha256("\0".join([source.read_text(), version, " ".join(flags),
+    key = hashlib.sha256("\0".join([_source_text(source), version, " ".join(flags),
                                     " ".join(sorted(cpu_flags()))]).encode())
     target = _writable_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.exists():

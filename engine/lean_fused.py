@@ -1,0 +1,90 @@
+"""The lean forward's decoder layers in one C call (engine/kernels/lean_layers.c), where everything is float32.
+
+Between its linears the lean forward makes about 40 small torch calls a layer (norms, rotary embedding, cache
+writes, reshapes); at a few rows each costs its dispatch, and on the embedded model they were a fifth of a
+one-row forward. The C loop does the same layers with the same linear and attention kernels. It applies when
+the model is float32, every layer linear is our float32 kernel without a bias (engine/gemm.py), the model has
+no per-head norms (Qwen3 keeps the torch path), and the context attends with the C kernel; anything else runs
+the torch layers of engine/lean.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from engine.gemm import SmallGemm
+
+_NAMES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def _pointers(tensors) -> ctypes.Array:
+    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
+class FusedLayers:
+    """The layers of one LeanForward as one C call; `build` returns None (and why) where it does not apply."""
+
+    def __init__(self, fn, lean):
+        self.fn = fn
+        self.n_layers = lean.n_layers
+        first = lean.layers[0]
+        self.head_dim = first.head_dim
+        self.n_heads = first.q[0].n // self.head_dim
+        self.n_kv_heads = first.k[0].n // self.head_dim
+        self.mlp = first.gate[0].n
+        self.scaling = first.scaling
+        self.eps = lean.eps
+        self._weights = [getattr(layer, name)[0].weight for layer in lean.layers for name in _NAMES]
+        self._norms = [n.float().contiguous() for layer in lean.layers for n in (layer.w_in, layer.w_post)]
+        self.weights, self.norms = _pointers(self._weights), _pointers(self._norms)
+        self._cache_key = None
+        self.kc = self.vc = None
+
+    @classmethod
+    def build(cls, lean) -> tuple["FusedLayers | None", str]:
+        if lean.dtype != torch.float32:
+            return None, f"{lean.dtype} weights (the fused layers are float32)"
+        for layer in lean.layers:
+            packed = [getattr(layer, name) for name in _NAMES]
+            if not all(isinstance(w, SmallGemm) and w.dtype == torch.float32 and bias is None for w, bias in packed):
+                return None, "a layer linear is not our float32 kernel without a bias"
+            if layer.q_norm is not None or layer.head_dim % 2 or layer.head_dim > 512:
+                return None, "per-head norms or a head size the fused layers do not take"
+        from engine.kernels.build import build
+
+        lib, where = build("lean_layers")
+        if lib is None:
+            return None, where
+        fn = lib.lean_layers
+        fn.restype = ctypes.c_int
+        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int] + [ctypes.c_void_p] * 4 +
+                       [ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_int64] +
+                       [ctypes.c_float] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int])
+        return cls(fn, lean), "C layers"
+
+    def applies(self, cache, cell_rows) -> bool:
+        """The context attends with the C kernel over a float32 cache laid out [1, H_kv, n_cells, hd]."""
+        k0 = cache.k[0]
+        return (cell_rows.impl.kernel is not None and k0.dtype == torch.float32 and k0.is_contiguous()
+                and k0.shape[1] == self.n_kv_heads and k0.shape[3] == self.head_dim)
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, cell_rows,
+                 keep: list[int], hidden: torch.Tensor | None, n_hidden: int) -> torch.Tensor:
+        """x [t, D] float32 (changed in place and returned); cos, sin [t, hd]; keep[l]: the slot of hidden
+        [t, n_hidden * D] that takes x after layer l, or -1."""
+        key = (cache.k[0].data_ptr(), cache.k[0].shape[2])
+        if key != self._cache_key:
+            self.kc, self.vc, self._cache_key = _pointers(cache.k), _pointers(cache.v), key
+        t, d = x.shape
+        cells = cache.last_cells.contiguous()
+        lay = cell_rows.layout
+        keep_c = (ctypes.c_int * len(keep))(*keep)
+        failed = self.fn(x.data_ptr(), t, d, self.n_layers, self.weights, self.norms, self.kc, self.vc,
+                         cache.k[0].shape[2], cells.data_ptr(), cos.data_ptr(), sin.data_ptr(), lay.row_ptr.data_ptr(),
+                         lay.cells.data_ptr(), self.n_heads, self.n_kv_heads, self.head_dim, self.mlp, self.scaling,
+                         self.eps, keep_c, None if hidden is None else hidden.data_ptr(), n_hidden)
+        if failed:
+            raise MemoryError("fused layers: no memory for the scratch rows")
+        return x
