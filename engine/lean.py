@@ -14,6 +14,9 @@ Per layer, x [T, D] the residual stream of the batch rows:
 Norms follow transformers' RMSNorm (float32 inside, weight applied in the model dtype); rotary tables come
 from the model's own rotary module, so every rope scaling it knows is kept.
 
+Where the model is float32 on our own linear kernel, all the layers run in one C call instead
+(engine/lean_fused.py): the same kernels without the ~40 torch calls a layer makes here.
+
 Families: llama, mistral, qwen2, qwen3 with silu MLPs and every layer attending the same way (all full, or all
 sliding, which the cell cache's mask covers). Anything else, or linears that are not prepacked (a GPU, a torch
 without oneDNN), runs transformers' forward: `lean_reason` says why.
