@@ -418,3 +418,36 @@ def test_the_inference_heads_fused_linears_and_rope_table_compute_what_the_train
             assert torch.equal(out, alone)
         else:
             assert torch.allclose(out, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_the_heads_pieces_in_c_compute_what_its_torch_pieces_do():
+    """engine/drafters/head_step.py: fuse, q-k-v with rope, the attention output with the MLP and the logits in
+    one C call each, where the served head's linears are our float16-weight kernel; the torch pieces over the
+    same packed linears give the same values within rounding (only the norms sum in another order)."""
+    from engine import prepack
+    from engine.drafters.draft_head import DEFAULT_WEIGHTS
+
+    served = load_head(DEFAULT_WEIGHTS)
+    served.embed = torch.randn(served.cfg.target_vocab, served.cfg.hidden)
+    served.lm_weight = served.embed[served.d2t].contiguous()
+    served.for_inference(torch.float32)
+    if "our float16 kernel" not in prepack.linear_paths(served.fused["qkv"]):
+        assert served.step is None  # oneDNN's linears: the torch pieces
+        pytest.skip("our float16-weight kernel does not run here")
+    step = served.step
+    assert step is not None
+    torch.manual_seed(0)
+    c = served.cfg
+    feats = torch.randn(6, c.hidden * len(c.layers)) * 4
+    toks, pos = torch.randint(0, 1000, (6,)), torch.tensor([0, 1, 5, 40, 300, 700])
+    attn = torch.randn(6, c.n_heads * c.head_dim)
+    out = {}
+    with torch.inference_mode():
+        for name, s in (("c", step), ("torch", None)):
+            served.step = s
+            feat = served.fuse(feats)
+            g = served.finish(feat, attn)
+            out[name] = (feat, *served.qkv(feat, toks, pos), g, served.logits(g))
+    for a, b in zip(out["c"], out["torch"]):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -147,6 +147,7 @@ class DraftHead(nn.Module):
         # empty: the trained modules one by one (training)
         self.fused: dict[str, nn.Linear] = {}
         self.rope_cos = torch.zeros(0, 1, cfg.head_dim)  # for_inference: cos and sin by position, grown on demand
+        self.step = None  # for_inference: the dense pieces in C where the linears are our float16 kernel
         self.rope_sin = torch.zeros(0, 1, cfg.head_dim)
 
     def attach_target(self, embed_weight: torch.Tensor) -> None:
@@ -184,6 +185,9 @@ class DraftHead(nn.Module):
             for module in linears:
                 prepack.prepack_linears(module, store=torch.float16 if dtype == torch.float32 else None)
         self.lm_weight = None  # the packed LM head is the one copy
+        from engine.drafters.head_step import HeadStep
+
+        self.step = HeadStep.build(self)
 
     def _lin(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return module(x.to(self.lin_dtype)).float()
@@ -195,6 +199,8 @@ class DraftHead(nn.Module):
 
     def fuse(self, feats: torch.Tensor) -> torch.Tensor:
         """Target hidden states [..., layers*hidden] -> fused feature [..., hidden]."""
+        if self.step is not None and feats.dim() == 2:
+            return self.step.fuse(feats)
         z = ((feats.float() - self.feat_mu) / self.feat_sigma).clamp(-10.0, 10.0)
         return self._lin(self.fc, z)
 
@@ -211,6 +217,9 @@ class DraftHead(nn.Module):
         if "kv" not in self.fused or feat.shape[0] - len(q_rows) < 12:
             q, k, v = self.qkv(feat, tokens, pos)
             return q[q_rows], k, v
+        if self.step is not None:
+            k, v = self.step.project("kv", feat, tokens, pos).split([self.cfg.n_kv_heads] * 2, dim=-2)
+            return self.step.project("qkv", feat[q_rows], tokens[q_rows], pos[q_rows])[:, :self.cfg.n_heads], k, v
         x, c = self._layer_input(feat, tokens), self.cfg
         kv = self._lin(self.fused["kv"], x).view(x.shape[0], 2 * c.n_kv_heads, c.head_dim)
         k, v = kv.split([c.n_kv_heads, c.n_kv_heads], dim=-2)
@@ -220,6 +229,9 @@ class DraftHead(nn.Module):
 
     def qkv(self, feat: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor):
         """Layer input from a feature and a token embedding; returns (q, k, v) with RoPE applied."""
+        if self.step is not None and feat.dim() == 2:
+            c = self.cfg
+            return self.step.project("qkv", feat, tokens, pos).split([c.n_heads, c.n_kv_heads, c.n_kv_heads], dim=-2)
         x = self._layer_input(feat, tokens)
         shape, c = x.shape[:-1], self.cfg
         if self.fused:
@@ -242,6 +254,8 @@ class DraftHead(nn.Module):
 
     def finish(self, feat: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after attention output [..., heads*head_dim] and the MLP: the head's feature g."""
+        if self.step is not None and feat.dim() == 2:
+            return self.step.finish(feat, attn)
         h = feat + self._lin(self.o_proj, attn)
         y = self.post_norm(h)
         if self.fused:
@@ -251,6 +265,8 @@ class DraftHead(nn.Module):
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., draft_vocab] from features g."""
+        if self.step is not None and g.dim() == 2:
+            return self.step.logits(g)
         if self.lm is not None:
             return self._lin(self.lm, self.norm(g))
         return self.norm(g) @ self.lm_weight.T

@@ -1,0 +1,103 @@
+/* The draft head's dense pieces (engine/drafters/head_net.py) in one call each: float16 weights in our packed
+ * layout, float32 inputs, sums and outputs (small_gemm_f32.c built with -DWEIGHT_F16).
+ *
+ * A head step is a few rows through 4.6M parameters: in torch each piece was a dozen calls (norms, concat,
+ * split, silu, residual adds) around its linears, 0.4 to 0.8 ms a piece, several times the linears' own
+ * time. The pieces stay separate functions because the drafter's Python decides between them (which rows get
+ * a query, the tree's frontier, attention over the head's own cache); only what is dense moves here.
+ *
+ * rms(x) = x / sqrt(mean(x^2) + eps), its sum of squares in 8 lanes in a fixed order, then pairwise: a row gives
+ * the same bits in any batch, as the linears do, so the head's tree for a sequence is the one grown alone.
+ */
+#include "small_gemm_f32.c"
+
+#include <string.h>
+
+static float inv_rms(const float *x, int64_t d, float eps) {
+    float lanes[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8)
+        for (int j = 0; j < 8; j++) lanes[j] += x[i + j] * x[i + j];
+    for (int j = 0; i < d; i++, j++) lanes[j] += x[i] * x[i];
+    const float ss = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    return 1.0f / sqrtf(ss / (float)d + eps);
+}
+
+static void rms_norm(const float *x, const float *w, float *out, int64_t d, float eps) {
+    const float r = inv_rms(x, d, eps);
+    for (int64_t i = 0; i < d; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* out [n, d] = clamp((feats - mu) / sigma, -10, 10) Wfc, feats [n, n_in] */
+int head_fuse(const float *feats, int64_t n, int64_t n_in, const float *mu, const float *sigma, const wtype *wfc,
+              int64_t d, float *out) {
+    float *z = malloc(sizeof(float) * n * n_in);
+    if (!z) return -1;
+    for (int64_t i = 0; i < n * n_in; i++) {
+        const float v = (feats[i] - mu[i % n_in]) / sigma[i % n_in];
+        z[i] = v < -10.0f ? -10.0f : (v > 10.0f ? 10.0f : v);
+    }
+    GEMM(z, wfc, out, NULL, n, n_in, d, 0);
+    free(z);
+    return 0;
+}
+
+/* y [n, n_out] = [rms(emb) * w_emb, rms(feat) * w_feat] W, then rotary embedding over its first n_rope heads of
+ * width hd (q's heads then k's: v is not rotated), at cos, sin [n, hd]:
+ *     rope(z)[i] = z[i] cos[i] - z[i + hd/2] sin[i] (i < hd/2),  z[i] cos[i] + z[i - hd/2] sin[i] (above) */
+int head_qkv(const float *feat, const float *emb, int64_t n, int64_t d, const float *w_emb, const float *w_feat,
+             float eps, const wtype *w, int64_t n_out, int n_rope, int hd, const float *cos, const float *sin,
+             float *y) {
+    float *x = malloc(sizeof(float) * n * 2 * d);
+    if (!x || hd > 512) {
+        free(x);
+        return -1;
+    }
+    for (int64_t r = 0; r < n; r++) {
+        rms_norm(emb + r * d, w_emb, x + r * 2 * d, d, eps);
+        rms_norm(feat + r * d, w_feat, x + r * 2 * d + d, d, eps);
+    }
+    GEMM(x, w, y, NULL, n, 2 * d, n_out, 0);
+    free(x);
+    const int half = hd / 2;
+    float tmp[512];
+    for (int64_t r = 0; r < n; r++)
+        for (int h = 0; h < n_rope; h++) {
+            float *z = y + r * n_out + (int64_t)h * hd;
+            const float *c = cos + r * hd, *s = sin + r * hd;
+            memcpy(tmp, z, sizeof(float) * hd);
+            for (int i = 0; i < half; i++) z[i] = tmp[i] * c[i] - tmp[i + half] * s[i];
+            for (int i = half; i < hd; i++) z[i] = tmp[i] * c[i] + tmp[i - half] * s[i];
+        }
+    return 0;
+}
+
+/* out [n, d] = h + (silu(a) * b) Wd, [a | b] = (rms(h) * w_post) Wgu (gate then up, mlp each), h = feat + attn Wo */
+int head_finish(const float *feat, const float *attn, int64_t n, int64_t d, int64_t nq, int64_t mlp,
+                const wtype *wo, const float *w_post, const wtype *wgu, const wtype *wd, float eps, float *out) {
+    float *y = malloc(sizeof(float) * n * d), *gu = malloc(sizeof(float) * n * 2 * mlp);
+    float *m = malloc(sizeof(float) * n * mlp);
+    if (!y || !gu || !m) {
+        free(y), free(gu), free(m);
+        return -1;
+    }
+    GEMM(attn, wo, out, feat, n, nq, d, 2);  /* out = attn Wo + feat */
+    for (int64_t r = 0; r < n; r++) rms_norm(out + r * d, w_post, y + r * d, d, eps);
+    GEMM(y, wgu, gu, NULL, n, d, 2 * mlp, 0);
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t j = 0; j < mlp; j++) m[r * mlp + j] = silu(gu[r * 2 * mlp + j]) * gu[r * 2 * mlp + mlp + j];
+    GEMM(m, wd, out, out, n, mlp, d, 2);  /* out += m Wd, in place: each output reads its own first */
+    free(y), free(gu), free(m);
+    return 0;
+}
+
+/* out [n, n_vocab] = (rms(g) * w_norm) Wlm */
+int head_logits(const float *g, int64_t n, int64_t d, const float *w_norm, float eps, const wtype *wlm,
+                int64_t n_vocab, float *out) {
+    float *y = malloc(sizeof(float) * n * d);
+    if (!y) return -1;
+    for (int64_t r = 0; r < n; r++) rms_norm(g + r * d, w_norm, y + r * d, d, eps);
+    GEMM(y, wlm, out, NULL, n, d, n_vocab, 0);
+    free(y);
+    return 0;
+}
