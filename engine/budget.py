@@ -39,7 +39,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from engine.policy import CostModel
+from engine.policy import CostModel, RoundCost
 from engine.tree import DraftTree
 
 
@@ -56,6 +56,7 @@ class Budget:
     # the score one more node would need to raise the goodput of the forward chosen: expected * (c(n + 1) /
     # c(n) - 1), from (expected + s) / c(n + 1) > expected / c(n)
     threshold: float = 0.0
+    cost: RoundCost | None = None  # the round's cost curve the choice was made on (the forward is charged by it)
 
 
 @dataclass
@@ -169,7 +170,7 @@ class BudgetState:
         self.correction.forget(seq)
 
 
-def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: BudgetState,
+def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel | RoundCost, state: BudgetState,
          bare: list[int] | None = None) -> Budget:
     """Choose among every slot's tree nodes. trees: seq -> its tree (scores filled); n_base: rows the forward
     has without drafts (each slot's sampled token, replay rows); bare: the slots in the forward without a tree
@@ -221,7 +222,7 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel, state: Budge
     state.threshold = expected * (cost.c(n_rows + 1) / cost.c(n_rows) - 1)
     return Budget(n_rows=n_rows, n_base=n_base, kept=kept, offered={seq: len(t) for seq, t in trees.items()},
                   expected=expected, goodput=expected / cost.c(n_rows), why=why, factors=factors,
-                  threshold=state.threshold)
+                  threshold=state.threshold, cost=cost)
 
 
 def _others_afford(trees, kept, bare: list[int], seq: int, n_probe: int, n_base: int, cost: CostModel,

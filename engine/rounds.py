@@ -124,8 +124,8 @@ class Round:
             self.chain.policy.cost.observe(len(batch), res.seconds)
         # the forward's cost in plain forwards (what each slot's balance is charged), and what a draft row cost
         # this round (the drafters' gate, gate.py): the share of the forward beyond the base rows, per row
-        cost_ratio = (self.chain.policy.cost.c(len(batch)) / self.chain.policy.cost.c(budget.n_base)
-                      if budget is not None else 1.0)
+        cost_ratio = (budget.cost.c(len(batch)) / budget.cost.c(budget.n_base)
+                      if budget is not None and budget.cost is not None else 1.0)
         n_draft_rows = len(batch) - budget.n_base if budget is not None else 0
         self.chain.gate.row_seconds = res.seconds * (1 - 1 / cost_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
@@ -295,7 +295,9 @@ class Round:
         n_base = sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)
         n_base += sum(len(r.tree) for seq, r in requests.items() if r.tree is not None and seq not in trees)
         bare = [s.seq for s in slots if s.seq not in trees]
-        out = budget_plan(trees, n_base, policy.cost, self.budget_state, bare)
+        # draft rows read their slot's cells: slots with shorter contexts than the calibration's add cheaper rows
+        cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
+        out = budget_plan(trees, n_base, policy.cost.for_cells(n_base, cells), self.budget_state, bare)
         for seq, tree in trees.items():
             requests[seq].tree = tree.keep(out.kept[seq]) if out.kept[seq] else None
             if requests[seq].tree is None:

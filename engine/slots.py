@@ -105,8 +105,35 @@ class Engine:
                 self.ctx.cache.state_restore(seq, saved, n_prefix)
                 if rep > 0:
                     fastest[j] = min(fastest[j], seconds)
+        cell_seconds, n_rows = self._cell_seconds(seq, n_prefix, sizes, fastest, passes)
         self.ctx.seq_rm(seq, -1, -1)
-        return CostModel(sizes=list(sizes), seconds=non_decreasing(smooth_small(sizes, fastest)))
+        return CostModel(sizes=list(sizes), seconds=non_decreasing(smooth_small(sizes, fastest)),
+                         cell_seconds=cell_seconds, calibrated_cells=n_prefix + n_rows // 2)
+
+    def _cell_seconds(self, seq: int, n_prefix: int, sizes: list[int], fastest: list[float], passes: int,
+                      n_short: int = 32) -> tuple[float, int]:
+        """(seconds a row's attention takes per cell it sees, rows timed): the calibration's 8 rows (or the
+        nearest size) timed again after n_short cells instead of n_prefix. 0 where the prefix is too short."""
+        j = min(range(len(sizes)), key=lambda i: abs(sizes[i] - 8))
+        n = sizes[j]
+        if n_prefix - n_short < 64:
+            return 0.0, n
+        self.ctx.seq_rm(seq, -1, -1)  # a fresh short prefix: a recurrent memory cannot drop a tail
+        batch = Batch()
+        for i in range(n_short):
+            batch.add((i + 10) % self.ctx.n_vocab, i, seq, i == n_short - 1)
+        self.ctx.decode(batch)
+        saved = self.ctx.cache.state_save(seq)
+        short = float("inf")
+        for rep in range(passes + 1):
+            b = Batch()
+            for i in range(n):
+                b.add((100 + i) % self.ctx.n_vocab, n_short + i, seq, True)
+            seconds = self.ctx.decode(b).seconds
+            self.ctx.cache.state_restore(seq, saved, n_short)
+            if rep > 0:
+                short = min(short, seconds)
+        return max(0.0, fastest[j] - short) / (n * (n_prefix - n_short)), n
 
     def grammar_tokenizer(self):
         """The target's tokenizer for grammar matchers (about 0.5 s to build, so once per engine). Its end of

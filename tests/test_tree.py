@@ -370,6 +370,45 @@ def test_cost_curve_pools_a_spike_instead_of_lifting_every_size_after_it(tiny_ta
     assert cost.sizes[0] == 1 and all(a <= b for a, b in zip(cost.seconds, cost.seconds[1:]))
 
 
+def test_rows_of_slots_with_shorter_contexts_than_the_calibration_cost_less_and_the_budget_takes_them():
+    from engine.budget import BudgetState, plan
+    from engine.policy import CostModel
+
+    # rows cost 0.05 of a one-row forward each after 256 cells, 0.04 of it their attention (1e-4 s per cell)
+    curve = CostModel(sizes=[1, 4, 8, 16], seconds=[0.64, 0.79, 0.99, 1.39], cell_seconds=1e-4, calibrated_cells=256)
+    long, short = curve.for_cells(4, 256), curve.for_cells(4, 56)
+    assert long.c(8) == pytest.approx(curve.c(8)) and short.c(4) == pytest.approx(curve.c(4))
+    # 200 cells fewer: each draft row beyond the 4 base rows saves 0.02 s of attention, 1/32 of a one-row forward
+    assert short.c(8) == pytest.approx(curve.c(8) - 4 * 0.02 / 0.64)
+    assert curve.for_cells(4, 1000).c(8) == pytest.approx(curve.c(8))  # longer contexts: the curve, no more
+    assert CostModel(sizes=[1, 8], seconds=[1.0, 1.4]).for_cells(4, 10).c(8) == pytest.approx(1.4)  # unknown
+    # four slots each offering one node reached 20% of the time: dearer than it brings after 256 cells (0.0625
+    # of the base forward per row against 0.2 / 4 tokens), cheaper than it brings after 56
+    trees = {s: _scored([([5], [0.2])]) for s in range(4)}
+    assert all(not v for v in plan(trees, 4, long, BudgetState(fair=False, probe_every=100)).kept.values())
+    trees = {s: _scored([([5], [0.2])]) for s in range(4)}
+    assert all(v == [0] for v in plan(trees, 4, short, BudgetState(fair=False, probe_every=100)).kept.values())
+
+
+def test_the_calibration_times_the_attention_a_row_does_per_cell(tiny_target):
+    """A tiny model's attention is lost in timing noise, so its forwards report the time of a model whose rows
+    cost 1 ms each plus 10 us per cell they see: the calibration must find those 10 us."""
+    from dataclasses import replace
+
+    engine = Engine(tiny_target, n_ctx=512, n_seq_max=2, calibrate=False)
+    real = engine.ctx.decode
+
+    def timed(batch):
+        res = real(batch)
+        return replace(res, seconds=0.02 + sum(1e-3 + 1e-5 * (p + 1) for p in batch.pos))
+
+    engine.ctx.decode = timed
+    cost = engine.calibrate()
+    assert cost.calibrated_cells == 256 + 4  # 8 rows after 256 cells: 260 on average with their own
+    assert cost.cell_seconds == pytest.approx(1e-5, rel=1e-6)
+    assert cost.for_cells(4, 60).c(8) < cost.c(8)
+
+
 @pytest.mark.parametrize("temp", [0.0, 0.9])
 def test_budgeted_slots_that_rest_equal_running_alone(engine, temp):
     alone = [tokens(_run(engine, p, [], temp=temp, seed=s, tree_nodes=0)) for s, p in enumerate(PROMPTS)]
