@@ -22,7 +22,8 @@ def verify_tree(rnd, slot: Slot, r: DraftRequest, logits, cells, ckpt, drafter: 
     since they share positions with the path it took. Returns the event and the slot's kept rows."""
     tree = r.tree
     t1 = time.perf_counter()
-    verdict, path = verify.tree_match(slot.sampler, logits, tree)
+    top = logits.argmax(dim=-1).tolist()  # the target's own choice per row, for the walk and the event
+    verdict, path = verify.tree_match(slot.sampler, logits, tree, top)
     t_verify = t_forward + (time.perf_counter() - t1) * 1e3
     rnd.chain.accept_tree(slot.seq, tree, path)
     k, m = len(tree), len(path)
@@ -51,7 +52,7 @@ def verify_tree(rnd, slot: Slot, r: DraftRequest, logits, cells, ckpt, drafter: 
     ev = RoundEvent(
         seq=slot.seq, round=slot.round, kind="spec", drafter=drafter, pos_sampled=p_sampled, p0=p0,
         drafted=display_chain(tree, path), n_accepted=m, bonus=verdict.tokens[-1], p_target=verdict.p_target,
-        target_top=[int(t) for t in logits.argmax(dim=-1)], verify_mode="tree", rollback=rollback,
+        target_top=top, verify_mode="tree", rollback=rollback,
         rm_range=rm_range, t_draft_ms=t_draft, t_verify_ms=t_verify, t_rollback_ms=t_rollback,
         batch_rows=batch_rows, tree_tokens=list(tree.tokens), tree_parents=list(tree.parents),
         tree_drafters=list(tree.drafters), tree_path=list(path))

@@ -109,12 +109,14 @@ def _greedy_match(logits: torch.Tensor, draft: list[int]) -> Verdict:
                    p_draft_rows=[1.0 if d == best[i] else 0.0 for i, d in enumerate(draft)], n_draws=0)
 
 
-def tree_match(sampler: Sampler, logits: torch.Tensor, tree) -> tuple[Verdict, list[int]]:
-    """logits: [1 + len(tree), V], row 0 the root (id_last), row i + 1 node i. Returns the verdict and the kept
-    path (node indices, root's child first)."""
+def tree_match(sampler: Sampler, logits: torch.Tensor, tree, top: list[int] | None = None
+               ) -> tuple[Verdict, list[int]]:
+    """logits: [1 + len(tree), V], row 0 the root (id_last), row i + 1 node i; top: their argmax per row if the
+    caller has it (the round's event shows it: one pass over the rows, not two). Returns the verdict and the
+    kept path (node indices, root's child first)."""
     assert logits.shape[0] == len(tree) + 1, "need one logits row per tree node plus the root's"
     greedy = sampler.greedy
-    best = logits.argmax(dim=-1).tolist() if greedy else None
+    best = (top if top is not None else logits.argmax(dim=-1).tolist()) if greedy else None
     n_draws0 = sampler.n_draws
     tokens: list[int] = []
     p_target: list[float] = []
