@@ -100,6 +100,46 @@ static inline __attribute__((always_inline)) void pair_pass(const float *x, int6
     OUT2(0) OUT2(1) OUT2(2) OUT2(3) OUT2(4) OUT2(5)
 }
 
+/* The many-row path (a prompt's prefill): rows in tiles of up to 6 over two adjacent blocks, the inputs in
+ * blocks of KB so that the pair's weights for one input block (2 x KB x 8 floats, 16 KB) stay in L1 while every
+ * row tile passes over them. A tile's sums wait in `part` between input blocks, stored and loaded exactly, so
+ * each output is still the one chain of fused multiply-adds over k in order: the bits of the passes above. */
+#define KB 256
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t m0, const int m, int64_t k,
+                                                       int64_t p0, int64_t p1, const wtype *wb, float *part,
+                                                       float *y, const float *other, int64_t n, int64_t n0,
+                                                       int post) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0, c4 = a0, c5 = a0;
+    float *pt = part + m0 * 2 * NB;
+    if (p0 > 0) {
+#define LOAD2(r) if (m > r) { a##r = _mm256_loadu_ps(pt + (r) * 2 * NB); c##r = _mm256_loadu_ps(pt + (r) * 2 * NB + NB); }
+        LOAD2(0) LOAD2(1) LOAD2(2) LOAD2(3) LOAD2(4) LOAD2(5)
+    }
+    const wtype *wc = wb + k * NB;
+    x += m0 * k;
+    for (int64_t p = p0; p < p1; p++) {
+        __m256 w = LOADW(wb + p * NB), v = LOADW(wc + p * NB);
+        ROW2(0) ROW2(1) ROW2(2) ROW2(3) ROW2(4) ROW2(5)
+    }
+    if (p1 == k) {
+        OUT2(0) OUT2(1) OUT2(2) OUT2(3) OUT2(4) OUT2(5)
+    } else {
+#define STORE2(r) if (m > r) { _mm256_storeu_ps(pt + (r) * 2 * NB, a##r); _mm256_storeu_ps(pt + (r) * 2 * NB + NB, c##r); }
+        STORE2(0) STORE2(1) STORE2(2) STORE2(3) STORE2(4) STORE2(5)
+    }
+}
+
+typedef void (*tile_fn)(const float *, int64_t, int64_t, int64_t, int64_t, const wtype *, float *, float *,
+                        const float *, int64_t, int64_t, int);
+#define TILE(c)                                                                                               \
+    static void tile_##c(const float *x, int64_t m0, int64_t k, int64_t p0, int64_t p1, const wtype *wb,      \
+                         float *part, float *y, const float *other, int64_t n, int64_t n0, int post) {         \
+        tile(x, m0, c, k, p0, p1, wb, part, y, other, n, n0, post);                                            \
+    }
+TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+static const tile_fn tiles[7] = {0, tile_1, tile_2, tile_3, tile_4, tile_5, tile_6};
+
 typedef void (*pass_fn)(const float *, int64_t, int64_t, const wtype *, float *, const float *, int64_t, int64_t,
                         int);
 #define PASS(c)                                                                                               \
@@ -119,11 +159,46 @@ static const pass_fn passes[MB + 1] = {0, pass_1, pass_2, pass_3, pass_4, pass_5
 static const pass_fn pair_passes[MB / 2 + 1] = {0, pair_pass_1, pair_pass_2, pair_pass_3, pair_pass_4, pair_pass_5,
                                                 pair_pass_6};
 
+#define MANY 32 /* rows from which the many-row path runs: below it, the passes are as fast */
+
+static void many_rows(const float *x, const wtype *wp, float *y, const float *other, int64_t M, int64_t K,
+                      int64_t N, int post) {
+    int64_t nblocks = N / NB, npairs = nblocks / 2;
+#pragma omp parallel
+    {
+        float *part = K > KB ? malloc(sizeof(float) * M * 2 * NB) : NULL;
+        const int64_t kb = part ? KB : K; /* no memory for the partial sums: each tile takes every input */
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < npairs; q++) {
+            const wtype *wb = wp + 2 * q * K * NB;
+            for (int64_t p0 = 0; p0 < K; p0 += kb) {
+                const int64_t p1 = p0 + kb < K ? p0 + kb : K;
+                for (int64_t m0 = 0; m0 < M; m0 += 6) {
+                    const int m = (int)(M - m0 < 6 ? M - m0 : 6);
+                    tiles[m](x, m0, K, p0, p1, wb, part, y, other, N, 2 * q * NB, post);
+                }
+            }
+        }
+        free(part);
+    }
+    if (nblocks % 2) { /* the last block alone: the few-row passes, 12 rows at a time */
+        const wtype *wb = wp + (nblocks - 1) * K * NB;
+        for (int64_t m0 = 0; m0 < M; m0 += MB) {
+            const int m = (int)(M - m0 < MB ? M - m0 : MB);
+            passes[m](x, m0, K, wb, y, other, N, (nblocks - 1) * NB, post);
+        }
+    }
+}
+
 /* x [M, K], wp packed [N/NB][K][NB] (N a multiple of NB), y [M, N]; other [M, N] for post 2 and 3 */
 void GEMM(const float *x, const wtype *wp, float *y, const float *other, int64_t M, int64_t K, int64_t N,
                     int post) {
     int64_t nblocks = N / NB, npairs = (nblocks + 1) / 2;
     int64_t n_pass = (M + MB - 1) / MB;
+    if (M >= MANY && nblocks >= 2) {
+        many_rows(x, wp, y, other, M, K, N, post);
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t q = 0; q < npairs; q++) {
         int64_t b = 2 * q;
