@@ -11,22 +11,7 @@
  */
 #include "small_gemm_f32.c"
 
-#include <string.h>
-
-static float inv_rms(const float *x, int64_t d, float eps) {
-    float lanes[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= d; i += 8)
-        for (int j = 0; j < 8; j++) lanes[j] += x[i + j] * x[i + j];
-    for (int j = 0; i < d; i++, j++) lanes[j] += x[i] * x[i];
-    const float ss = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-    return 1.0f / sqrtf(ss / (float)d + eps);
-}
-
-static void rms_norm(const float *x, const float *w, float *out, int64_t d, float eps) {
-    const float r = inv_rms(x, d, eps);
-    for (int64_t i = 0; i < d; i++) out[i] = w[i] * (x[i] * r);
-}
+#include "row_ops.h"
 
 /* out [n, d] = clamp((feats - mu) / sigma, -10, 10) Wfc, feats [n, n_in] */
 int head_fuse(const float *feats, int64_t n, int64_t n_in, const float *mu, const float *sigma, const wtype *wfc,
@@ -54,21 +39,12 @@ int head_qkv(const float *feat, const float *emb, int64_t n, int64_t d, const fl
         return -1;
     }
     for (int64_t r = 0; r < n; r++) {
-        rms_norm(emb + r * d, w_emb, x + r * 2 * d, d, eps);
-        rms_norm(feat + r * d, w_feat, x + r * 2 * d + d, d, eps);
+        rms_row(emb + r * d, w_emb, x + r * 2 * d, d, eps);
+        rms_row(feat + r * d, w_feat, x + r * 2 * d + d, d, eps);
     }
     GEMM(x, w, y, NULL, n, 2 * d, n_out, 0);
     free(x);
-    const int half = hd / 2;
-    float tmp[512];
-    for (int64_t r = 0; r < n; r++)
-        for (int h = 0; h < n_rope; h++) {
-            float *z = y + r * n_out + (int64_t)h * hd;
-            const float *c = cos + r * hd, *s = sin + r * hd;
-            memcpy(tmp, z, sizeof(float) * hd);
-            for (int i = 0; i < half; i++) z[i] = tmp[i] * c[i] - tmp[i + half] * s[i];
-            for (int i = half; i < hd; i++) z[i] = tmp[i] * c[i] + tmp[i - half] * s[i];
-        }
+    for (int64_t r = 0; r < n; r++) rope_row(y + r * n_out, n_rope, hd, cos + r * hd, sin + r * hd);
     return 0;
 }
 
@@ -82,7 +58,7 @@ int head_finish(const float *feat, const float *attn, int64_t n, int64_t d, int6
         return -1;
     }
     GEMM(attn, wo, out, feat, n, nq, d, 2);  /* out = attn Wo + feat */
-    for (int64_t r = 0; r < n; r++) rms_norm(out + r * d, w_post, y + r * d, d, eps);
+    for (int64_t r = 0; r < n; r++) rms_row(out + r * d, w_post, y + r * d, d, eps);
     GEMM(y, wgu, gu, NULL, n, d, 2 * mlp, 0);
     for (int64_t r = 0; r < n; r++)
         for (int64_t j = 0; j < mlp; j++) m[r * mlp + j] = silu(gu[r * 2 * mlp + j]) * gu[r * 2 * mlp + mlp + j];
@@ -96,7 +72,7 @@ int head_logits(const float *g, int64_t n, int64_t d, const float *w_norm, float
                 int64_t n_vocab, float *out) {
     float *y = malloc(sizeof(float) * n * d);
     if (!y) return -1;
-    for (int64_t r = 0; r < n; r++) rms_norm(g + r * d, w_norm, y + r * d, d, eps);
+    for (int64_t r = 0; r < n; r++) rms_row(g + r * d, w_norm, y + r * d, d, eps);
     GEMM(y, wlm, out, NULL, n, d, n_vocab, 0);
     free(y);
     return 0;

@@ -19,31 +19,7 @@
 #include "small_gemm_f32.c"
 #include "cell_attention.c"
 
-#include <string.h>
-
-/* one row's rms norm: out = w * (x / sqrt(mean(x^2) + eps)) */
-static void rms_row(const float *x, const float *w, float *out, int64_t d, float eps) {
-    float lanes[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= d; i += 8)
-        for (int j = 0; j < 8; j++) lanes[j] += x[i + j] * x[i + j];
-    for (int j = 0; i < d; i++, j++) lanes[j] += x[i] * x[i];
-    const float ss = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-    const float r = 1.0f / sqrtf(ss / (float)d + eps);
-    for (i = 0; i < d; i++) out[i] = w[i] * (x[i] * r);
-}
-
-/* rope over the heads of one row: z [n_heads * hd] in place */
-static void rope_row(float *z, int n_heads, int hd, const float *cos, const float *sin) {
-    const int half = hd / 2;
-    float tmp[512];
-    for (int h = 0; h < n_heads; h++) {
-        float *zh = z + (int64_t)h * hd;
-        memcpy(tmp, zh, sizeof(float) * hd);
-        for (int i = 0; i < half; i++) zh[i] = tmp[i] * cos[i] - tmp[i + half] * sin[i];
-        for (int i = half; i < hd; i++) zh[i] = tmp[i] * cos[i] + tmp[i - half] * sin[i];
-    }
-}
+#include "row_ops.h"
 
 /* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down (packed [N/8][K][8]); norms[2 * l] the
  * input norm, norms[2 * l + 1] the post-attention one. kc[l], vc[l]: the layer's cache [H_kv][n_cells][hd].
