@@ -90,6 +90,12 @@ class ModelContext:
             hidden = torch.cat([out.hidden_states[i][0] for i in self.hidden_layers], dim=-1).float()
         return DecodeResult(logits=logits, seconds=time.perf_counter() - t0, hidden=hidden)
 
+    def describe_forward(self) -> str:
+        """Which forward runs and why (the status line, the bench)."""
+        if self.lean is None:
+            return f"transformers' forward ({self.lean_reason})"
+        return f"lean forward ({self.lean.describe()})"
+
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         return self.cache.seq_rm(seq, p0, p1)
 

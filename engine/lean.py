@@ -150,41 +150,36 @@ class LeanForward:
 
         hidden: [T, len(hidden_layers) * D] with transformers' hidden_states numbering (0 the embeddings, i the
         output of layer i, n_layers the final norm), or None when no layer is asked for."""
-        t = input_ids.shape[0]
         x = self.inner.embed_tokens(input_ids)  # [T, D]
-        if self.fused is not None and self.fused.applies(cache, cell_rows):
-            return self._fused_call(x, position_ids, cache, cell_rows, rows, hidden_layers)
-        x = (x.expand(2, -1) if t == 1 else x).reshape(1, max(t, 2), -1).contiguous()  # [1, T', D]
         cos, sin = self.inner.rotary_emb(x.new_empty(0, dtype=torch.float32), position_ids[None])  # [1, T, hd]
-        cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # [T, 1, hd]: broadcast over heads
-        kept = {0: x[0, :t]} if 0 in hidden_layers else {}
-        for i, layer in enumerate(self.layers):
-            x = self._layer(i, layer, x, t, cos, sin, cache, cell_rows)
-            if i + 1 in hidden_layers and i + 1 < self.n_layers:
-                kept[i + 1] = x[0, :t]
+        kept = {0: x.clone()} if 0 in hidden_layers else {}  # the C layers change x in place
+        inner = [i for i in hidden_layers if 0 < i < self.n_layers]
+        if self.fused is not None and self.fused.applies(cache, cell_rows):
+            x, after = self.fused(x.float().contiguous(), cos[0].contiguous(), sin[0].contiguous(), cache,
+                                  cell_rows, inner)
+        else:
+            x, after = self._torch_layers(x, cos[0][:, None, :], sin[0][:, None, :], cache, cell_rows, inner)
+        kept.update(after)
         norm = self.inner.norm.weight
-        out = _rms(x[0, rows], norm, self.eps)
         if self.n_layers in hidden_layers:
-            kept[self.n_layers] = _rms(x[0, :t], norm, self.eps)
-        logits = prepack.linear(self.model.lm_head, out)
+            kept[self.n_layers] = _rms(x, norm, self.eps)
+        logits = prepack.linear(self.model.lm_head, _rms(x[rows], norm, self.eps))
         hidden = torch.cat([kept[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         return logits, hidden
 
-    def _fused_call(self, x, position_ids, cache, cell_rows, rows, hidden_layers):
-        t, d = x.shape
-        cos, sin = self.inner.rotary_emb(x.new_empty(0, dtype=torch.float32), position_ids[None])  # [1, T, hd]
-        slots = {layer: i for i, layer in enumerate(hidden_layers)}
-        hidden = torch.empty(t, len(hidden_layers) * d) if hidden_layers else None
-        if 0 in slots:
-            hidden[:, slots[0] * d:(slots[0] + 1) * d] = x
-        keep = [slots.get(i + 1, -1) if i + 1 < self.n_layers else -1 for i in range(self.n_layers)]
-        x = self.fused(x.float().contiguous(), cos[0].contiguous(), sin[0].contiguous(), cache, cell_rows, keep,
-                       hidden, len(hidden_layers))
-        norm = self.inner.norm.weight
-        if self.n_layers in slots:
-            hidden[:, slots[self.n_layers] * d:(slots[self.n_layers] + 1) * d] = _rms(x, norm, self.eps)
-        logits = prepack.linear(self.model.lm_head, _rms(x[rows], norm, self.eps))
-        return logits, hidden
+    def describe(self) -> str:
+        return "layers in one C call" if self.fused is not None else f"torch layers: {self.fused_reason}"
+
+    def _torch_layers(self, x, cos, sin, cache, cell_rows, inner: list[int]):
+        """x [T, D]; cos, sin [T, 1, hd] -> (x after the last layer [T, D], {layer: x after it} for `inner`)."""
+        t = x.shape[0]
+        x = (x.expand(2, -1) if t == 1 else x).reshape(1, max(t, 2), -1).contiguous()  # [1, T', D]
+        kept = {}
+        for i, layer in enumerate(self.layers):
+            x = self._layer(i, layer, x, t, cos, sin, cache, cell_rows)
+            if i + 1 in inner:
+                kept[i + 1] = x[0, :t]
+        return x[0, :t], kept
 
     def _layer(self, i: int, w: _Layer, x, t: int, cos, sin, cache, cell_rows) -> torch.Tensor:
         """x [1, T', D] -> [1, T', D]; the first t rows are real."""

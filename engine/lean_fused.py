@@ -71,20 +71,22 @@ class FusedLayers:
                 and k0.shape[1] == self.n_kv_heads and k0.shape[3] == self.head_dim)
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, cell_rows,
-                 keep: list[int], hidden: torch.Tensor | None, n_hidden: int) -> torch.Tensor:
-        """x [t, D] float32 (changed in place and returned); cos, sin [t, hd]; keep[l]: the slot of hidden
-        [t, n_hidden * D] that takes x after layer l, or -1."""
+                 inner: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """x [t, D] float32, changed in place; cos, sin [t, hd] -> (x after the last layer, {layer: x after it}
+        for the layers in `inner`)."""
         key = (cache.k[0].data_ptr(), cache.k[0].shape[2])
         if key != self._cache_key:
             self.kc, self.vc, self._cache_key = _pointers(cache.k), _pointers(cache.v), key
         t, d = x.shape
         cells = cache.last_cells.contiguous()
         lay = cell_rows.layout
-        keep_c = (ctypes.c_int * len(keep))(*keep)
+        hidden = torch.empty(t, len(inner) * d) if inner else None
+        keep = (ctypes.c_int * self.n_layers)(*[inner.index(i + 1) if i + 1 in inner else -1
+                                               for i in range(self.n_layers)])
         failed = self.fn(x.data_ptr(), t, d, self.n_layers, self.weights, self.norms, self.kc, self.vc,
                          cache.k[0].shape[2], cells.data_ptr(), cos.data_ptr(), sin.data_ptr(), lay.row_ptr.data_ptr(),
                          lay.cells.data_ptr(), self.n_heads, self.n_kv_heads, self.head_dim, self.mlp, self.scaling,
-                         self.eps, keep_c, None if hidden is None else hidden.data_ptr(), n_hidden)
+                         self.eps, keep, None if hidden is None else hidden.data_ptr(), len(inner))
         if failed:
             raise MemoryError("fused layers: no memory for the scratch rows")
-        return x
+        return x, {layer: hidden[:, j * d:(j + 1) * d] for j, layer in enumerate(inner)}

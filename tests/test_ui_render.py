@@ -342,8 +342,8 @@ class FakeEngine:
     chain: FakeChain = field(default_factory=FakeChain)
     stopped: set = field(default_factory=set)
     probe: object = field(default_factory=lambda: SimpleNamespace(kind="PART", reason="range removal works"))
-    ctx: object = field(default_factory=lambda: SimpleNamespace(n_seq_max=1, n_ctx=64, lean_reason=None,
-                                                                lean=SimpleNamespace(fused=object())))
+    ctx: object = field(default_factory=lambda: SimpleNamespace(
+        n_seq_max=1, n_ctx=64, describe_forward=lambda: "lean forward (layers in one C call)"))
 
     def stop(self, seq):
         self.stopped.add(seq)

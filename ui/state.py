@@ -40,10 +40,7 @@ class Runtime:
         probe = self.engine.probe
         draft = self.draft.name if self.draft is not None else "none"
         ctx = self.engine.ctx
-        forward = f"transformers' forward ({ctx.lean_reason})"
-        if ctx.lean is not None:
-            layers = "layers in one C call" if ctx.lean.fused is not None else f"torch layers: {ctx.lean.fused_reason}"
-            forward = f"lean forward ({layers})"
+        forward = ctx.describe_forward()
         model = getattr(self.target, "model", None)
         if model is not None:
             from engine.prepack import linear_paths

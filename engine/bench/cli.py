@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"dtype: {cfg.dtype_used} ({cfg.dtype_reason}); forward: "
-          f"{_forward(engine.ctx)}", file=sys.stderr)
+          f"{engine.ctx.describe_forward()}", file=sys.stderr)
     rows = run_sweep(cfg, engine, prompts, sweep, args.repeat, compare, args.target)
     write_rows(rows, args.out)
     print_summary(rows)
@@ -209,10 +209,3 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
     return 1 if any(r["lossless_ok"] is False for r in rows) else 0
 
-
-def _forward(ctx) -> str:
-    if ctx.lean is None:
-        return ctx.lean_reason
-    if ctx.lean.fused is None:
-        return f"lean, torch layers ({ctx.lean.fused_reason})"
-    return "lean, layers in one C call"
