@@ -239,6 +239,9 @@ class StatefulContext:
         self.cache.n_last[seq] = len(tokens)
         return out
 
+    def describe_forward(self) -> str:
+        return f"transformers' forward ({self.lean_reason})"
+
     def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
         return self.cache.seq_rm(seq, p0, p1)
 
