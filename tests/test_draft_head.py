@@ -213,6 +213,43 @@ def test_trees_grown_for_several_sequences_at_once_are_the_trees_grown_alone(eng
         engine.release(s.seq)
 
 
+def test_a_tree_grows_no_depth_that_cannot_enter_it_and_is_the_tree_grown_in_full(engine, monkeypatch):
+    from engine.drafters import head_tree
+    from engine.drafters.base import DraftRequest
+
+    params = GenParams(max_new_tokens=40, ignore_eos=True, spec=SpecParams(types=["draft-head"], tree_nodes=8))
+    slots = [engine.start(p, params, seq=i) for i, p in enumerate(PROMPTS)]
+    for _ in range(3):
+        engine.step()
+    head = engine.pool["draft-head"]
+    shape = head.params.tree
+    head.params.tree = HeadTreeParams(min_score=0.0, branch=2)
+    steps = []  # rows of each head step: the first (every sequence at id_last), then one per depth grown
+    logits = head.head.logits
+    monkeypatch.setattr(head.head, "logits", lambda g: steps.append(g.shape[0]) or logits(g))
+
+    def trees(n_nodes):
+        steps.clear()
+        reqs = [DraftRequest(seq=s.seq, prompt=list(s.tokens), id_last=s.id_last, n_max=6, n_min=0, p_min=0.0,
+                             tree_max=n_nodes) for s in slots]
+        head.draft(reqs)
+        return [(r.result_tree.tokens, r.result_tree.parents, r.result_tree.scores) for r in reqs], list(steps)
+
+    for n_nodes in (1, 2, 3, 8):
+        pruned, pruned_steps = trees(n_nodes)
+        monkeypatch.setattr(head_tree, "_kth_score", lambda nodes, n: 0.0)  # expand every frontier node
+        full, full_steps = trees(n_nodes)
+        monkeypatch.undo()
+        monkeypatch.setattr(head.head, "logits", lambda g: steps.append(g.shape[0]) or logits(g))
+        assert pruned == full
+        assert sum(pruned_steps) <= sum(full_steps)
+        if n_nodes == 1:  # the best of the root's children is the tree: the first step alone
+            assert len(pruned_steps) == 1 and len(full_steps) > 1
+    head.params.tree = shape
+    for s in slots:
+        engine.release(s.seq)
+
+
 def test_a_shared_prompt_prefix_brings_its_features_to_the_head(engine):
     """A slot whose prompt prefix another slot holds gets the cells by seq_cp and never forwards them; the head
     must get the target features of those positions too, or it drafts from zeros there."""

@@ -71,14 +71,18 @@ class _SeqState:
                 self._write(grow)
 
     def _write(self, grow: int) -> None:
-        pos = [p for ps, _, _ in self.pending for p in ps]
-        self.reserve(max(pos) + 1, grow)
-        where = torch.tensor(pos)
-        # index_put with repeated positions keeps an unspecified one: the last round's must win
-        last = {p: i for i, p in enumerate(pos)}
-        keep = torch.tensor(sorted(last.values()))
-        self.feats[where[keep]] = torch.cat([f for _, _, f in self.pending])[keep]
-        self.feat_tok[where[keep]] = torch.tensor([t for _, ts, _ in self.pending for t in ts])[keep]
+        self.reserve(max(max(ps) for ps, _, _ in self.pending) + 1, grow)
+        # in round order, so that a later round's feature at a position replaces an earlier one's; a round's
+        # rows are its positions in a run (a chain, or a tree's kept path), copied as one slice
+        for pos, tokens, feats in self.pending:
+            p0, n = pos[0], len(pos)
+            if pos[-1] - p0 + 1 == n and all(b - a == 1 for a, b in zip(pos, pos[1:])):
+                self.feats[p0:p0 + n] = feats
+                self.feat_tok[p0:p0 + n] = torch.tensor(tokens)
+            else:
+                where = torch.tensor(pos)
+                self.feats[where] = feats
+                self.feat_tok[where] = torch.tensor(tokens)
         self.pending = []
 
     @property
@@ -201,10 +205,14 @@ class DraftHeadDrafter(Drafter):
             st.reserve(len(confirmed), self.params.grow)
             # entry t is made from the feature of t - 1, if that row's token is the confirmed one; at position
             # 0, or where a position was never forwarded, the feature is zero, as in training
-            prev = torch.arange(n - 1, len(confirmed) - 1).clamp(min=0)
             want = torch.tensor([confirmed[t - 1] if t >= 1 else -2 for t in range(n, len(confirmed))])
-            known.append(st.feat_tok[prev] == want)
-            raw.append(st.feats[prev])
+            if n >= 1:  # positions n - 1 .. len - 2: one slice
+                known.append(st.feat_tok[n - 1:len(confirmed) - 1] == want)
+                raw.append(st.feats[n - 1:len(confirmed) - 1])
+            else:
+                prev = torch.arange(n - 1, len(confirmed) - 1).clamp(min=0)
+                known.append(st.feat_tok[prev] == want)
+                raw.append(st.feats[prev])
             toks += confirmed[n:]
             pos.append(torch.arange(n, len(confirmed)))
             spans.append(len(confirmed) - n)

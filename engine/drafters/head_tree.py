@@ -19,6 +19,7 @@ ms) weighs against some 15 ms a token, so fewer of the deep, unlikely depths pay
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -101,9 +102,11 @@ def grow_many(head, seeds: list[TreeSeed], params: HeadTreeParams, cost: StepCos
     steps' time and yield, updated here; token_seconds: the batch's time per emitted token (0: grow by score
     alone)."""
     growing = [_Growing(seed) for seed in seeds]
-    for gr in growing:
-        _offer(head, gr.nodes, -1, 0, 1.0, gr.seed.g0, gr.seed.logits0, params.branch)
-        gr.newest = list(range(len(gr.nodes)))
+    if seeds:
+        tops = _tops(head, torch.stack([seed.logits0 for seed in seeds]), params.branch)
+        for gr, top in zip(growing, tops):
+            _offer(gr.nodes, -1, 0, 1.0, gr.seed.g0, top)
+            gr.newest = list(range(len(gr.nodes)))
     depth = 1
     while True:
         fronts = []  # (state, its expanded nodes)
@@ -111,7 +114,8 @@ def grow_many(head, seeds: list[TreeSeed], params: HeadTreeParams, cost: StepCos
             if depth >= gr.seed.depth_max or not gr.newest:
                 continue
             front = sorted(gr.newest, key=lambda i: -gr.nodes[i].score)[: params.width]
-            front = [i for i in front if gr.nodes[i].score >= max(params.min_score, gr.seed.min_score)]
+            floor = max(params.min_score, gr.seed.min_score, _kth_score(gr.nodes, gr.seed.n_nodes))
+            front = [i for i in front if gr.nodes[i].score >= floor]
             gr.newest = []
             if front:
                 fronts.append((gr, front))
@@ -135,12 +139,12 @@ def grow_many(head, seeds: list[TreeSeed], params: HeadTreeParams, cost: StepCos
                                 torch.stack(gr.tree_v), [_ancestor_entries(gr.nodes, i) for i in front]))
             row += len(front)
         g = head.finish(feats, torch.cat(attn))
-        logits = head.logits(g).float()
+        tops = _tops(head, head.logits(g).float(), params.branch)
         row, gained = 0, 0.0
         for gr, front in fronts:
             for i in front:
                 first = len(gr.nodes)
-                _offer(head, gr.nodes, i, depth, gr.nodes[i].score, g[row], logits[row], params.branch)
+                _offer(gr.nodes, i, depth, gr.nodes[i].score, g[row], tops[row])
                 gr.newest += range(first, len(gr.nodes))
                 gained += sum(max(0.0, n.score - gr.seed.min_score) for n in gr.nodes[first:])
                 row += 1
@@ -148,6 +152,17 @@ def grow_many(head, seeds: list[TreeSeed], params: HeadTreeParams, cost: StepCos
             cost.note(time.perf_counter() - t0, mass, gained)
         depth += 1
     return [_best(gr.nodes, gr.seed.n_nodes) for gr in growing]
+
+
+def _kth_score(nodes: list[_Node], n_nodes: int) -> float:
+    """A node scored no higher than the n_nodes-th best so far cannot put a child into the tree handed on: a
+    child never outscores its parent, and ties go to the shallower node (_best). Expanding it would be a head
+    step for nothing (one slot's tree of one node is its first step alone). Just above that score: nodes at
+    it are not expanded."""
+    if n_nodes <= 0 or len(nodes) < n_nodes:
+        return 0.0
+    kth = sorted((n.score for n in nodes), reverse=True)[n_nodes - 1]
+    return math.nextafter(kth, math.inf)
 
 
 def _best(nodes: list[_Node], n_nodes: int) -> DraftTree:
@@ -161,12 +176,18 @@ def _best(nodes: list[_Node], n_nodes: int) -> DraftTree:
     return tree
 
 
-def _offer(head, nodes: list[_Node], parent: int, depth: int, score: float, g: torch.Tensor,
-           logits: torch.Tensor, branch: int) -> None:
-    probs = torch.softmax(logits, dim=-1)
-    top = torch.topk(probs, min(branch, probs.shape[-1]))
-    for p, j in zip(top.values.tolist(), top.indices.tolist()):
-        nodes.append(_Node(token=int(head.d2t[j]), parent=parent, depth=depth + 1, score=score * p, g_parent=g))
+def _tops(head, logits: torch.Tensor, branch: int) -> list[list[tuple[float, int]]]:
+    """Per row of logits [rows, draft_vocab]: its `branch` most likely tokens as (probability, target id), for
+    all rows in one softmax and one top-k."""
+    top = torch.topk(torch.softmax(logits, dim=-1), min(branch, logits.shape[-1]), dim=-1)
+    ids = head.d2t[top.indices].tolist()
+    return [list(zip(p, t)) for p, t in zip(top.values.tolist(), ids)]
+
+
+def _offer(nodes: list[_Node], parent: int, depth: int, score: float, g: torch.Tensor,
+           top: list[tuple[float, int]]) -> None:
+    for p, token in top:
+        nodes.append(_Node(token=token, parent=parent, depth=depth + 1, score=score * p, g_parent=g))
 
 
 def _ancestor_entries(nodes: list[_Node], i: int) -> list[int]:
