@@ -117,6 +117,9 @@ class BudgetState:
     # seq -> tokens the slot got beyond what plain decoding would have given it in the same time: each round
     # adds its emitted tokens minus c(rows) / c(n_base), the forward's cost in plain forwards
     balance: dict[int, float] = field(default_factory=dict)
+    # seq -> nodes of model drafters (the draft head) the last round kept of the slot's tree: beside other slots
+    # it is offered one more (DraftRequest.model_tree_max), not a whole tree the batch waits for step by step
+    model_nodes: dict[int, int] = field(default_factory=dict)
 
     def settle(self, seq: int, n_emitted: int, cost_ratio: float) -> None:
         """cost_ratio: the round's forward in plain forwards of its base rows."""
@@ -164,6 +167,7 @@ class BudgetState:
         self.refused.pop(seq, None)
         self.balance.pop(seq, None)
         self.interval.pop(seq, None)
+        self.model_nodes.pop(seq, None)
 
     def forget(self, seq: int) -> None:
         self.begin(seq)

@@ -85,6 +85,8 @@ class Round:
                 want_q=slot.params.sampling.temp > 0 and tree_max == 0,
                 grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max,
                 tree_min_score=self.budget_state.threshold if budgeted else 0.0,
+                model_tree_max=(min(tree_max, 1 + self.budget_state.model_nodes.get(slot.seq, 0))
+                                if len(slots) > 1 and budgeted and tree_max > 0 else 0),
                 probe=slot.seq in self.budget_state.waking,
                 token_seconds=(self.chain.gate.seconds_per_token or 0.0) if budgeted else 0.0)
         t0 = time.perf_counter()
@@ -298,7 +300,9 @@ class Round:
         # draft rows read their slot's cells: slots with shorter contexts than the calibration's add cheaper rows
         cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
         out = budget_plan(trees, n_base, policy.cost.for_cells(n_base, cells), self.budget_state, bare)
+        models = {name for name, impl in self.chain.pool.items() if impl.needs_model}
         for seq, tree in trees.items():
+            self.budget_state.model_nodes[seq] = sum(tree.drafters[v] in models for v in out.kept[seq])
             requests[seq].tree = tree.keep(out.kept[seq]) if out.kept[seq] else None
             if requests[seq].tree is None:
                 self.chain.gate.nothing_kept(seq)

@@ -250,6 +250,63 @@ def test_a_tree_grows_no_depth_that_cannot_enter_it_and_is_the_tree_grown_in_ful
         engine.release(s.seq)
 
 
+def test_a_prompts_prefill_makes_the_heads_entries_and_the_first_draft_is_the_one_made_lazily(engine):
+    from engine.drafters.base import DraftRequest
+
+    prompt = [1] + [20 + i % 7 for i in range(23)]  # 24 rows: more than prefill_rows
+    params = GenParams(max_new_tokens=8, ignore_eos=True, spec=SpecParams(types=["draft-head"], tree_nodes=6))
+    trees, entries = [], []
+    for prefill_rows in (10**9, 16):  # lazily, in the first draft, then at the prefill
+        slot = engine.start(prompt, params, seq=0)
+        head = engine.pool["draft-head"]
+        head.params.prefill_rows = prefill_rows
+        engine.step()  # the prefill
+        entries.append(list(head._state(0).kv_tokens))
+        r = DraftRequest(seq=0, prompt=list(slot.tokens), id_last=slot.id_last, n_max=4, n_min=0, p_min=0.0,
+                         tree_max=6)
+        head.draft([r])
+        trees.append((r.result_tree.tokens, r.result_tree.parents, r.result_tree.scores))
+        engine.release(0)
+    head.params.prefill_rows = DraftHeadParams().prefill_rows
+    assert entries == [[], prompt]
+    assert trees[0] == trees[1] and len(trees[0][0]) > 0
+
+
+def test_beside_other_slots_the_heads_tree_is_one_node_more_than_the_budget_last_kept(engine, monkeypatch):
+    params = GenParams(max_new_tokens=24, ignore_eos=True,
+                       spec=SpecParams(types=NGRAM_CHAIN + ["draft-head"], tree_nodes=8))
+    engine.start(PROMPTS[0], params, seq=0)
+    head = engine.pool["draft-head"]
+    engine.release(0)
+    seen = []  # (crowd, seq, model_tree_max, head nodes drafted, model nodes the budget kept the round before)
+    draft = head.draft
+
+    def recording(requests):
+        before = dict(engine.round.budget_state.model_nodes)
+        draft(requests)
+        for r in requests:
+            if r.tree_max > 0:
+                seen.append((engine.chain.gate.crowd, r.seq, r.model_tree_max, len(r.result_tree),
+                             before.get(r.seq, 0), r.tree_max))
+
+    monkeypatch.setattr(head, "draft", recording)
+    for n_slots in (1, 3):
+        seen.clear()
+        for i in range(n_slots):
+            engine.start(PROMPTS[i], params, seq=i)
+        while engine.active():
+            engine.step()
+        for i in range(n_slots):
+            engine.release(i)
+        assert seen
+        for crowd, seq, cap, n_nodes, kept_before, tree_max in seen:
+            if crowd == 1:
+                assert cap == 0  # alone: the tree the head's own rules grow
+            else:
+                assert cap == min(tree_max, 1 + kept_before) and n_nodes <= cap
+        assert any(crowd > 1 for crowd, *_ in seen) == (n_slots > 1)
+
+
 def test_a_shared_prompt_prefix_brings_its_features_to_the_head(engine):
     """A slot whose prompt prefix another slot holds gets the cells by seq_cp and never forwards them; the head
     must get the target features of those positions too, or it drafts from zeros there."""

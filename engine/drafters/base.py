@@ -37,6 +37,10 @@ class DraftRequest:
     # tree mode: nodes scored below this would not get a row of the forward (the last round's budget
     # threshold, engine/budget.py): a drafter that grows a tree need not expand them
     tree_min_score: float = 0.0
+    # tree mode: at most this many nodes from a model drafter (0: tree_max). Beside other slots each depth of the
+    # head's tree is a step the whole batch waits for, so a slot is offered one node more than the budget last
+    # kept of its model drafters' nodes (engine/budget.py, BudgetState.model_nodes)
+    model_tree_max: int = 0
     # tree mode: the batch's time per emitted token over recent rounds (0: not known yet): a drafter that grows a
     # tree weighs the time of each further step against the tokens it may add (engine/drafters/head_tree.py)
     token_seconds: float = 0.0

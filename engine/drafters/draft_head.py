@@ -40,6 +40,10 @@ class DraftHeadParams:
     # the shipped head was fastest on the held-out prompts (training.eval --p-min ...; README)
     p_min: float = 0.3
     tree: HeadTreeParams = field(default_factory=HeadTreeParams)  # dynamic trees, in tree mode
+    # a forward with at least this many rows of one sequence, extending the head's entries, is a prompt's
+    # prefill: the head makes their entries then (process), not in the first draft. With four open slots the
+    # first draft read the prompts in 7 to 22 ms, a round's time that every slot waited for
+    prefill_rows: int = 16
 
 
 class _SeqState:
@@ -178,10 +182,19 @@ class DraftHeadDrafter(Drafter):
         for row, seq in enumerate(batch.seq):
             by_seq.setdefault(seq, []).append(row)
         hidden = result.hidden.float()
+        reading: list[tuple[int, list[int]]] = []
         for seq, rows in by_seq.items():
             part = hidden[rows[0]:rows[-1] + 1] if rows[-1] - rows[0] + 1 == len(rows) else hidden[rows]
-            self._state(seq).note([batch.pos[r] for r in rows], [batch.tokens[r] for r in rows], part,
-                                  self.params.grow)
+            st = self._state(seq)
+            st.note([batch.pos[r] for r in rows], [batch.tokens[r] for r in rows], part, self.params.grow)
+            # a prompt's prefill (many rows that extend the head's entries): its entries are made now, while
+            # the target reads the prompt, instead of in the first round's draft, which every slot waits for
+            p0 = batch.pos[rows[0]]
+            if len(rows) >= self.params.prefill_rows and p0 == len(st.kv_tokens) and not batch.has_tree():
+                reading.append((seq, st.kv_tokens + [batch.tokens[r] for r in rows]))
+        if reading:
+            with torch.inference_mode():
+                self._make_entries(reading, query=False)
 
     # ---- drafting ---------------------------------------------------------------------------------------
 
@@ -194,13 +207,19 @@ class DraftHeadDrafter(Drafter):
 
     def _catch_up(self, requests: list[DraftRequest]) -> list[torch.Tensor]:
         """Bring every sequence's KV up to id_last's position; return each one's (feature, query) there."""
+        fused, lasts, q = self._make_entries([(r.seq, r.prompt + [r.id_last]) for r in requests], query=True)
+        return fused[lasts], q
+
+    def _make_entries(self, wanted: list[tuple[int, list[int]]], query: bool):
+        """Make each sequence's KV entries up to the end of its confirmed tokens, from the features the target
+        gave. query: the last token's entry is remade (id_last's, whose feature row may have changed) and its
+        query returned with it. Returns (fused features of the new rows, each sequence's last row, q)."""
         head = self.head
         raw, known, toks, pos, spans = [], [], [], [], []
-        for r in requests:
-            st = self._state(r.seq)
+        for seq, confirmed in wanted:
+            st = self._state(seq)
             st.flush(self.params.grow)
-            confirmed = r.prompt + [r.id_last]
-            n = common_prefix(st.kv_tokens, confirmed, limit=len(confirmed) - 1)  # id_last's entry is always remade
+            n = common_prefix(st.kv_tokens, confirmed, limit=len(confirmed) - 1 if query else None)
             del st.kv_tokens[n:]
             st.reserve(len(confirmed), self.params.grow)
             # entry t is made from the feature of t - 1, if that row's token is the confirmed one; at position
@@ -218,13 +237,16 @@ class DraftHeadDrafter(Drafter):
             spans.append(len(confirmed) - n)
         known_t = torch.cat(known)
         fused = head.fuse(torch.cat(raw)) * known_t[:, None]
-        lasts = torch.tensor(spans).cumsum(0) - 1  # each sequence's id_last row: where its drafting starts
-        q, k, v = head.kv_then_q(fused, torch.tensor(toks), torch.cat(pos), lasts)
+        lasts = torch.tensor(spans).cumsum(0) - 1  # each sequence's last row: where its drafting starts
+        if query:
+            q, k, v = head.kv_then_q(fused, torch.tensor(toks), torch.cat(pos), lasts)
+        else:
+            q, (k, v) = None, head.kv(fused, torch.tensor(toks), torch.cat(pos))
         start = 0
-        for r, n_new in zip(requests, spans):
-            self._state(r.seq).put_kv(k[start:start + n_new], v[start:start + n_new], toks[start:start + n_new])
+        for (seq, _), n_new in zip(wanted, spans):
+            self._state(seq).put_kv(k[start:start + n_new], v[start:start + n_new], toks[start:start + n_new])
             start += n_new
-        return fused[lasts], q
+        return fused, lasts, q
 
     def _choose(self, r: DraftRequest, logits: torch.Tensor):
         """Pick a draft token from head logits [draft_vocab]; return (target id, p of top, p of it, full q)."""
@@ -255,7 +277,8 @@ class DraftHeadDrafter(Drafter):
             g = head.finish(feat[trees], attn)
             logits = head.logits(g).float()
             states = [self._state(requests[i].seq) for i in trees]
-            seeds = [TreeSeed(st.k, st.v, base[requests[i].seq], g[n], logits[n], requests[i].tree_max,
+            seeds = [TreeSeed(st.k, st.v, base[requests[i].seq], g[n], logits[n],
+                              requests[i].model_tree_max or requests[i].tree_max,
                               requests[i].n_max, requests[i].tree_min_score)
                      for n, (i, st) in enumerate(zip(trees, states))]
             token_seconds = max(requests[i].token_seconds for i in trees)  # the same batch for all of them

@@ -227,6 +227,19 @@ class DraftHead(nn.Module):
         cos, sin = self._rope_at(pos)
         return rotate(q, cos[q_rows], sin[q_rows]), rotate(k, cos, sin), v
 
+    def kv(self, feat: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor):
+        """k, v [n, kv_heads, d] (RoPE on k) for rows that need no query: the bits `qkv` gives them."""
+        if "kv" in self.fused and self.step is not None:
+            return self.step.project("kv", feat, tokens, pos).split([self.cfg.n_kv_heads] * 2, dim=-2)
+        if "kv" in self.fused:
+            x, c = self._layer_input(feat, tokens), self.cfg
+            kv = self._lin(self.fused["kv"], x).view(x.shape[0], 2 * c.n_kv_heads, c.head_dim)
+            k, v = kv.split([c.n_kv_heads, c.n_kv_heads], dim=-2)
+            cos, sin = self._rope_at(pos)
+            return rotate(k, cos, sin), v
+        _, k, v = self.qkv(feat, tokens, pos)
+        return k, v
+
     def qkv(self, feat: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor):
         """Layer input from a feature and a token embedding; returns (q, k, v) with RoPE applied."""
         if self.step is not None and feat.dim() == 2:
