@@ -138,24 +138,26 @@ class CellCache(Cache):
     def prepare(self, batch: Batch) -> torch.Tensor:
         """Claim cells for the batch rows, record them, and return the 4D additive mask [1, 1, T, n_live]."""
         n = len(batch)
-        free = torch.nonzero(self.cell_pos < 0).flatten()
-        if len(free) < n:
-            raise RuntimeError(f"KV cache full: {n} new tokens, {len(free)} of {self.n_cells} cells free")
         pos = torch.tensor(batch.pos, dtype=torch.long)
         seq = torch.tensor(batch.seq, dtype=torch.long)
-        cells = self._preferred(pos, seq) if self.by_seq else None
+        cells = self._preferred(pos, seq) if self.by_seq else None  # free by construction
         if cells is None:
+            free = torch.nonzero(self.cell_pos < 0).flatten()
+            if len(free) < n:
+                raise RuntimeError(f"KV cache full: {n} new tokens, {len(free)} of {self.n_cells} cells free")
             cells = free[:n]
-        if int(seq.min()) < 0 or int(seq.max()) >= self.n_seq_max:
+        if min(batch.seq) < 0 or max(batch.seq) >= self.n_seq_max:
             raise ValueError(f"sequence id out of range [0, {self.n_seq_max})")
-        for s in seq.unique().tolist():
-            # one cell per (seq, pos): a position of a sequence must not be written twice
-            rows = seq == s
-            taken = self.cell_seq[:, s] & (self.cell_pos >= 0)
-            # a tree's siblings share a position; anything else written twice is an error
-            twice = len(pos[rows].unique()) < int(rows.sum()) and not batch.has_tree()
-            if bool(torch.isin(pos[rows], self.cell_pos[taken]).any()) or twice:
-                raise ValueError(f"sequence {s}: a position of this batch is already in the cache")
+        # one cell per (seq, pos): a position of a sequence must not be written twice, neither over a cell it
+        # holds (cells past n_live are free) nor twice in the batch, except a tree's siblings, which share one.
+        # All rows at once: a loop over the sequences cost 1.4 ms of a 38 ms forward of four slots
+        live = self.cell_pos[: self.n_live]
+        clash = ((live[None, :] == pos[:, None]) & self.cell_seq[: self.n_live][:, seq].T).any(dim=1)
+        twice = not batch.has_tree() and len(set(zip(batch.seq, batch.pos))) < n
+        if bool(clash.any()) or twice:
+            s = int(seq[clash][0]) if bool(clash.any()) else next(
+                int(x) for x in seq.unique() if len(pos[seq == x].unique()) < int((seq == x).sum()))
+            raise ValueError(f"sequence {s}: a position of this batch is already in the cache")
         self.cell_pos[cells] = pos
         self.cell_seq[cells] = False
         self.cell_seq[cells, seq] = True
@@ -186,13 +188,15 @@ class CellCache(Cache):
         cells = self.home(seq, pos)
         if int(cells.max()) >= self.n_cells or not bool((self.cell_pos[cells] < 0).all()):
             return None
-        first = torch.ones_like(cells, dtype=torch.bool)
-        seen: set[int] = set()
-        for i, c in enumerate(cells.tolist()):
-            first[i] = c not in seen
-            seen.add(c)
-        if bool(first.all()):
+        listed = cells.tolist()
+        if len(set(listed)) == len(listed):  # no siblings: every row has its home cell
             return cells
+        seen: set[int] = set()
+        firsts = []
+        for c in listed:
+            firsts.append(c not in seen)
+            seen.add(c)
+        first = torch.tensor(firsts)
         spare = torch.ones(self.n_cells, dtype=torch.bool)
         spare[cells] = False
         spare &= self.cell_pos < 0

@@ -221,6 +221,7 @@ class Round:
                      t_forward: float, batch_rows: int) -> RoundEvent:
         t1 = time.perf_counter()
         use_rejection = r.result_q is not None and slot.params.sampling.temp > 0 and len(r.result) > 0
+        top = logits.argmax(dim=-1).tolist()  # the target's own choice per row: the walk at temperature 0, the event
         # row i is masked by the grammar after the draft tokens before it: the matcher walks the whole draft
         # here, and after the verdict gives back the k - m tokens not kept and takes the target's own token
         allowed = slot.grammar.masks_along(r.result, logits.shape[-1]) if slot.grammar is not None else None
@@ -230,7 +231,7 @@ class Round:
         elif use_rejection:
             verdict = verify.rejection(slot.sampler, logits, r.result, r.result_q, allowed)
         else:
-            verdict = verify.sample_and_match(slot.sampler, logits, r.result, allowed)
+            verdict = verify.sample_and_match(slot.sampler, logits, r.result, allowed, top)
         k, m = len(r.result), verdict.n_accepted
         if slot.grammar is not None:
             slot.grammar.rollback(k - m)
@@ -271,7 +272,7 @@ class Round:
             seq=slot.seq, round=slot.round, kind="spec" if k > 0 else "plain", drafter=drafter,
             pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
             p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=q_draft,
-            target_top=[int(t) for t in logits.argmax(dim=-1)],
+            target_top=top,
             verify_mode="synthetic" if slot.coins is not None else "rejection" if use_rejection else "match",
             rollback=rollback, rm_range=rm_range,
             t_draft_ms=t_draft, t_verify_ms=t_verify, t_rollback_ms=t_rollback, batch_rows=batch_rows,

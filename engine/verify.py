@@ -75,9 +75,12 @@ def mask_q(q: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
 
 
 def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int],
-                     allowed: torch.Tensor | None = None) -> Verdict:
-    """logits: [k+1, V]; draft: k tokens; allowed: the grammar's masks per row (None: unconstrained)."""
+                     allowed: torch.Tensor | None = None, top: list[int] | None = None) -> Verdict:
+    """logits: [k+1, V]; draft: k tokens; allowed: the grammar's masks per row (None: unconstrained); top: the
+    rows' argmax if the caller has it (the round's event shows it: one pass over the rows, not two)."""
     assert logits.shape[0] == len(draft) + 1, "need one logits row per draft token plus the bonus row"
+    if sampler.greedy and allowed is None and top is not None:
+        return _greedy_match(logits, draft, top)
     logits = apply_mask(logits, allowed)
     if sampler.greedy:
         return _greedy_match(logits, draft)
@@ -96,10 +99,11 @@ def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int],
                    n_draws=sampler.n_draws - n_draws0)
 
 
-def _greedy_match(logits: torch.Tensor, draft: list[int]) -> Verdict:
+def _greedy_match(logits: torch.Tensor, draft: list[int], best: list[int] | None = None) -> Verdict:
     """sample_and_match at temperature 0, where p is one-hot at each row's argmax: one argmax over all rows
     instead of building the one-hot rows (a round's fixed cost, which a fast forward makes visible)."""
-    best = logits.argmax(dim=-1).tolist()  # the first maximum, as the one-hot p would put it
+    if best is None:
+        best = logits.argmax(dim=-1).tolist()  # the first maximum, as the one-hot p would put it
     tokens: list[int] = []
     for i in range(len(draft) + 1):
         tokens.append(int(best[i]))

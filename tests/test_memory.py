@@ -104,6 +104,11 @@ def test_bad_writes_are_refused_and_change_nothing():
     with pytest.raises(ValueError, match="already in the cache"):
         ctx.decode(b)
     b = Batch()
+    b.add(9, 3, 0, True)
+    b.add(8, 3, 0, True)  # position 3 twice in one batch, not as a tree's siblings
+    with pytest.raises(ValueError, match="sequence 0: a position of this batch is already in the cache"):
+        ctx.decode(b)
+    b = Batch()
     for i in range(6):
         b.add(9, 3 + i, 0, True)
     with pytest.raises(RuntimeError, match="KV cache full"):

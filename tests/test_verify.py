@@ -17,6 +17,15 @@ def test_greedy_match_keeps_agreeing_prefix_plus_one():
     assert v.tokens == [3, 4, 7, 9] and v.n_accepted == 3  # all accepted: the bonus row speaks
     v = verify.sample_and_match(Sampler(SamplerParams(temp=0)), logits[:1], [])
     assert v.tokens == [3] and v.n_accepted == 0
+    # the caller's argmax (the round's event has it) gives the same verdict; a grammar's mask makes its own
+    top = logits.argmax(dim=-1).tolist()
+    for draft in ([3, 4, 5], [3, 4, 7], [1, 2, 3]):
+        assert verify.sample_and_match(Sampler(SamplerParams(temp=0)), logits, draft, top=top) == \
+            verify.sample_and_match(Sampler(SamplerParams(temp=0)), logits, draft)
+    allowed = torch.ones(4, 10, dtype=torch.bool)
+    allowed[2, 7] = False  # the grammar forbids the target's own choice at row 2: it takes the next best
+    v = verify.sample_and_match(Sampler(SamplerParams(temp=0)), logits, [3, 4, 7], allowed, top=top)
+    assert v.tokens[:2] == [3, 4] and v.tokens[2] != 7
 
 
 def test_sample_and_match_draws_once_per_emitted_token_like_plain_sampling():
