@@ -80,7 +80,7 @@ class _SeqState:
         # rows are its positions in a run (a chain, or a tree's kept path), copied as one slice
         for pos, tokens, feats in self.pending:
             p0, n = pos[0], len(pos)
-            if pos[-1] - p0 + 1 == n and all(b - a == 1 for a, b in zip(pos, pos[1:])):
+            if all(b - a == 1 for a, b in zip(pos, pos[1:])):
                 self.feats[p0:p0 + n] = feats
                 self.feat_tok[p0:p0 + n] = torch.tensor(tokens)
             else:

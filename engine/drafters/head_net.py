@@ -217,15 +217,8 @@ class DraftHead(nn.Module):
         if "kv" not in self.fused or feat.shape[0] - len(q_rows) < 12:
             q, k, v = self.qkv(feat, tokens, pos)
             return q[q_rows], k, v
-        if self.step is not None:
-            k, v = self.step.project("kv", feat, tokens, pos).split([self.cfg.n_kv_heads] * 2, dim=-2)
-            return self.step.project("qkv", feat[q_rows], tokens[q_rows], pos[q_rows])[:, :self.cfg.n_heads], k, v
-        x, c = self._layer_input(feat, tokens), self.cfg
-        kv = self._lin(self.fused["kv"], x).view(x.shape[0], 2 * c.n_kv_heads, c.head_dim)
-        k, v = kv.split([c.n_kv_heads, c.n_kv_heads], dim=-2)
-        q = self._lin(self.fused["qkv"], x[q_rows]).view(len(q_rows), -1, c.head_dim)[:, :c.n_heads]
-        cos, sin = self._rope_at(pos)
-        return rotate(q, cos[q_rows], sin[q_rows]), rotate(k, cos, sin), v
+        k, v = self.kv(feat, tokens, pos)
+        return self.qkv(feat[q_rows], tokens[q_rows], pos[q_rows])[0], k, v
 
     def kv(self, feat: torch.Tensor, tokens: torch.Tensor, pos: torch.Tensor):
         """k, v [n, kv_heads, d] (RoPE on k) for rows that need no query: the bits `qkv` gives them."""
