@@ -154,9 +154,14 @@ class LeanForward:
         cos, sin = self.inner.rotary_emb(x.new_empty(0, dtype=torch.float32), position_ids[None])  # [1, T, hd]
         kept = {0: x.clone()} if 0 in hidden_layers else {}  # the C layers change x in place
         inner = [i for i in hidden_layers if 0 < i < self.n_layers]
+        side = None  # [T, len(hidden_layers) * D] where the C call wrote exactly the layers asked, side by side
         if self.fused is not None and self.fused.applies(cache, cell_rows):
-            x, after = self.fused(x.float().contiguous(), cos[0].contiguous(), sin[0].contiguous(), cache,
-                                  cell_rows, inner)
+            x, written = self.fused(x.float().contiguous(), cos[0].contiguous(), sin[0].contiguous(), cache,
+                                    cell_rows, inner)
+            if written is not None and tuple(inner) == tuple(hidden_layers):
+                side = written  # a drafter's features every forward: no slicing and copying into a second tensor
+            d = x.shape[1]
+            after = {} if side is not None else {i: written[:, j * d:(j + 1) * d] for j, i in enumerate(inner)}
         else:
             x, after = self._torch_layers(x, cos[0][:, None, :], sin[0][:, None, :], cache, cell_rows, inner)
         kept.update(after)
@@ -164,8 +169,9 @@ class LeanForward:
         if self.n_layers in hidden_layers:
             kept[self.n_layers] = _rms(x, norm, self.eps)
         logits = prepack.linear(self.model.lm_head, _rms(x[rows], norm, self.eps))
-        hidden = torch.cat([kept[i] for i in hidden_layers], dim=-1) if hidden_layers else None
-        return logits, hidden
+        if side is None and hidden_layers:
+            side = torch.cat([kept[i] for i in hidden_layers], dim=-1)
+        return logits, side
 
     def describe(self) -> str:
         return "layers in one C call" if self.fused is not None else f"torch layers: {self.fused_reason}"

@@ -41,6 +41,7 @@ class FusedLayers:
         self.weights, self.norms = _pointers(self._weights), _pointers(self._norms)
         self._cache_key = None
         self.kc = self.vc = None
+        self._keep: dict[tuple[int, ...], ctypes.Array] = {}  # inner layers -> the C call's column per layer
 
     @classmethod
     def build(cls, lean) -> tuple["FusedLayers | None", str]:
@@ -71,9 +72,9 @@ class FusedLayers:
                 and k0.shape[1] == self.n_kv_heads and k0.shape[3] == self.head_dim)
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, cell_rows,
-                 inner: list[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """x [t, D] float32, changed in place; cos, sin [t, hd] -> (x after the last layer, {layer: x after it}
-        for the layers in `inner`)."""
+                 inner: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [t, D] float32, changed in place; cos, sin [t, hd] -> (x after the last layer, [t, len(inner) * D]:
+        x after each layer of `inner` side by side, or None when inner is empty)."""
         key = (cache.k[0].data_ptr(), cache.k[0].shape[2])
         if key != self._cache_key:
             self.kc, self.vc, self._cache_key = _pointers(cache.k), _pointers(cache.v), key
@@ -81,12 +82,14 @@ class FusedLayers:
         cells = cache.last_cells.contiguous()
         lay = cell_rows.layout
         hidden = torch.empty(t, len(inner) * d) if inner else None
-        keep = (ctypes.c_int * self.n_layers)(*[inner.index(i + 1) if i + 1 in inner else -1
-                                               for i in range(self.n_layers)])
+        keep = self._keep.get(tuple(inner))
+        if keep is None:  # made once per set of layers: a drafter asks for the same ones every forward
+            keep = self._keep[tuple(inner)] = (ctypes.c_int * self.n_layers)(
+                *[inner.index(i + 1) if i + 1 in inner else -1 for i in range(self.n_layers)])
         failed = self.fn(x.data_ptr(), t, d, self.n_layers, self.weights, self.norms, self.kc, self.vc,
                          cache.k[0].shape[2], cells.data_ptr(), cos.data_ptr(), sin.data_ptr(), lay.row_ptr.data_ptr(),
                          lay.cells.data_ptr(), self.n_heads, self.n_kv_heads, self.head_dim, self.mlp, self.scaling,
                          self.eps, keep, None if hidden is None else hidden.data_ptr(), len(inner))
         if failed:
             raise MemoryError("fused layers: no memory for the scratch rows")
-        return x, {layer: hidden[:, j * d:(j + 1) * d] for j, layer in enumerate(inner)}
+        return x, hidden

@@ -64,21 +64,29 @@ class Round:
             if slot.replay is not None:
                 n_free -= len(slot.replay.tokens) - 1
                 n_out_free -= len(slot.replay.tokens) - 1
+        sizes: dict[int, tuple[int, int]] = {}  # seq -> (n_max, tree_max)
         for slot in slots:
             if slot.replay is not None:
                 continue  # a replay round re-runs decided tokens and drafts nothing
             n_max = max(0, min(self._n_draft_max(slot, n_free), n_out_free))
             tree_max = min(self._tree_max(slot), n_max)
-            budgeted = self.chain.uses_policy(slot.seq)
             # alone, a slot's drafting costs only its own time, which the gate weighs for the draft head; beside
             # others, it delays them all
-            if tree_max > 0 and len(slots) > 1 and budgeted and self.budget_state.rests(slot.seq):
+            if tree_max > 0 and len(slots) > 1 and self.chain.uses_policy(slot.seq) and \
+                    self.budget_state.rests(slot.seq):
                 resting[slot.seq] = self.budget_state.rest(slot.seq)
                 n_max = tree_max = 0
-            if slot.params.spec.types and self._needs_checkpoint(slot, n_max):
-                ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache)
+            sizes[slot.seq] = n_max, tree_max
             n_free -= n_max
             n_out_free -= n_max
+        vetoed, veto_why = self._veto(slots, sizes)
+        for slot in slots:
+            if slot.replay is not None:
+                continue
+            n_max, tree_max = (0, 0) if slot.seq in vetoed else sizes[slot.seq]
+            budgeted = self.chain.uses_policy(slot.seq)
+            if slot.params.spec.types and self._needs_checkpoint(slot, n_max):
+                ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache)
             requests[slot.seq] = DraftRequest(
                 seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max,
                 n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min,
@@ -124,12 +132,15 @@ class Round:
             return events + [failure(s.seq, "the forward", e) for s in in_batch]
         if self.chain.policy is not None:
             self.chain.policy.cost.observe(len(batch), res.seconds)
-        # the forward's cost in plain forwards (what each slot's balance is charged), and what a draft row cost
-        # this round (the drafters' gate, gate.py): the share of the forward beyond the base rows, per row
-        cost_ratio = (budget.cost.c(len(batch)) / budget.cost.c(budget.n_base)
-                      if budget is not None and budget.cost is not None else 1.0)
+        # the forward's cost in plain forwards by the cost curve, and what a draft row cost this round (the
+        # drafters' gate, gate.py): the share of the forward beyond the base rows, per row
+        curve_ratio = (budget.cost.c(len(batch)) / budget.cost.c(budget.n_base)
+                       if budget is not None and budget.cost is not None else 1.0)
         n_draft_rows = len(batch) - budget.n_base if budget is not None else 0
-        self.chain.gate.row_seconds = res.seconds * (1 - 1 / cost_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
+        self.chain.gate.row_seconds = res.seconds * (1 - 1 / curve_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
+        drafted = budget is not None or any(r.tree_max > 0 and r.n_max > 0 and self.chain.uses_policy(r.seq)
+                                            for r in requests.values())
+        cost_ratio = self._cost_ratio(budget, in_batch, curve_ratio, res.seconds + t_draft / 1e3) if drafted else 1.0
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
         kept_rows: list[int] = []  # the rows whose cells stay: a tree's drafters hear only its kept path
         for slot in in_batch:
@@ -159,7 +170,7 @@ class Round:
             if isinstance(ev, RoundEvent):
                 ev.n_seqs = len(in_batch)
                 n_emitted += len(ev.emitted)
-                if budget is not None:
+                if drafted:
                     self.budget_state.settle(ev.seq, len(ev.emitted), cost_ratio)
                     ev.balance = self.budget_state.balance[ev.seq]
                 if budget is not None and ev.seq in requests:  # a replay slot drafted nothing
@@ -172,6 +183,8 @@ class Round:
                 if ev.seq in resting:
                     skipped = [f"its drafts were refused {self.budget_state.refused[ev.seq] - 1} rounds in a row: "
                                f"it rests, and drafts a probe in {resting[ev.seq]} round(s)"]
+                elif ev.seq in vetoed:
+                    skipped = [veto_why]
                 if skipped:
                     parts = ([ev.budget_why] if ev.budget_why else []) + ["not drafted: " + s for s in skipped]
                     ev.budget_why = "; ".join(parts)
@@ -283,6 +296,43 @@ class Round:
             slot.replay = None  # nothing follows: the decided tokens were all given out
         return ev
 
+    def _cost_ratio(self, budget, in_batch: list[Slot], curve_ratio: float, seconds: float) -> float:
+        """A drafted round's cost in plain forwards of its base rows, what each slot's balance is charged: its
+        forward and drafting time over the average forward of that many rows, where the engine has timed
+        enough of those (plain rounds beside the drafted ones), else the cost curve's ratio. The curve comes
+        from a calibration that moves by 10% between runs on a shared machine: one that put 6 rows at 1.05x of
+        4 let four open slots verify trees whose rounds took 1.37x, and balances charged by the curve never
+        showed it; nor did they show drafting time spent on nodes the budget then refused."""
+        n_base = budget.n_base if budget is not None else sum(
+            len(s.replay.tokens) if s.replay is not None else 1 for s in in_batch)
+        cost = self.chain.policy.cost
+        avg, n_seen = cost.seen.get(n_base, (0.0, 0))
+        return seconds / avg if n_seen >= cost.min_seen and avg > 0 else curve_ratio
+
+    def _veto(self, slots: list[Slot], sizes: dict[int, tuple[int, int]]) -> tuple[set[int], str]:
+        """The budgeted tree slots that need not draft this round, and why: beside a slot that drafts nothing this
+        round (it rests, replays, or has no room) and whose balance cannot pay for one row, the fair budget
+        keeps no node of anyone's tree and no probe (engine/budget.py, `_fair_take`, `_others_afford`), so
+        their drafting would only delay the round. Four answers of which two copy and two write freely spent
+        0.7 ms a round drafting for nodes refused this way."""
+        state, policy = self.budget_state, self.chain.policy
+        if len(slots) < 2 or policy is None or not state.fair:
+            return set(), ""
+        trees = {seq for seq, (_, tree_max) in sizes.items() if tree_max > 0 and self.chain.uses_policy(seq)}
+        bare = [s.seq for s in slots if s.seq not in trees]
+        if not trees or not bare:
+            return set(), ""
+        n_base = sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)
+        cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
+        cost = policy.cost.for_cells(n_base, cells)
+        tau = cost.c(n_base + 1) / cost.c(n_base) - 1.0  # what one draft row costs every slot, in tokens
+        poor = min(bare, key=lambda seq: state.balance.get(seq, 0.0))
+        if tau <= 1e-12 or state.balance.get(poor, 0.0) >= tau:
+            return set(), ""
+        return trees, (f"slot {poor} drafts nothing this round and stands at {state.balance.get(poor, 0.0):+.2f} "
+                       f"tokens against plain decoding, less than one draft row costs it ({tau:.3f}): every node "
+                       f"would be refused")
+
     def _budget(self, slots: list[Slot], requests: dict[int, DraftRequest]):
         """Trees of slots under the length policy share one budget (engine/budget.py); others keep theirs.
         Afterwards a request's tree is None or has nodes: an empty one is a plain round."""
@@ -291,6 +341,11 @@ class Round:
                 r.tree = None
             if r.tree is None and r.seq in self.budget_state.waking:
                 self.budget_state.rest(r.seq)  # a probe round that found nothing: the slot rests on
+            elif r.tree is None and r.tree_max > 0 and len(slots) > 1 and self.chain.uses_policy(r.seq):
+                # drafted for nothing: beside other slots it counts as a refused round, so a slot whose drafters
+                # find nothing rests too, instead of drafting every round (four open answers spent 1.3 ms a
+                # round on n-gram lookups that found nothing, for a whole answer)
+                self.budget_state.refused[r.seq] = self.budget_state.refused.get(r.seq, 0) + 1
         policy = self.chain.policy
         trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
         if policy is None or not trees:

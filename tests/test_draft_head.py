@@ -441,29 +441,47 @@ def test_shipped_head_is_lossless_on_a_bfloat16_embedded_target():
         assert head.logits(torch.zeros(2, head.cfg.hidden)).shape == (2, head.cfg.draft_vocab)
 
 
-def test_features_noted_while_a_slot_rests_are_written_as_immediate_writes_would_leave_them():
-    from engine.drafters.draft_head import _SeqState
+def test_features_of_forwards_not_yet_sorted_are_written_as_immediate_writes_would_leave_them(tiny_target,
+                                                                                                 head_file):
+    """The head sorts the forwards' features into its sequences' stores only when it drafts (or every
+    sort_every forwards): the stores must then be what writing every forward at once would have left, a later
+    forward's row winning where a position was forwarded twice (a rejected draft, then the target's token)."""
+    from types import SimpleNamespace
 
+    from engine.batch import Batch
+    from engine.drafters.draft_head import DraftHeadDrafter
+
+    drafter = DraftHeadDrafter(tiny_target, DraftHeadParams(weights=head_file))
+    drafter.sort_every = 100
+    n_feat = drafter.head.cfg.hidden * len(drafter.head.cfg.layers)
     g = torch.Generator().manual_seed(0)
-    rounds = [([0, 1, 2], [5, 6, 7]), ([3, 4], [8, 9]), ([4, 5], [10, 11]), ([2], [12])]  # 4 and 2 rewritten
-    deferred, immediate = _SeqState(6, 1, 2), _SeqState(6, 1, 2)
-    deferred.flush_every = 100
-    for pos, toks in rounds:
-        feats = torch.randn(len(pos), 6, generator=g)
-        deferred.note(pos, toks, feats, grow=4)
-        immediate.reserve(max(pos) + 1, 4)
-        immediate.feats[pos] = feats
-        immediate.feat_tok[pos] = torch.tensor(toks)
-    assert len(deferred.pending) == len(rounds)  # nothing written until the slot drafts
-    deferred.flush(grow=4)
-    assert not deferred.pending
-    assert torch.equal(deferred.feats[:6], immediate.feats[:6])
-    assert deferred.feat_tok[:6].tolist() == [5, 6, 12, 8, 10, 11]
-    # a slot that never drafts still writes every flush_every rounds: the noted hidden states do not pile up
-    deferred.flush_every = 2
-    deferred.note([6], [13], torch.zeros(1, 6), grow=4)
-    deferred.note([7], [14], torch.zeros(1, 6), grow=4)
-    assert not deferred.pending and deferred.feat_tok[7] == 14
+    # (seq, pos, token) rows per forward: two sequences, positions 4 and 2 of seq 0 and 1 of seq 1 rewritten
+    forwards = [[(0, 0, 5), (0, 1, 6), (0, 2, 7), (1, 0, 30), (1, 1, 31)], [(0, 3, 8), (0, 4, 9), (1, 2, 32)],
+                [(1, 1, 33), (0, 4, 10), (0, 5, 11)], [(0, 2, 12)]]
+    want = {seq: (torch.zeros(6, n_feat), torch.full((6,), -1)) for seq in (0, 1)}
+    for rows in forwards:
+        batch = Batch()
+        for seq, pos, tok in rows:
+            batch.add(tok, pos, seq, True)
+        hidden = torch.randn(len(rows), n_feat, generator=g)
+        drafter.process(batch, SimpleNamespace(hidden=hidden))
+        for i, (seq, pos, tok) in enumerate(rows):
+            want[seq][0][pos], want[seq][1][pos] = hidden[i], tok
+    assert len(drafter.unsorted) == len(forwards) and not drafter.states  # nothing written before it drafts
+    drafter._sort()
+    assert not drafter.unsorted
+    for seq, (feats, toks) in want.items():
+        n = 6 if seq == 0 else 3
+        assert torch.equal(drafter.states[seq].feats[:n], feats[:n])
+        assert drafter.states[seq].feat_tok[:n].tolist() == toks[:n].tolist()
+    assert drafter.states[0].feat_tok[:6].tolist() == [5, 6, 12, 8, 10, 11]
+    # a slot that never drafts still has its features written every sort_every forwards: they do not pile up
+    drafter.sort_every = 2
+    for pos, tok in ((6, 13), (7, 14)):
+        batch = Batch()
+        batch.add(tok, pos, 0, True)
+        drafter.process(batch, SimpleNamespace(hidden=torch.zeros(1, n_feat)))
+    assert not drafter.unsorted and drafter.states[0].feat_tok[7] == 14
 
 
 def test_the_inference_heads_fused_linears_and_rope_table_compute_what_the_trained_layers_do():

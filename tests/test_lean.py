@@ -155,9 +155,11 @@ def test_fused_layers_run_a_float32_llama_as_the_torch_layers_do_and_say_why_els
         ctx.hidden_layers = (0, 2, 3)
         first = _decode(ctx, [(5 + i % 7, i, 0) for i in range(9)] + [(9 + i % 5, i, 1) for i in range(5)])
         ctx.seq_rm(0, 6, -1)
+        ctx.hidden_layers = (1, 2)  # inner layers only: the one-call path hands its own side-by-side buffer
         second = _decode(ctx, [(11, 6, 0), (12, 7, 0), (13, 5, 1)])
         results[fused] = (first.logits, first.hidden, second.logits, second.hidden, ctx.cache.k[1][0, :, :17],
                           ctx.cache.v[2][0, :, :17])
+        assert second.hidden.shape == (3, 2 * model.config.hidden_size)
     for got, want in zip(results[True], results[False]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     qwen2 = _family("qwen2")

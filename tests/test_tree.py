@@ -462,6 +462,82 @@ def test_budgeted_trees_are_plain_decoding(engine):
         assert any(e.budget_why for e in events if e.kind != "prefill")
 
 
+def test_beside_a_slot_that_cannot_pay_for_a_row_no_slot_drafts(engine):
+    """A slot that drafts nothing this round and stands below one row's cost against plain decoding makes the
+    fair budget refuse every node: the others do not draft for nothing, and say why. Once it is ahead, they do."""
+    from engine.policy import CostModel
+
+    policy = engine.chain.policy
+    calibrated = policy.cost
+    policy.cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
+    state = engine.round.budget_state
+    drafting = SpecParams(types=NGRAM_CHAIN, n_max=8, adaptive=True, p_min=0.0, tree_nodes=8)
+    try:
+        engine.start(PROMPTS[0] * 3, GenParams(max_new_tokens=12, ignore_eos=True, spec=drafting), seq=0)
+        engine.start(PROMPTS[1], GenParams(max_new_tokens=12, ignore_eos=True, spec=SpecParams(types=[])), seq=1)
+        engine.step()  # the prefills
+        calls = engine.chain.stats["ngram-simple"].n_call_draft
+        events = {e.seq: e for e in engine.step()}
+        assert engine.chain.stats["ngram-simple"].n_call_draft == calls  # nobody drafted
+        assert events[0].kind == "plain" and "slot 1 drafts nothing this round" in events[0].budget_why
+        state.balance[1] = 5.0  # slot 1 is well ahead of plain decoding: it can pay for rows
+        engine.step()
+        assert engine.chain.stats["ngram-simple"].n_call_draft == calls + 1
+    finally:
+        policy.cost = calibrated
+        for seq in (0, 1):
+            engine.release(seq)
+
+
+def test_beside_other_slots_a_round_drafted_for_nothing_counts_as_refused(engine):
+    from types import SimpleNamespace
+
+    from engine.drafters.base import DraftRequest
+
+    state = engine.round.budget_state
+    slots = [SimpleNamespace(seq=seq, replay=None, tokens=[1, 2, 3]) for seq in (5, 6)]
+
+    def offer_nothing(tree_max):
+        return {s.seq: DraftRequest(seq=s.seq, prompt=s.tokens, id_last=4, n_max=8, n_min=0, p_min=None,
+                                    tree_max=tree_max) for s in slots}
+
+    try:
+        for n in (1, 2):
+            assert engine.round._budget(slots, offer_nothing(8)) is None
+            assert state.refused[5] == state.refused[6] == n
+        state.next_round()
+        assert state.rests(5) and state.rests(6)  # two rounds drafted for nothing: both rest
+        engine.round._budget(slots, offer_nothing(0))  # a chain round, outside the budget: not counted
+        assert state.refused[5] == 2
+        engine.round._budget(slots[:1], offer_nothing(8))  # alone, a slot never rests: not counted either
+        assert state.refused[5] == 2
+    finally:
+        for seq in (5, 6):
+            state.forget(seq)
+
+
+def test_a_drafted_rounds_cost_is_measured_against_the_plain_forwards_timed(engine):
+    """Each slot's balance is charged a drafted round's forward and drafting time over the average forward of
+    its base rows, once enough of those were timed; before, the cost curve's ratio."""
+    from types import SimpleNamespace
+
+    from engine.policy import CostModel
+
+    policy = engine.chain.policy
+    calibrated = policy.cost
+    policy.cost = CostModel(sizes=[1, 2, 32], seconds=[0.01, 0.01, 0.32], min_seen=3)
+    slots = [SimpleNamespace(seq=seq, replay=None, tokens=[1]) for seq in range(4)]
+    try:
+        assert engine.round._cost_ratio(None, slots, 1.2, 0.05) == 1.2  # no plain forward of 4 rows timed yet
+        for _ in range(3):
+            policy.cost.observe(4, 0.04)
+        assert engine.round._cost_ratio(None, slots, 1.2, 0.05) == pytest.approx(1.25)
+        replaying = slots[:3] + [SimpleNamespace(seq=3, replay=SimpleNamespace(tokens=[7, 8, 9]), tokens=[1])]
+        assert engine.round._cost_ratio(None, replaying, 1.2, 0.05) == 1.2  # 6 base rows: none timed
+    finally:
+        policy.cost = calibrated
+
+
 def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
     from engine.gate import DrafterGate, GateParams, exclusive_gains
 
