@@ -482,6 +482,13 @@ def test_features_of_forwards_not_yet_sorted_are_written_as_immediate_writes_wou
         batch.add(tok, pos, 0, True)
         drafter.process(batch, SimpleNamespace(hidden=torch.zeros(1, n_feat)))
     assert not drafter.unsorted and drafter.states[0].feat_tok[7] == 14
+    batch = Batch()  # one forward alone, the round-by-round case of a slot that drafts every round
+    for pos, tok in ((3, 15), (4, 16)):
+        batch.add(tok, pos, 1, True)
+    drafter.process(batch, SimpleNamespace(hidden=torch.ones(2, n_feat)))
+    drafter._sort()
+    assert drafter.states[1].feat_tok[:5].tolist() == [30, 33, 32, 15, 16]
+    assert torch.equal(drafter.states[1].feats[4], torch.ones(n_feat))
 
 
 def test_the_inference_heads_fused_linears_and_rope_table_compute_what_the_trained_layers_do():

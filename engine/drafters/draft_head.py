@@ -128,11 +128,15 @@ class DraftHeadDrafter(Drafter):
             return
         seqs, pos, toks = (torch.tensor([x for part in self.unsorted for x in part[i]]) for i in range(3))
         feats = torch.cat([part[3] for part in self.unsorted])
+        one_forward = len(self.unsorted) == 1
         self.unsorted = []
         order = torch.arange(len(pos))
         with torch.inference_mode():  # the features are the forward's inference tensors
             for seq in seqs.unique().tolist():
                 mine = order[seqs == seq]
+                if one_forward:  # a forward holds a position of a sequence once: nothing to choose between
+                    self._state(seq).write(pos[mine], toks[mine], feats[mine], self.params.grow)
+                    continue
                 where, slot = torch.unique(pos[mine], return_inverse=True)
                 last = torch.zeros(len(where), dtype=torch.long).scatter_reduce_(0, slot, mine, "amax",
                                                                                  include_self=False)
