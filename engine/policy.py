@@ -43,6 +43,10 @@ class CostModel:
     # calibrated row saw. Slots with shorter contexts than the calibration's add cheaper rows (for_cells)
     cell_seconds: float = 0.0
     calibrated_cells: int = 0
+    # what one more sequence's row costs beyond one more row of a sequence already in the forward: the calibration
+    # times k sequences of one row against one sequence of k rows (0: unknown). A slot that leaves the batch
+    # takes that with it, as well as its row (RoundCost.seq_share)
+    seq_seconds: float = 0.0
 
     def observe(self, n_rows: int, seconds: float) -> None:
         """A forward of n_rows ran in `seconds`."""
@@ -113,6 +117,17 @@ class RoundCost:
         if n_rows <= self.n_base:
             return self.curve.c(n_rows)
         return max(base, self.curve.c(n_rows) - (n_rows - self.n_base) * self.saved)
+
+    def seq_share(self) -> float:
+        """The share of a forward of the base rows that one of its sequences costs: its row, and what a sequence
+        costs beyond a row (CostModel.seq_seconds). A slot that finishes early saves the slots still generating
+        that much of every forward it would have been in."""
+        if self.n_base < 2:
+            return 0.0
+        t = self.curve._t(self.n_base)
+        if t <= 0:
+            return 0.0
+        return min(1.0, (t - self.curve._t(self.n_base - 1) + self.curve.seq_seconds) / t)
 
 
 def smooth_small(sizes: list[int], seconds: list[float], upto: int = 16) -> list[float]:

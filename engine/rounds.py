@@ -14,12 +14,12 @@ from typing import Callable, Collection
 
 from engine import checkpoint, verify
 from engine.batch import Batch, OutputLimits
-from engine.budget import BudgetState, plan as budget_plan
 from engine.drafters.base import DraftRequest
 from engine.drafters.chain import DrafterChain
 from engine.events import ErrorEvent, RoundEvent, failure
 from engine.probe import FULL, RS, ProbeResult
 from engine.slot import Slot
+from engine.slot_budget import SlotBudget
 from engine.tree import sub_batch, tree_rows
 from engine.tree_round import verify_tree
 
@@ -36,7 +36,9 @@ class Round:
         self.n_pos_max = n_pos_max  # the model's last position + 1, or None where it has no such limit
         self.eos = eos  # tokens that end a generation
         self.detokenize = detokenize  # token ids -> text, for what a slot gives out
-        self.budget_state = BudgetState()  # rounds each slot's draft nodes were all refused (probe)
+        # the one budget over the slots' trees: which slots draft, which nodes go in, each slot's balance
+        self.slot_budget = SlotBudget(chain)
+        self.budget_state = self.slot_budget.state
 
     def emit(self, slot: Slot, tokens: list[int], ev: RoundEvent) -> RoundEvent:
         return slot.emit(tokens, ev, self.eos, self.detokenize)
@@ -79,7 +81,7 @@ class Round:
             sizes[slot.seq] = n_max, tree_max
             n_free -= n_max
             n_out_free -= n_max
-        vetoed, veto_why = self._veto(slots, sizes)
+        vetoed, veto_why = self.slot_budget.veto(slots, sizes)
         for slot in slots:
             if slot.replay is not None:
                 continue
@@ -100,7 +102,7 @@ class Round:
         t0 = time.perf_counter()
         failed: dict[int, ErrorEvent] = {}  # seq -> why its generation ends this round
         winners = self._draft(list(requests.values()), failed)
-        budget = self._budget(slots, requests)
+        budget = self.slot_budget.plan(slots, requests)
         t_draft = (time.perf_counter() - t0) * 1e3
         batch = Batch()
         rows: dict[int, list[int]] = {}
@@ -140,7 +142,9 @@ class Round:
         self.chain.gate.row_seconds = res.seconds * (1 - 1 / curve_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
         drafted = budget is not None or any(r.tree_max > 0 and r.n_max > 0 and self.chain.uses_policy(r.seq)
                                             for r in requests.values())
-        cost_ratio = self._cost_ratio(budget, in_batch, curve_ratio, res.seconds + t_draft / 1e3) if drafted else 1.0
+        cost_ratio = (self.slot_budget.cost_ratio(budget, in_batch, curve_ratio, res.seconds + t_draft / 1e3)
+                      if drafted else 1.0)
+        left = {s.seq: s.n_remaining for s in in_batch}  # before this round's tokens: what the budget saw
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
         kept_rows: list[int] = []  # the rows whose cells stay: a tree's drafters hear only its kept path
         for slot in in_batch:
@@ -165,6 +169,8 @@ class Round:
                 events.append(failure(slot.seq, "verification", e))
         if batch.has_tree():
             self.chain.process(*sub_batch(batch, res, sorted(kept_rows)))
+        if budget is not None and self.budget_state.fair and budget.cost is not None:
+            self.slot_budget.credit_leavers(events, left, budget.cost.seq_share())
         n_emitted = 0
         for ev in events:
             if isinstance(ev, RoundEvent):
@@ -295,74 +301,6 @@ class Round:
         if slot.state == "done":
             slot.replay = None  # nothing follows: the decided tokens were all given out
         return ev
-
-    def _cost_ratio(self, budget, in_batch: list[Slot], curve_ratio: float, seconds: float) -> float:
-        """A drafted round's cost in plain forwards of its base rows, what each slot's balance is charged: its
-        forward and drafting time over the average forward of that many rows, where the engine has timed
-        enough of those (plain rounds beside the drafted ones), else the cost curve's ratio. The curve comes
-        from a calibration that moves by 10% between runs on a shared machine: one that put 6 rows at 1.05x of
-        4 let four open slots verify trees whose rounds took 1.37x, and balances charged by the curve never
-        showed it; nor did they show drafting time spent on nodes the budget then refused."""
-        n_base = budget.n_base if budget is not None else sum(
-            len(s.replay.tokens) if s.replay is not None else 1 for s in in_batch)
-        cost = self.chain.policy.cost
-        avg, n_seen = cost.seen.get(n_base, (0.0, 0))
-        return seconds / avg if n_seen >= cost.min_seen and avg > 0 else curve_ratio
-
-    def _veto(self, slots: list[Slot], sizes: dict[int, tuple[int, int]]) -> tuple[set[int], str]:
-        """The budgeted tree slots that need not draft this round, and why: beside a slot that drafts nothing this
-        round (it rests, replays, or has no room) and whose balance cannot pay for one row, the fair budget
-        keeps no node of anyone's tree and no probe (engine/budget.py, `_fair_take`, `_others_afford`), so
-        their drafting would only delay the round. Four answers of which two copy and two write freely spent
-        0.7 ms a round drafting for nodes refused this way."""
-        state, policy = self.budget_state, self.chain.policy
-        if len(slots) < 2 or policy is None or not state.fair:
-            return set(), ""
-        trees = {seq for seq, (_, tree_max) in sizes.items() if tree_max > 0 and self.chain.uses_policy(seq)}
-        bare = [s.seq for s in slots if s.seq not in trees]
-        if not trees or not bare:
-            return set(), ""
-        n_base = sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)
-        cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
-        cost = policy.cost.for_cells(n_base, cells)
-        tau = cost.c(n_base + 1) / cost.c(n_base) - 1.0  # what one draft row costs every slot, in tokens
-        poor = min(bare, key=lambda seq: state.balance.get(seq, 0.0))
-        if tau <= 1e-12 or state.balance.get(poor, 0.0) >= tau:
-            return set(), ""
-        return trees, (f"slot {poor} drafts nothing this round and stands at {state.balance.get(poor, 0.0):+.2f} "
-                       f"tokens against plain decoding, less than one draft row costs it ({tau:.3f}): every node "
-                       f"would be refused")
-
-    def _budget(self, slots: list[Slot], requests: dict[int, DraftRequest]):
-        """Trees of slots under the length policy share one budget (engine/budget.py); others keep theirs.
-        Afterwards a request's tree is None or has nodes: an empty one is a plain round."""
-        for r in requests.values():
-            if r.tree is not None and not len(r.tree):
-                r.tree = None
-            if r.tree is None and r.seq in self.budget_state.waking:
-                self.budget_state.rest(r.seq)  # a probe round that found nothing: the slot rests on
-            elif r.tree is None and r.tree_max > 0 and len(slots) > 1 and self.chain.uses_policy(r.seq):
-                # drafted for nothing: beside other slots it counts as a refused round, so a slot whose drafters
-                # find nothing rests too, instead of drafting every round (four open answers spent 1.3 ms a
-                # round on n-gram lookups that found nothing, for a whole answer)
-                self.budget_state.refused[r.seq] = self.budget_state.refused.get(r.seq, 0) + 1
-        policy = self.chain.policy
-        trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
-        if policy is None or not trees:
-            return None
-        n_base = sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)
-        n_base += sum(len(r.tree) for seq, r in requests.items() if r.tree is not None and seq not in trees)
-        bare = [s.seq for s in slots if s.seq not in trees]
-        # draft rows read their slot's cells: slots with shorter contexts than the calibration's add cheaper rows
-        cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
-        out = budget_plan(trees, n_base, policy.cost.for_cells(n_base, cells), self.budget_state, bare)
-        models = {name for name, impl in self.chain.pool.items() if impl.needs_model}
-        for seq, tree in trees.items():
-            self.budget_state.model_nodes[seq] = sum(tree.drafters[v] in models for v in out.kept[seq])
-            requests[seq].tree = tree.keep(out.kept[seq]) if out.kept[seq] else None
-            if requests[seq].tree is None:
-                self.chain.gate.nothing_kept(seq)
-        return out
 
     def _tree_max(self, slot: Slot) -> int:
         """Nodes a tree of drafts may have for this slot; 0 where trees are off or not possible (a memory with no

@@ -21,7 +21,8 @@ from engine.events import ErrorEvent, RoundEvent, failure
 from engine.grammar import Grammar
 from engine.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
-from engine.policy import CostModel, DraftLengthPolicy, non_decreasing, smooth_small
+from engine.calibrate import calibrate as time_forwards
+from engine.policy import CostModel, DraftLengthPolicy
 from engine.probe import ProbeResult, probe_context
 from engine.prefix import common_prefix
 from engine.rounds import Round
@@ -75,65 +76,9 @@ class Engine:
 
     # ---- set-up ----------------------------------------------------------------------------------------------
 
-    def calibrate(self, sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), passes: int = 7,
-                  n_prefix: int = 256) -> CostModel:
-        """Time forwards of n rows after a prefix of a chat turn's length: the c(n) of the length policy and
-        the round's budget. Each row attends to the prefix, so a short prefix would make rows look cheaper
-        than they are in a conversation; sizes go up to what one forward may hold (all slots' drafts).
-
-        Another process can only slow a forward down, so each size keeps its fastest of `passes` timings, and
-        the passes go over all sizes in turn so that a busy second hits one timing of many sizes rather than
-        every timing of one. Sizes up to 16 are then smoothed by one quadratic through them all (policy.py,
-        `smooth_small`), and the curve is made non-decreasing by pooling adjacent violators: a spike is
-        averaged with its neighbours instead of lifting every size after it."""
-        sizes = [n for n in sizes if n <= self.limits.total] or [1]
-        seq = 0
-        n_prefix = max(1, min(n_prefix, self.ctx.n_ctx - max(sizes) - 1))
-        batch = Batch()
-        for i in range(n_prefix):
-            batch.add((i + 10) % self.ctx.n_vocab, i, seq, False)
-        batch.output[-1] = True
-        self.ctx.decode(batch)
-        saved = self.ctx.cache.state_save(seq)
-        fastest = [float("inf")] * len(sizes)
-        for rep in range(passes + 1):  # the first pass warms the kernels up and is not kept
-            for j, n in enumerate(sizes):
-                b = Batch()
-                for i in range(n):
-                    b.add((100 + i) % self.ctx.n_vocab, n_prefix + i, seq, True)
-                seconds = self.ctx.decode(b).seconds
-                self.ctx.cache.state_restore(seq, saved, n_prefix)
-                if rep > 0:
-                    fastest[j] = min(fastest[j], seconds)
-        cell_seconds, n_rows = self._cell_seconds(seq, n_prefix, sizes, fastest, passes)
-        self.ctx.seq_rm(seq, -1, -1)
-        return CostModel(sizes=list(sizes), seconds=non_decreasing(smooth_small(sizes, fastest)),
-                         cell_seconds=cell_seconds, calibrated_cells=n_prefix + n_rows // 2)
-
-    def _cell_seconds(self, seq: int, n_prefix: int, sizes: list[int], fastest: list[float], passes: int,
-                      n_short: int = 32) -> tuple[float, int]:
-        """(seconds a row's attention takes per cell it sees, rows timed): the calibration's 8 rows (or the
-        nearest size) timed again after n_short cells instead of n_prefix. 0 where the prefix is too short."""
-        j = min(range(len(sizes)), key=lambda i: abs(sizes[i] - 8))
-        n = sizes[j]
-        if n_prefix - n_short < 64:
-            return 0.0, n
-        self.ctx.seq_rm(seq, -1, -1)  # a fresh short prefix: a recurrent memory cannot drop a tail
-        batch = Batch()
-        for i in range(n_short):
-            batch.add((i + 10) % self.ctx.n_vocab, i, seq, i == n_short - 1)
-        self.ctx.decode(batch)
-        saved = self.ctx.cache.state_save(seq)
-        short = float("inf")
-        for rep in range(passes + 1):
-            b = Batch()
-            for i in range(n):
-                b.add((100 + i) % self.ctx.n_vocab, n_short + i, seq, True)
-            seconds = self.ctx.decode(b).seconds
-            self.ctx.cache.state_restore(seq, saved, n_short)
-            if rep > 0:
-                short = min(short, seconds)
-        return max(0.0, fastest[j] - short) / (n * (n_prefix - n_short)), n
+    def calibrate(self, passes: int = 7) -> CostModel:
+        """Time the forwards the length policy and the round's budget read (engine/calibrate.py)."""
+        return time_forwards(self.ctx, self.limits, self.probe, passes)
 
     def grammar_tokenizer(self):
         """The target's tokenizer for grammar matchers (about 0.5 s to build, so once per engine). Its end of

@@ -390,23 +390,34 @@ def test_rows_of_slots_with_shorter_contexts_than_the_calibration_cost_less_and_
     assert all(v == [0] for v in plan(trees, 4, short, BudgetState(fair=False, probe_every=100)).kept.values())
 
 
-def test_the_calibration_times_the_attention_a_row_does_per_cell(tiny_target):
+@pytest.mark.parametrize("n_seq_max", [2, 4])
+def test_the_calibration_times_the_attention_a_row_does_per_cell_and_what_a_sequence_costs(tiny_target, n_seq_max):
     """A tiny model's attention is lost in timing noise, so its forwards report the time of a model whose rows
-    cost 1 ms each plus 10 us per cell they see: the calibration must find those 10 us."""
+    cost 1 ms each plus 10 us per cell they see, and each sequence in the forward 2 ms more: the calibration
+    must find those 10 us and 2 ms, and a slot's share of a forward must count both its row and the 2 ms."""
     from dataclasses import replace
 
-    engine = Engine(tiny_target, n_ctx=512, n_seq_max=2, calibrate=False)
+    engine = Engine(tiny_target, n_ctx=512, n_seq_max=n_seq_max, calibrate=False)
     real = engine.ctx.decode
 
     def timed(batch):
         res = real(batch)
-        return replace(res, seconds=0.02 + sum(1e-3 + 1e-5 * (p + 1) for p in batch.pos))
+        rows = sum(1e-3 + 1e-5 * (p + 1) for p in batch.pos)
+        return replace(res, seconds=0.02 + rows + 2e-3 * len(set(batch.seq)))
 
     engine.ctx.decode = timed
     cost = engine.calibrate()
     assert cost.calibrated_cells == 256 + 4  # 8 rows after 256 cells: 260 on average with their own
     assert cost.cell_seconds == pytest.approx(1e-5, rel=1e-6)
     assert cost.for_cells(4, 60).c(8) < cost.c(8)
+    # k sequences of one row against one of k rows (after 32 cells): the later rows' 10 us a cell aside, 2 ms each
+    k = min(4, n_seq_max)
+    assert cost.seq_seconds == pytest.approx(2e-3 - 1e-5 * k / 2, rel=1e-6)
+    assert engine.ctx.cache.n_used() == 0  # the calibration leaves no cell behind
+    round_cost = cost.for_cells(4, 60)
+    t4, t3 = cost._t(4), cost._t(3)
+    assert round_cost.seq_share() == pytest.approx((t4 - t3 + cost.seq_seconds) / t4)
+    assert cost.for_cells(1, 60).seq_share() == 0.0  # a slot alone saves nobody anything by leaving
 
 
 @pytest.mark.parametrize("temp", [0.0, 0.9])
@@ -414,8 +425,14 @@ def test_budgeted_slots_that_rest_equal_running_alone(engine, temp):
     alone = [tokens(_run(engine, p, [], temp=temp, seed=s, tree_nodes=0)) for s, p in enumerate(PROMPTS)]
     for seq in list(engine.slots):
         engine.release(seq)
+    from engine.policy import CostModel
+
     state = engine.round.budget_state
     state.rest_after = 0  # every slot rests between probe rounds: the path under test on every round
+    # rows that cost nothing, by a curve that no timing replaces: the tiny model's forwards take a millisecond,
+    # and balances measured on them move by more than a row costs, which would make the probes' drafts refused
+    policy = engine.chain.policy
+    calibrated, policy.cost = policy.cost, CostModel(sizes=[1, 32], seconds=[1.0, 1.0], min_seen=10**9)
     try:
         for s, p in enumerate(PROMPTS):
             engine.start(p, GenParams(max_new_tokens=40, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=s),
@@ -428,6 +445,7 @@ def test_budgeted_slots_that_rest_equal_running_alone(engine, temp):
                 why.append(e.budget_why or "")
     finally:
         state.rest_after = 2
+        policy.cost = calibrated
         for seq in range(3):
             engine.release(seq)
     assert [got[s] for s in range(3)] == alone  # the same text, and at temp > 0 the same draws, as alone
@@ -503,13 +521,13 @@ def test_beside_other_slots_a_round_drafted_for_nothing_counts_as_refused(engine
 
     try:
         for n in (1, 2):
-            assert engine.round._budget(slots, offer_nothing(8)) is None
+            assert engine.round.slot_budget.plan(slots, offer_nothing(8)) is None
             assert state.refused[5] == state.refused[6] == n
-        state.next_round()
+        state.n_rounds = 4 * state.probe_max + 1  # not a probe round of any interval
         assert state.rests(5) and state.rests(6)  # two rounds drafted for nothing: both rest
-        engine.round._budget(slots, offer_nothing(0))  # a chain round, outside the budget: not counted
+        engine.round.slot_budget.plan(slots, offer_nothing(0))  # a chain round, outside the budget: not counted
         assert state.refused[5] == 2
-        engine.round._budget(slots[:1], offer_nothing(8))  # alone, a slot never rests: not counted either
+        engine.round.slot_budget.plan(slots[:1], offer_nothing(8))  # alone, a slot never rests: not counted either
         assert state.refused[5] == 2
     finally:
         for seq in (5, 6):
@@ -528,14 +546,51 @@ def test_a_drafted_rounds_cost_is_measured_against_the_plain_forwards_timed(engi
     policy.cost = CostModel(sizes=[1, 2, 32], seconds=[0.01, 0.01, 0.32], min_seen=3)
     slots = [SimpleNamespace(seq=seq, replay=None, tokens=[1]) for seq in range(4)]
     try:
-        assert engine.round._cost_ratio(None, slots, 1.2, 0.05) == 1.2  # no plain forward of 4 rows timed yet
+        assert engine.round.slot_budget.cost_ratio(None, slots, 1.2, 0.05) == 1.2  # no plain forward of 4 rows timed yet
         for _ in range(3):
             policy.cost.observe(4, 0.04)
-        assert engine.round._cost_ratio(None, slots, 1.2, 0.05) == pytest.approx(1.25)
+        assert engine.round.slot_budget.cost_ratio(None, slots, 1.2, 0.05) == pytest.approx(1.25)
         replaying = slots[:3] + [SimpleNamespace(seq=3, replay=SimpleNamespace(tokens=[7, 8, 9]), tokens=[1])]
-        assert engine.round._cost_ratio(None, replaying, 1.2, 0.05) == 1.2  # 6 base rows: none timed
+        assert engine.round.slot_budget.cost_ratio(None, replaying, 1.2, 0.05) == 1.2  # 6 base rows: none timed
     finally:
         policy.cost = calibrated
+
+
+def test_a_slot_that_leaves_early_pays_the_slots_it_leaves_for_its_rows():
+    """Beside an open slot with no tree and no balance, a copying slot that wants fewer tokens gets its sure
+    chain where a sequence costs more of a forward than a row: each token it gains is a forward earlier that the
+    open slot runs without it. Not where the open slot leaves first, nor where a sequence costs only its row."""
+    from engine.budget import BudgetState, plan
+    from engine.policy import CostModel
+
+    sure = ([5, 6, 7, 8], [0.95, 0.9, 0.85, 0.8])
+
+    def offer(seq_seconds, remaining):
+        # t(1) = 1, each further row 0.1; a sequence 0.1 more than a row where seq_seconds says so
+        curve = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.1, 4.1], seq_seconds=seq_seconds)
+        return plan({0: _scored([sure])}, 2, curve.for_cells(2, 0), BudgetState(probe_every=100), bare=[1],
+                    remaining=remaining).kept[0]
+
+    assert offer(0.1, {0: 10, 1: 50}) == [0, 1, 2, 3]  # share 0.2 / 1.1 of a forward per token: it pays
+    assert offer(0.1, None) == []  # nothing known about who leaves first: the open slot's balance alone
+    assert offer(0.1, {0: 50, 1: 10}) == []  # the open slot leaves first: the copying slot's gain is not its own
+    assert offer(0.0, {0: 10, 1: 50}) == []  # a sequence costs a row: a 95% node gives back 95% of its row
+
+
+def test_the_tokens_a_slot_gains_are_credited_to_the_slots_that_want_more():
+    from engine.events import RoundEvent
+    from engine.slot_budget import SlotBudget
+
+    budget = SlotBudget(chain=None)
+
+    def event(seq, n):
+        return RoundEvent(seq=seq, round=1, kind="spec", drafter=None, pos_sampled=0, p0=1, emitted=[7] * n)
+
+    # slot 0 gained 5 tokens and slot 2 one; slot 1 wants the most, slot 2 more than slot 0
+    budget.credit_leavers([event(0, 6), event(1, 1), event(2, 2)], {0: 20, 1: 90, 2: 60}, 0.05)
+    assert budget.state.balance == pytest.approx({1: 0.05 * 6, 2: 0.05 * 5})
+    budget.credit_leavers([event(0, 1), event(1, 1)], {0: 20, 1: 90}, 0.05)  # nobody gained: nothing moves
+    assert budget.state.balance[1] == pytest.approx(0.3)
 
 
 def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
