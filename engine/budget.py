@@ -23,7 +23,10 @@ c(n_rows) / c(n_base) plain forwards spends tau = that ratio - 1 more on every s
 would, and each slot must expect to make it up: its kept nodes' scores plus its balance (the tokens it got so
 far beyond plain decoding, counted on what the rounds emitted) reach tau. A slot ahead can share a dearer
 forward; one whose scores promised more than its rounds gave asks more of them; one without a tree has only its
-balance. Probes, too, go in only where the other slots can afford their rows.
+balance. Probes, too, go in only where the other slots can afford their rows. A slot that wants fewer tokens
+than another leaves the batch first, and each token it gains is a forward earlier that the other runs without
+it, cheaper by that slot's share of the forward (its row and what a sequence costs beyond one): the tokens it
+expects from its kept nodes count that much towards the other's share (`leaves_first`, RoundCost.seq_share).
 
 The goodput is only as good as the scores. The draft head's are calibrated (docs/draft-head.md); an n-gram
 drafter's are a product of per-position acceptance rates that start from priors and are learned only where its
