@@ -9,7 +9,7 @@ slots it will leave behind (`credit_leavers`).
 
 from __future__ import annotations
 
-from engine.budget import Budget, BudgetState, plan as budget_plan
+from engine.budget import Budget, BudgetState, leaves_first, plan as budget_plan
 from engine.drafters.base import DraftRequest
 from engine.drafters.chain import DrafterChain
 from engine.events import RoundEvent
@@ -23,10 +23,11 @@ class SlotBudget:
 
     def veto(self, slots: list[Slot], sizes: dict[int, tuple[int, int]]) -> tuple[set[int], str]:
         """The budgeted tree slots that need not draft this round, and why: beside a slot that drafts nothing this
-        round (it rests, replays, or has no room) and whose balance cannot pay for one row, the fair budget
-        keeps no node of anyone's tree and no probe (engine/budget.py, `_fair_take`, `_others_afford`), so
-        their drafting would only delay the round. Four answers of which two copy and two write freely spent
-        0.7 ms a round drafting for nodes refused this way."""
+        round (it rests, replays, or has no room), whose balance cannot pay for one row and which no drafting
+        slot will leave before (one that may pay it for its rows), the fair budget keeps no node of anyone's
+        tree and no probe (engine/budget.py, `_fair_take`, `_others_afford`), so their drafting would only
+        delay the round. Four answers of which two copy and two write freely spent 0.7 ms a round drafting for
+        nodes refused this way."""
         state, policy = self.state, self.chain.policy
         if len(slots) < 2 or policy is None or not state.fair:
             return set(), ""
@@ -38,10 +39,14 @@ class SlotBudget:
         cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
         cost = policy.cost.for_cells(n_base, cells)
         tau = cost.c(n_base + 1) / cost.c(n_base) - 1.0  # what one draft row costs every slot, in tokens
-        poor = min(bare, key=lambda seq: state.balance.get(seq, 0.0))
-        if tau <= 1e-12 or state.balance.get(poor, 0.0) >= tau:
+        # a slot that drafts may leave before the bare one and pay it for its rows (budget.leaves_first)
+        paid = leaves_first({s.seq: s.n_remaining for s in slots}, [s.seq for s in slots]) \
+            if cost.seq_share() > 0 else {}
+        poor = [seq for seq in bare if state.balance.get(seq, 0.0) < tau and not set(paid.get(seq, [])) & trees]
+        if tau <= 1e-12 or not poor:
             return set(), ""
-        return trees, (f"slot {poor} drafts nothing this round and stands at {state.balance.get(poor, 0.0):+.2f} "
+        seq = min(poor, key=lambda k: state.balance.get(k, 0.0))
+        return trees, (f"slot {seq} drafts nothing this round and stands at {state.balance.get(seq, 0.0):+.2f} "
                        f"tokens against plain decoding, less than one draft row costs it ({tau:.3f}): every node "
                        f"would be refused")
 

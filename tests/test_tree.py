@@ -501,6 +501,14 @@ def test_beside_a_slot_that_cannot_pay_for_a_row_no_slot_drafts(engine):
         state.balance[1] = 5.0  # slot 1 is well ahead of plain decoding: it can pay for rows
         engine.step()
         assert engine.chain.stats["ngram-simple"].n_call_draft == calls + 1
+        # slot 1 behind again, but wanting more tokens than slot 0: slot 0 leaves first, and what it gains may
+        # pay slot 1 for its rows (the budget decides), so it drafts
+        engine.release(1)
+        engine.start(PROMPTS[1], GenParams(max_new_tokens=40, ignore_eos=True, spec=SpecParams(types=[])), seq=1)
+        engine.step({1})  # its prefill
+        state.balance[1] = 0.0
+        engine.step()
+        assert engine.chain.stats["ngram-simple"].n_call_draft == calls + 2
     finally:
         policy.cost = calibrated
         for seq in (0, 1):
