@@ -344,8 +344,8 @@ def _fair_take(trees, ranked, n_base: int, cost: CostModel, balance: dict[int, f
             gets = credit(take)
         if take is None:
             continue
-        if tau > 1e-12 and any(mine[seq][k] + balance[seq] + gets[seq] < tau - 1e-12 for seq, k in take.items()) \
-                or any(balance[seq] + gets[seq] < tau - 1e-12 for seq in bare if tau > 1e-12):
+        if tau > 1e-12 and (any(mine[seq][k] + balance[seq] + gets[seq] < tau - 1e-12 for seq, k in take.items())
+                            or any(balance[seq] + gets[seq] < tau - 1e-12 for seq in bare)):
             if not credited:
                 break  # some slot cannot reach its share with all its nodes, nor the larger share of a larger forward
             continue

@@ -93,14 +93,14 @@ def _seq_seconds(ctx, limits: OutputLimits, probe: ProbeResult, passes: int, n_s
     for i in range(k):
         spread.add((100 + i) % ctx.n_vocab, n_short, i, True)
         stacked.add((100 + i) % ctx.n_vocab, n_short + i, 0, True)
-    fastest = {id(spread): float("inf"), id(stacked): float("inf")}
+    fastest = [float("inf"), float("inf")]  # spread, stacked
     for rep in range(passes + 1):  # the first pass warms up and is not kept
-        for b in (spread, stacked):
+        for j, b in enumerate((spread, stacked)):
             seconds = ctx.decode(b).seconds
             for seq in range(k):
                 ctx.seq_rm(seq, n_short, -1)
             if rep > 0:
-                fastest[id(b)] = min(fastest[id(b)], seconds)
+                fastest[j] = min(fastest[j], seconds)
     for seq in range(k):
         ctx.seq_rm(seq, -1, -1)
-    return max(0.0, fastest[id(spread)] - fastest[id(stacked)]) / (k - 1)
+    return max(0.0, fastest[0] - fastest[1]) / (k - 1)

@@ -35,15 +35,17 @@ class SlotBudget:
         bare = [s.seq for s in slots if s.seq not in trees]
         if not trees or not bare:
             return set(), ""
-        n_base = sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)
+        n_base = base_rows(slots)
         cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
         cost = policy.cost.for_cells(n_base, cells)
         tau = cost.c(n_base + 1) / cost.c(n_base) - 1.0  # what one draft row costs every slot, in tokens
+        if tau <= 1e-12:
+            return set(), ""
         # a slot that drafts may leave before the bare one and pay it for its rows (budget.leaves_first)
         paid = leaves_first({s.seq: s.n_remaining for s in slots}, [s.seq for s in slots]) \
             if cost.seq_share() > 0 else {}
         poor = [seq for seq in bare if state.balance.get(seq, 0.0) < tau and not set(paid.get(seq, [])) & trees]
-        if tau <= 1e-12 or not poor:
+        if not poor:
             return set(), ""
         seq = min(poor, key=lambda k: state.balance.get(k, 0.0))
         return trees, (f"slot {seq} drafts nothing this round and stands at {state.balance.get(seq, 0.0):+.2f} "
@@ -67,7 +69,7 @@ class SlotBudget:
         trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
         if policy is None or not trees:
             return None
-        n_base = sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)
+        n_base = base_rows(slots)
         n_base += sum(len(r.tree) for seq, r in requests.items() if r.tree is not None and seq not in trees)
         bare = [s.seq for s in slots if s.seq not in trees]
         # draft rows read their slot's cells: slots with shorter contexts than the calibration's add cheaper rows
@@ -89,8 +91,7 @@ class SlotBudget:
         from a calibration that moves by 10% between runs on a shared machine: one that put 6 rows at 1.05x of
         4 let four open slots verify trees whose rounds took 1.37x, and balances charged by the curve never
         showed it; nor did they show drafting time spent on nodes the budget then refused."""
-        n_base = budget.n_base if budget is not None else sum(
-            len(s.replay.tokens) if s.replay is not None else 1 for s in in_batch)
+        n_base = budget.n_base if budget is not None else base_rows(in_batch)
         cost = self.chain.policy.cost
         avg, n_seen = cost.seen.get(n_base, (0.0, 0))
         return seconds / avg if n_seen >= cost.min_seen and avg > 0 else curve_ratio
@@ -108,3 +109,8 @@ class SlotBudget:
             early = sum(n for k, n in gained.items() if k != seq and left[k] < left[seq])
             if early > 0:
                 balance[seq] = balance.get(seq, 0.0) + share * early
+
+
+def base_rows(slots: list[Slot]) -> int:
+    """Rows the forward has without drafts: each slot's sampled token, or the tokens its replay re-runs."""
+    return sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)
