@@ -9,7 +9,7 @@ linears alone: the lean forward runs float32 layers as one C call each and bfloa
 (engine/lean.py). On an Intel CPU with AVX512-BF16 a layer's linears alone took 0.89 ms in bfloat16 against 1.07
 in float32, while the embedded model's forwards of 1 / 4 / 8 rows took 29.9 / 35.0 / 44.2 ms in bfloat16 against
 29.1 / 31.3 / 36.8 in float32 (medians of 30, interleaved). Where the config cannot be built (a model of remote
-code), one layer's linears are timed instead.
+code) or its float32 weights would take over 2 GiB, one layer's linears are timed instead.
 
 Plain and speculative decoding run on the same loaded model, so they always share the dtype and the lossless
 check compares like with like.
@@ -25,6 +25,9 @@ from engine.kernels.build import cpu_flags
 CHOICES = ("auto", "float32", "bfloat16")
 NATIVE_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs that compute bfloat16 natively
 MARGIN = 0.95  # bfloat16 is kept when its layer time is below this fraction of float32's
+# a model of the config is built to time its forward only up to this size in float32 (the loaded model, both
+# timing copies and their packed weights share the memory); a larger one has one layer's linears timed
+WHOLE_FORWARD_MAX_BYTES = 2 << 30
 
 
 @dataclass
@@ -122,12 +125,24 @@ def time_forward(config, dtype: str, reps: int = 5) -> float:
     return min(times[1:])
 
 
+def float32_bytes(config) -> int:
+    """About what the config's weights take in float32: its layers' linears and its embedding (twice untied)."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    per_layer = sum(o * i for o, i in _layer_shapes(config))
+    table = int(getattr(cfg, "vocab_size", 0) or 0) * int(cfg.hidden_size)
+    tables = 1 if getattr(config, "tie_word_embeddings", False) else 2
+    return 4 * (int(getattr(cfg, "num_hidden_layers", 1) or 1) * per_layer + tables * table)
+
+
 def _timings(config) -> tuple[dict[str, float], str]:
-    """ms by dtype and what was timed: the whole forward where the config builds, else one layer's linears."""
+    """ms by dtype and what was timed: the whole forward where the config builds and is small enough, else one
+    layer's linears."""
     try:
-        return {dt: time_forward(config, dt) for dt in ("float32", "bfloat16")}, "a forward"
+        if float32_bytes(config) <= WHOLE_FORWARD_MAX_BYTES:
+            return {dt: time_forward(config, dt) for dt in ("float32", "bfloat16")}, "a forward"
     except (ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError):
-        return {dt: time_layer(config, dt) for dt in ("float32", "bfloat16")}, "a layer's linears"
+        pass
+    return {dt: time_layer(config, dt) for dt in ("float32", "bfloat16")}, "a layer's linears"
 
 
 def choose_dtype(requested: str, config, device: str) -> DtypeChoice:

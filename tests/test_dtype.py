@@ -47,3 +47,11 @@ def test_an_explicit_dtype_is_taken_as_asked_and_a_wrong_one_refused():
     assert dtype_mod.choose_dtype("float32", _llama_config(), "cpu").dtype == "float32"
     with pytest.raises(ValueError, match="dtype must be one of"):
         dtype_mod.choose_dtype("float16", _llama_config(), "cpu")
+
+
+def test_a_model_too_large_to_build_twice_has_one_layers_linears_timed(native_bf16, monkeypatch):
+    cfg = _llama_config()
+    assert 0 < dtype_mod.float32_bytes(cfg) < 4 * 600_000  # 3 layers of 147k weights, one tied table of 66k
+    monkeypatch.setattr(dtype_mod, "WHOLE_FORWARD_MAX_BYTES", dtype_mod.float32_bytes(cfg) - 1)
+    choice = dtype_mod.choose_dtype("auto", cfg, "cpu")
+    assert "a layer's linears" in choice.reason
