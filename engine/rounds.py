@@ -144,7 +144,8 @@ class Round:
                                             for r in requests.values())
         cost_ratio = (self.slot_budget.cost_ratio(budget, in_batch, curve_ratio, res.seconds + t_draft / 1e3)
                       if drafted else 1.0)
-        left = {s.seq: s.n_remaining for s in in_batch}  # before this round's tokens: what the budget saw
+        # before this round's tokens: what the budget saw
+        left = {s.seq: s.n_remaining for s in in_batch} if budget is not None else {}
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
         kept_rows: list[int] = []  # the rows whose cells stay: a tree's drafters hear only its kept path
         for slot in in_batch:

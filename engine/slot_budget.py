@@ -9,6 +9,8 @@ slots it will leave behind (`credit_leavers`).
 
 from __future__ import annotations
 
+from typing import Collection
+
 from engine.budget import Budget, BudgetState, leaves_first, plan as budget_plan
 from engine.drafters.base import DraftRequest
 from engine.drafters.chain import DrafterChain
@@ -36,8 +38,7 @@ class SlotBudget:
         if not trees or not bare:
             return set(), ""
         n_base = base_rows(slots)
-        cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
-        cost = policy.cost.for_cells(n_base, cells)
+        cost = self._cost(slots, trees, n_base)
         tau = cost.c(n_base + 1) / cost.c(n_base) - 1.0  # what one draft row costs every slot, in tokens
         if tau <= 1e-12:
             return set(), ""
@@ -65,16 +66,13 @@ class SlotBudget:
                 # find nothing rests too, instead of drafting every round (four open answers spent 1.3 ms a
                 # round on n-gram lookups that found nothing, for a whole answer)
                 self.state.refused[r.seq] = self.state.refused.get(r.seq, 0) + 1
-        policy = self.chain.policy
         trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
-        if policy is None or not trees:
+        if self.chain.policy is None or not trees:
             return None
         n_base = base_rows(slots)
         n_base += sum(len(r.tree) for seq, r in requests.items() if r.tree is not None and seq not in trees)
         bare = [s.seq for s in slots if s.seq not in trees]
-        # draft rows read their slot's cells: slots with shorter contexts than the calibration's add cheaper rows
-        cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
-        out = budget_plan(trees, n_base, policy.cost.for_cells(n_base, cells), self.state, bare,
+        out = budget_plan(trees, n_base, self._cost(slots, trees, n_base), self.state, bare,
                           {s.seq: s.n_remaining for s in slots})
         models = {name for name, impl in self.chain.pool.items() if impl.needs_model}
         for seq, tree in trees.items():
@@ -83,6 +81,12 @@ class SlotBudget:
             if requests[seq].tree is None:
                 self.chain.gate.nothing_kept(seq)
         return out
+
+    def _cost(self, slots: list[Slot], trees: Collection[int], n_base: int):
+        """The cost curve for a forward of n_base rows plus the drafts of the slots in `trees`: draft rows read
+        their slot's cells, so slots with shorter contexts than the calibration's add cheaper rows."""
+        cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
+        return self.chain.policy.cost.for_cells(n_base, cells)
 
     def cost_ratio(self, budget, in_batch: list[Slot], curve_ratio: float, seconds: float) -> float:
         """A drafted round's cost in plain forwards of its base rows, what each slot's balance is charged: its
@@ -105,8 +109,9 @@ class SlotBudget:
         if share <= 0 or not any(gained.values()):
             return
         balance = self.state.balance
+        before = leaves_first(left, list(gained))
         for seq in gained:
-            early = sum(n for k, n in gained.items() if k != seq and left[k] < left[seq])
+            early = sum(gained[k] for k in before[seq])
             if early > 0:
                 balance[seq] = balance.get(seq, 0.0) + share * early
 
