@@ -13,12 +13,17 @@ in a batch.
   2 cores, `scripts/gemm_speed.py`): 1 row 7.1 ms against oneDNN's 13.8, 4 rows 7.3 against 11.5, 8 rows 11.3
   against 13.3, and the same from 12 rows on, where both are bound by the multiplications.
 - float32 (`small_gemm_f32.c`, vfmadd231ps, up to 12 rows a pass over a block of 8 outputs, two blocks at a
-  time up to 6 rows, weights prefetched 16 KB ahead). The same 210 linears on an AMD EPYC with AVX2 only,
+  time up to 6 rows, weights prefetched 16 KB ahead; 16 outputs and 24 rows with AVX512F). The same 210 linears on an AMD EPYC with AVX2 only,
   2 cores, weights from memory, fastest and median of 30 timings interleaved with the layout it replaced
   (3 rows a pass over blocks of 32 outputs): 1 row 22.9 / 27.1 ms against 22.0 / 27.7, 4 rows 25.9 / 28.8
   against 28.4 / 33.9, 8 rows 27.0 / 31.3 against 30.6 / 34.5, 12 rows 27.9 / 39.4 against 30.2 / 41.5,
   16 rows 37.1 / 52.2 against 37.6 / 51.7. oneDNN took 1.5x to 1.8x as long at 1 to 8 rows
-  (`scripts/gemm_speed.py --dtype float32`).
+  (`scripts/gemm_speed.py --dtype float32`). With AVX512F the blocks hold 16 outputs (zmm) and a pass 24 rows:
+  the broadcast loads that bound the 8-wide passes feed twice the sums. The same 210 linears on an Intel Xeon
+  with AVX512, medians of 11 interleaved timings, 16-wide against 8-wide: 1 row 28.0 against 29.1 ms, 8 rows
+  29.1 against 30.6, 12 rows 28.9 against 35.7, 16 rows 32.7 against 45.7, 24 rows 44.5 against 67.8. The
+  embedded model's whole forward (the engine's calibration) then costs 1.47 single-row forwards at 16 rows
+  instead of 2.05, and 1.87 at 24 instead of 3.0: the tree verifications the round's budget buys.
 
 `SmallGemm.pack` returns None where no kernel applies (no such CPU feature, no C compiler, another dtype, a
 bias, a width the kernel's blocks do not divide): the caller keeps oneDNN for that weight.
@@ -38,7 +43,7 @@ POST = {"none": 0, "swish": 1, "add": 2, "mul": 3}  # the kernels' epilogues, by
 class _Spec:
     source: str  # engine/kernels/<source>.c
     flags: tuple[str, ...]  # /proc/cpuinfo flags it needs
-    n_block: int  # outputs per packed block: N must be a multiple
+    n_block: int  # outputs per packed block, N must be a multiple (the library's "<symbol>_block" if it has one)
     k_pair: int  # inputs packed together: K must be a multiple
     symbol: str = ""  # the multiply's name in the library (the source's name if empty); "<symbol>_pack" packs
     defines: tuple[str, ...] = ()  # -D options of its build
@@ -57,15 +62,16 @@ SPECS = {torch.bfloat16: _Spec("small_gemm", ("avx512_bf16",), 16, 2),
 class Kernels:
     """The kernels built for this host, by weight dtype, and why the others are not."""
 
-    fns: dict = field(default_factory=dict)  # dtype -> (multiply, pack) from the built library
+    fns: dict = field(default_factory=dict)  # dtype -> (multiply, pack, outputs per block) from the built library
     why_not: dict = field(default_factory=dict)  # dtype -> one line
 
     def get(self, dtype: torch.dtype):
         return self.fns.get(dtype)
 
 
-def load(dtypes=(torch.bfloat16, torch.float32, torch.float16)) -> Kernels:
-    """Build (once per host, engine/kernels/build.py) and load the kernels of these dtypes that this CPU runs."""
+def load(dtypes=(torch.bfloat16, torch.float32, torch.float16), defines: tuple[str, ...] = ()) -> Kernels:
+    """Build (once per host, engine/kernels/build.py) and load the kernels of these dtypes that this CPU runs;
+    `defines` are added to every build (`("BLOCK8",)`: the float32 kernel's AVX2 layout on an AVX512 CPU)."""
     from engine.kernels.build import build, cpu_flags
 
     out = Kernels()
@@ -76,7 +82,7 @@ def load(dtypes=(torch.bfloat16, torch.float32, torch.float16)) -> Kernels:
         if missing:
             out.why_not[dtype] = f"the CPU has no {', '.join(f.upper() for f in missing)}"
             continue
-        lib, where = build(spec.source, spec.defines)
+        lib, where = build(spec.source, spec.defines + tuple(defines))
         if lib is None:
             out.why_not[dtype] = where
             continue
@@ -85,7 +91,10 @@ def load(dtypes=(torch.bfloat16, torch.float32, torch.float16)) -> Kernels:
         fn.restype, pack.restype = None, None
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-        out.fns[dtype] = (fn, pack)
+        block = getattr(lib, symbol + "_block", None)
+        if block is not None:
+            block.restype, block.argtypes = ctypes.c_int, []
+        out.fns[dtype] = (fn, pack, block() if block is not None else spec.n_block)
     return out
 
 
@@ -105,9 +114,11 @@ class SmallGemm:
         n, k = w.shape
         spec = SPECS.get(w.dtype)
         fns = kernels.get(w.dtype) if kernels is not None else None
-        if fns is None or spec is None or bias is not None or n % spec.n_block or k % spec.k_pair:
+        if fns is None or spec is None or bias is not None:
             return None
-        fn, pack = fns
+        fn, pack, n_block = fns
+        if n % n_block or k % spec.k_pair:
+            return None
         src = w.detach().contiguous()
         packed = torch.empty(n * k, dtype=w.dtype)
         pack(src.data_ptr(), packed.data_ptr(), k, n)

@@ -42,16 +42,18 @@ def test_sums_and_epilogues_match_float_arithmetic(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_row_gets_the_same_bits_alone_and_in_any_batch(dtype):
-    # float32 blocks hold 8 outputs and go in pairs up to 6 rows: 104 outputs leave a block without a pair
-    w = _weights(96 if dtype == torch.bfloat16 else 104, 128, dtype, seed=2)
+    # float32 blocks hold 8 outputs (16 with AVX512F) and go in pairs up to half a pass's rows: 13 blocks leave
+    # one without a pair
+    block = KERNELS.get(dtype)[2]
+    n = 96 if dtype == torch.bfloat16 else 13 * block
+    w = _weights(n, 128, dtype, seed=2)
     lin = gemm.SmallGemm.pack(KERNELS, w, None)
     x = torch.randn(37, 128, generator=torch.Generator().manual_seed(3)).to(ACT.get(dtype, dtype))
-    whole = lin(x)  # 37 rows: several passes over each block (16 rows a pass in bfloat16, up to 12 in float32)
-    for m in (1, 2, 3, 4, 6, 7, 12, 13, 16, 17, 25, 33):
+    whole = lin(x)  # 37 rows: several passes over each block (16 rows a pass in bfloat16, 12 or 24 in float32)
+    for m in (1, 2, 3, 4, 6, 7, 12, 13, 16, 17, 24, 25, 33):
         assert torch.equal(lin(x[:m]), whole[:m]), m
     assert torch.equal(lin(x[20:21]), whole[20:21])
-    # a prompt's rows (32 and more in float32) take inputs in blocks of 256 with partial sums kept between them
-    n = 96 if dtype == torch.bfloat16 else 104  # bfloat16 blocks hold 16 outputs
+    # a prompt's rows (32 and more in float32) take inputs in blocks (2048 / block) with partial sums kept between
     w = _weights(n, 600, dtype, seed=4)
     lin = gemm.SmallGemm.pack(KERNELS, w, None)
     x = torch.randn(70, 600, generator=torch.Generator().manual_seed(5)).to(ACT.get(dtype, dtype))
@@ -60,6 +62,24 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(dtype):
     for m in (1, 5, 31, 32, 33, 70):
         assert torch.equal(lin(x[:m]), whole[:m]), m
         assert torch.equal(lin(x[:m], "add", other[:m]), added[:m]), m
+
+
+@pytest.mark.skipif(KERNELS.get(torch.float32) is None or KERNELS.get(torch.float32)[2] == 8,
+                    reason="no 16-wide float32 kernel here (no AVX512F)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_16_wide_float32_layout_gives_the_bits_of_the_8_wide_one(dtype):
+    # each output is the same chain of fused multiply-adds over k in either layout: a model runs the same text
+    # on an AVX2 and an AVX512 CPU
+    narrow = gemm.load((dtype,), defines=("BLOCK8",))
+    assert narrow.get(dtype)[2] == 8
+    w = _weights(208, 600, dtype, seed=7)
+    wide_lin, narrow_lin = gemm.SmallGemm.pack(KERNELS, w, None), gemm.SmallGemm.pack(narrow, w, None)
+    x = torch.randn(40, 600, generator=torch.Generator().manual_seed(8))
+    other = torch.randn(40, 208, generator=torch.Generator().manual_seed(9))
+    for m in (1, 3, 8, 13, 24, 31, 40):
+        assert torch.equal(wide_lin(x[:m]), narrow_lin(x[:m])), m
+        assert torch.equal(wide_lin(x[:m], "swish"), narrow_lin(x[:m], "swish")), m
+        assert torch.equal(wide_lin(x[:m], "mul", other[:m]), narrow_lin(x[:m], "mul", other[:m])), m
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -82,7 +102,7 @@ def test_prepacking_sends_linears_to_the_kernel_and_keeps_onednn_elsewhere(dtype
 
 
 def test_a_weight_goes_only_to_a_kernel_of_its_own_dtype():
-    only_bf16 = gemm.Kernels(fns={torch.bfloat16: KERNELS.get(torch.bfloat16) or (None, None)})
+    only_bf16 = gemm.Kernels(fns={torch.bfloat16: KERNELS.get(torch.bfloat16) or (None, None, 16)})
     assert gemm.SmallGemm.pack(only_bf16, torch.zeros(32, 32), None) is None
     assert gemm.SmallGemm.pack(only_bf16, torch.zeros(32, 32, dtype=torch.float16), None) is None
     assert gemm.SmallGemm.pack(None, torch.zeros(32, 32, dtype=torch.bfloat16), None) is None

@@ -21,7 +21,7 @@
 
 #include "row_ops.h"
 
-/* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down (packed [N/8][K][8]); norms[2 * l] the
+/* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down (packed [N/NB][K][NB]); norms[2 * l] the
  * input norm, norms[2 * l + 1] the post-attention one. kc[l], vc[l]: the layer's cache [H_kv][n_cells][hd].
  * keep[l] >= 0: copy x after layer l into hidden[:, keep[l] * d .. + d] (hidden [t, n_hidden * d]).
  * Returns 0, or -1 if memory for the scratch rows could not be had. */
