@@ -77,7 +77,9 @@ def cell_layout(mask: torch.Tensor, cell_pos: torch.Tensor | None = None) -> Cel
 class RowAttention:
     """The attention implementation of one context: the C kernel where it applies, SDPA per row otherwise."""
 
-    def __init__(self, device: torch.device, cache_dtype: torch.dtype, use_kernel: bool = True):
+    def __init__(self, device: torch.device, cache_dtype: torch.dtype, use_kernel: bool = True,
+                 defines: tuple[str, ...] = ()):
+        """defines: -D options of the kernel's build (("BLOCK8",): AVX2's 8-wide vectors on an AVX512 CPU)."""
         self.kernel = None
         if not use_kernel:
             self.reason = "torch per row (kernel turned off)"
@@ -86,7 +88,7 @@ class RowAttention:
         else:
             from engine.kernels.build import build
 
-            lib, where = build("cell_attention")
+            lib, where = build("cell_attention", defines)
             if lib is None:
                 self.reason = f"torch per row ({where})"
             else:

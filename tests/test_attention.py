@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import CellLayout, RowAttention, cell_layout
+from engine.kernels.build import cpu_flags
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: the kernel cannot be built")
 
@@ -56,6 +57,20 @@ def test_kernel_row_is_the_same_bits_in_any_batch_and_any_storage():
     k2[0, :, perm], v2[0, :, perm] = k[0], v[0]
     moved = impl.rows(_layout([perm[:305].tolist()])).attend(q[5:6], k2, v2, 0.125)
     assert torch.equal(moved[0], together[5])
+
+
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="no AVX512F: the kernel has only its 8-wide vectors here")
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (16, 4), (8, 8), (4, 2)])
+def test_16_wide_vectors_give_the_bits_of_8_wide_ones(heads, kv_heads):
+    # the same additions in the same order whatever the vector width: a model gives the same text on an AVX2 and
+    # an AVX512 CPU
+    g = torch.Generator().manual_seed(heads)
+    k, v = torch.randn(1, kv_heads, 300, 64, generator=g), torch.randn(1, kv_heads, 300, 64, generator=g)
+    rows = [list(range(250 + r)) for r in range(6)] + [[2, 5, 7, 90, 91]]
+    q = torch.randn(len(rows), heads, 64, generator=g)
+    narrow = RowAttention(torch.device("cpu"), torch.float32, defines=("BLOCK8",))
+    wide = _kernel().rows(_layout(rows)).attend(q, k, v, 0.125)
+    assert torch.equal(wide, narrow.rows(_layout(rows)).attend(q, k, v, 0.125))
 
 
 def test_layout_lists_each_rows_cells_in_position_order():

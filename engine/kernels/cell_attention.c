@@ -50,21 +50,29 @@ static float dot(const float *a, const float *b, int d) {
     return lane[0] + tail;
 }
 
-/* 8 floats, loaded from any address: GCC's vector extension, one ymm on AVX2 (two xmm elsewhere) */
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
+/* VW floats, loaded from any address: GCC's vector extension, one zmm with AVX512F, else 8 (one ymm on AVX2, two
+ * xmm elsewhere). -DBLOCK8 keeps 8 on an AVX512 CPU, to compare the two. */
+#if defined(__AVX512F__) && !defined(BLOCK8)
+#define VW 16
+#define WIDE 1
+#else
+#define VW 8
+#endif
+typedef float vw __attribute__((vector_size(VW * 4), aligned(4)));
 
-/* sum_i e_i v_i for head_dim 64 and G query heads, 32 dimensions at a time (16 for 4 heads) so that the sums stay in
- * registers (a 4 x 64 array of them spilled to the stack at every cell): each element still adds e_i v_i over
- * the cells in list order, one fused multiply-add per cell, as the general loop does */
+/* sum_i e_i v_i for head_dim 64 and G query heads, 32 dimensions at a time (16 for 4 heads; all 64 with 16-wide
+ * vectors, whose 32 registers hold 4 heads' sums) so that the sums stay in registers (a 4 x 64 array of them
+ * spilled to the stack at every cell): each element still adds e_i v_i over the cells in list order, one fused
+ * multiply-add per cell, as the general loop does */
 static inline __attribute__((always_inline)) void weigh64_g(const float *restrict vb, const int64_t *restrict cells,
                                                             int64_t n, const int G, const float *restrict s,
                                                             float *restrict o) {
-    const int W = G <= 3 ? 4 : 2;  /* vectors of 8 per head and pass: G x W sums, 12 at most in registers */
-    for (int d0 = 0; d0 < 64; d0 += 8 * W) {
-        v8 a[4][4] = {{0}};
+    const int W = VW == 16 || G <= 3 ? 4 : 2;  /* vectors per head and pass: G x W sums in registers */
+    for (int d0 = 0; d0 < 64; d0 += VW * W) {
+        vw a[4][4] = {{0}};
         for (int64_t i = 0; i < n; i++) {
-            const v8 *vc = (const v8 *)(vb + cells[i] * 64 + d0);
-            v8 x[4];
+            const vw *vc = (const vw *)(vb + cells[i] * 64 + d0);
+            vw x[4];
             for (int w = 0; w < W; w++) x[w] = vc[w];
             for (int g = 0; g < G; g++) {
                 const float e = s[g * n + i];
@@ -72,7 +80,7 @@ static inline __attribute__((always_inline)) void weigh64_g(const float *restric
             }
         }
         for (int g = 0; g < G; g++)
-            for (int w = 0; w < W; w++) *(v8 *)(o + g * 64 + d0 + 8 * w) = a[g][w];
+            for (int w = 0; w < W; w++) *(vw *)(o + g * 64 + d0 + VW * w) = a[g][w];
     }
 }
 
@@ -120,27 +128,9 @@ static void dot4(const float *a, const float *k0, const float *k1, const float *
 }
 
 #ifdef __AVX2__
-/* dot4 for head_dim 64 with AVX2 and FMA: the same 16 lanes (two ymm per cell), each lane's products added in
- * the same k order, and the same pairwise reduction (lane j += lane j + w for w = 8, 4, 2, 1) done for the four
- * cells at once with shuffles instead of one lane at a time: every addition of dot4 in the same order, on the
- * same operands, so the same bits. */
-static inline void dot4_64(const float *a, const float *k0, const float *k1, const float *k2, const float *k3,
-                           float *out) {
-    __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
-    for (int i = 0; i < 64; i += 16) {
-        const __m256 xl = _mm256_loadu_ps(a + i), xh = _mm256_loadu_ps(a + i + 8);
-        l0 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k0 + i), l0);
-        h0 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k0 + i + 8), h0);
-        l1 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k1 + i), l1);
-        h1 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k1 + i + 8), h1);
-        l2 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k2 + i), l2);
-        h2 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k2 + i + 8), h2);
-        l3 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k3 + i), l3);
-        h3 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k3 + i + 8), h3);
-    }
-    /* w = 8: lanes 0..7 of each cell */
-    const __m256 r0 = _mm256_add_ps(l0, h0), r1 = _mm256_add_ps(l1, h1);
-    const __m256 r2 = _mm256_add_ps(l2, h2), r3 = _mm256_add_ps(l3, h3);
+/* dot4's pairwise reduction for w = 4, 2, 1 of four cells whose lanes 0..7 already hold lane j + lane j + 8
+ * (the w = 8 step), done for the four at once with shuffles instead of one lane at a time */
+static inline void reduce4(const __m256 r0, const __m256 r1, const __m256 r2, const __m256 r3, float *out) {
     /* w = 4: [cell 0 lanes 0..3 | cell 1 lanes 0..3], and cells 2, 3 */
     const __m256 s01 = _mm256_add_ps(_mm256_permute2f128_ps(r0, r1, 0x20), _mm256_permute2f128_ps(r0, r1, 0x31));
     const __m256 s23 = _mm256_add_ps(_mm256_permute2f128_ps(r2, r3, 0x20), _mm256_permute2f128_ps(r2, r3, 0x31));
@@ -157,6 +147,65 @@ static inline void dot4_64(const float *a, const float *k0, const float *k1, con
     out[2] = v[1] + 0.0f;
     out[3] = v[5] + 0.0f;
 }
+
+/* dot4 for head_dim 64 with AVX2 and FMA: the same 16 lanes (two ymm per cell), each lane's products added in
+ * the same k order, and the same pairwise reduction: every addition of dot4 in the same order, on the same
+ * operands, so the same bits. */
+static inline void dot4_64(const float *a, const float *k0, const float *k1, const float *k2, const float *k3,
+                           float *out) {
+    __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
+    for (int i = 0; i < 64; i += 16) {
+        const __m256 xl = _mm256_loadu_ps(a + i), xh = _mm256_loadu_ps(a + i + 8);
+        l0 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k0 + i), l0);
+        h0 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k0 + i + 8), h0);
+        l1 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k1 + i), l1);
+        h1 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k1 + i + 8), h1);
+        l2 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k2 + i), l2);
+        h2 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k2 + i + 8), h2);
+        l3 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k3 + i), l3);
+        h3 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k3 + i + 8), h3);
+    }
+    reduce4(_mm256_add_ps(l0, h0), _mm256_add_ps(l1, h1), _mm256_add_ps(l2, h2), _mm256_add_ps(l3, h3), out);
+}
+#endif
+
+#ifdef WIDE
+/* dot4_64 for G query heads at once with AVX512F: a cell's 16 lanes are one zmm, the same products added in the
+ * same k order, and each key vector is loaded once for the G heads instead of once per head. The w = 8 step
+ * adds the zmm's halves; the rest is dot4_64's. out[g * 4 + c]: head g, cell c. */
+static inline __attribute__((always_inline)) void dot4_64_g(const float *a, const int G, const float *k0,
+                                                            const float *k1, const float *k2, const float *k3,
+                                                            float *out) {
+    __m512 l[4][4];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < 4; c++) l[g][c] = _mm512_setzero_ps();
+    for (int i = 0; i < 64; i += 16) {
+        const __m512 y0 = _mm512_loadu_ps(k0 + i), y1 = _mm512_loadu_ps(k1 + i);
+        const __m512 y2 = _mm512_loadu_ps(k2 + i), y3 = _mm512_loadu_ps(k3 + i);
+        for (int g = 0; g < G; g++) {
+            const __m512 x = _mm512_loadu_ps(a + g * 64 + i);
+            l[g][0] = _mm512_fmadd_ps(x, y0, l[g][0]);
+            l[g][1] = _mm512_fmadd_ps(x, y1, l[g][1]);
+            l[g][2] = _mm512_fmadd_ps(x, y2, l[g][2]);
+            l[g][3] = _mm512_fmadd_ps(x, y3, l[g][3]);
+        }
+    }
+#define HALVES(z) _mm256_add_ps(_mm512_castps512_ps256(z), \
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1)))
+    for (int g = 0; g < G; g++)
+        reduce4(HALVES(l[g][0]), HALVES(l[g][1]), HALVES(l[g][2]), HALVES(l[g][3]), out + g * 4);
+#undef HALVES
+}
+
+static void dot4_64_heads(const float *a, int group, const float *k0, const float *k1, const float *k2,
+                          const float *k3, float *out) {
+    switch (group) {
+    case 1: dot4_64_g(a, 1, k0, k1, k2, k3, out); break;
+    case 2: dot4_64_g(a, 2, k0, k1, k2, k3, out); break;
+    case 3: dot4_64_g(a, 3, k0, k1, k2, k3, out); break;
+    default: dot4_64_g(a, 4, k0, k1, k2, k3, out); break;
+    }
+}
 #endif
 
 /* One row, one key head: its `group` query heads qr over the n cells listed in `cells`; s: scratch of
@@ -168,6 +217,15 @@ static void one_task(const float *qr, const float *kb, const float *vb, const in
     for (; i + 4 <= n; i += 4) {
         const float *c0 = kb + cells[i] * head_dim, *c1 = kb + cells[i + 1] * head_dim;
         const float *c2 = kb + cells[i + 2] * head_dim, *c3 = kb + cells[i + 3] * head_dim;
+#ifdef WIDE
+        if (head_dim == 64 && group <= 4) {
+            float by_head[16];
+            dot4_64_heads(qr, group, c0, c1, c2, c3, by_head);
+            for (int g = 0; g < group; g++)
+                for (int j = 0; j < 4; j++) s[g * n + i + j] = by_head[g * 4 + j] * scale;
+            continue;
+        }
+#endif
         for (int g = 0; g < group; g++) {
 #ifdef __AVX2__
             if (head_dim == 64) dot4_64(qr + g * head_dim, c0, c1, c2, c3, four);
