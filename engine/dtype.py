@@ -145,8 +145,9 @@ def _timings(config) -> tuple[dict[str, float], str]:
     return {dt: time_layer(config, dt) for dt in ("float32", "bfloat16")}, "a layer's linears"
 
 
-def choose_dtype(requested: str, config, device: str) -> DtypeChoice:
-    """Resolve --dtype for a model of `config` on `device`."""
+def choose_dtype(requested: str, config, device: str, blocks: str = "") -> DtypeChoice:
+    """Resolve --dtype for a model of `config` on `device`. blocks: the GGUF quantisations our float32 path reads
+    as stored ("Q4_1, Q8_0", engine/quant.py), where the source has them: fewer bytes than bfloat16 reads."""
     if requested not in CHOICES:
         raise ValueError(f"dtype must be one of {', '.join(CHOICES)}, not {requested!r}")
     if requested != "auto":
@@ -159,6 +160,8 @@ def choose_dtype(requested: str, config, device: str) -> DtypeChoice:
         if device.startswith("cuda") and torch.cuda.is_bf16_supported():
             return DtypeChoice("bfloat16", "auto: a GPU with bfloat16")
         return DtypeChoice("float32", f"auto: float32 on {device}")
+    if blocks:
+        return DtypeChoice("float32", f"auto: float32 (its {blocks} blocks read as stored)")
     flag = native_bf16_flag()
     if flag is None:
         return DtypeChoice("float32", "auto: float32 (no native bfloat16 on this CPU)")

@@ -106,8 +106,13 @@ class SmallGemm:
     weight: torch.Tensor  # [N * K] in the kernel's blocked layout
     k: int  # inputs
     n: int  # outputs
-    dtype: torch.dtype  # of the weight
+    dtype: torch.dtype  # of the weight's values
     act: torch.dtype  # of the inputs and the outputs
+    kind: str = ""  # how the weight is stored where not as `dtype`: "q4_1", "q8_0" (GGUF blocks, engine/quant.py)
+
+    @property
+    def label(self) -> str:
+        return self.kind or str(self.dtype).removeprefix("torch.")
 
     @classmethod
     def pack(cls, kernels: Kernels | None, w: torch.Tensor, bias: torch.Tensor | None) -> "SmallGemm | None":
@@ -132,6 +137,7 @@ class SmallGemm:
         o = None
         if other is not None:
             o = other.reshape(-1, self.n).to(self.act).contiguous()
-        self.fn(x2.data_ptr(), self.weight.data_ptr(), y.data_ptr(), None if o is None else o.data_ptr(), m,
-                self.k, self.n, POST[post])
+        if self.fn(x2.data_ptr(), self.weight.data_ptr(), y.data_ptr(), None if o is None else o.data_ptr(), m,
+                   self.k, self.n, POST[post]):
+            raise MemoryError(f"{self.label} kernel: no memory for its scratch")
         return y.reshape(*x.shape[:-1], self.n)

@@ -3,7 +3,8 @@
 Between its linears the lean forward makes about 40 small torch calls a layer (norms, rotary embedding, cache
 writes, reshapes); at a few rows each costs its dispatch, and on the embedded model they were a fifth of a
 one-row forward. The C loop does the same layers with the same linear and attention kernels. It applies when
-the model is float32, every layer linear is our float32 kernel without a bias (engine/gemm.py), the model has
+the model is float32, every layer linear is our float32 kernel without a bias (engine/gemm.py; its weights as
+float32 or as a GGUF's Q4_1 / Q8_0 blocks, engine/quant.py), the model has
 no per-head norms (Qwen3 keeps the torch path), and the context attends with the C kernel; anything else runs
 the torch layers of engine/lean.py.
 """
@@ -17,6 +18,7 @@ import torch
 from engine.gemm import SmallGemm
 
 _NAMES = ("q", "k", "v", "o", "gate", "up", "down")
+_KINDS = {"": 0, "q4_1": 1, "q8_0": 2}  # how lean_layers.c reads a weight: float32, or which GGUF blocks
 
 
 def _pointers(tensors) -> ctypes.Array:
@@ -39,6 +41,8 @@ class FusedLayers:
         self._weights = [getattr(layer, name)[0].weight for layer in lean.layers for name in _NAMES]
         self._norms = [n.float().contiguous() for layer in lean.layers for n in (layer.w_in, layer.w_post)]
         self.weights, self.norms = _pointers(self._weights), _pointers(self._norms)
+        kinds = [_KINDS[getattr(layer, name)[0].kind] for layer in lean.layers for name in _NAMES]
+        self.kinds = (ctypes.c_int * len(kinds))(*kinds)
         self._cache_key = None
         self.kc = self.vc = None
         self._keep: dict[tuple[int, ...], ctypes.Array] = {}  # inner layers -> the C call's column per layer
@@ -49,7 +53,8 @@ class FusedLayers:
             return None, f"{lean.dtype} weights (the fused layers are float32)"
         for layer in lean.layers:
             packed = [getattr(layer, name) for name in _NAMES]
-            if not all(isinstance(w, SmallGemm) and w.dtype == torch.float32 and bias is None for w, bias in packed):
+            if not all(isinstance(w, SmallGemm) and w.dtype == torch.float32 and w.kind in _KINDS and bias is None
+                       for w, bias in packed):
                 return None, "a layer linear is not our float32 kernel without a bias"
             if layer.q_norm is not None or layer.head_dim % 2 or layer.head_dim > 512:
                 return None, "per-head norms or a head size the fused layers do not take"
@@ -60,7 +65,7 @@ class FusedLayers:
             return None, where
         fn = lib.lean_layers
         fn.restype = ctypes.c_int
-        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int] + [ctypes.c_void_p] * 4 +
+        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int] + [ctypes.c_void_p] * 5 +
                        [ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_int64] +
                        [ctypes.c_float] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int])
         return cls(fn, lean), "C layers"
@@ -86,7 +91,7 @@ class FusedLayers:
         if keep is None:  # made once per set of layers: a drafter asks for the same ones every forward
             keep = self._keep[tuple(inner)] = (ctypes.c_int * self.n_layers)(
                 *[inner.index(i + 1) if i + 1 in inner else -1 for i in range(self.n_layers)])
-        failed = self.fn(x.data_ptr(), t, d, self.n_layers, self.weights, self.norms, self.kc, self.vc,
+        failed = self.fn(x.data_ptr(), t, d, self.n_layers, self.weights, self.kinds, self.norms, self.kc, self.vc,
                          cache.k[0].shape[2], cells.data_ptr(), cos.data_ptr(), sin.data_ptr(), lay.row_ptr.data_ptr(),
                          lay.cells.data_ptr(), self.n_heads, self.n_kv_heads, self.head_dim, self.mlp, self.scaling,
                          self.eps, keep, None if hidden is None else hidden.data_ptr(), len(inner))

@@ -109,6 +109,15 @@ def _gguf_config(path: Path):
     return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
 
 
+def _blocks(path: Path, device: str, prepack: bool) -> str:
+    """The GGUF's quantisations our float32 path reads as stored (engine/quant.py), "" without prepacking."""
+    if not prepack:
+        return ""
+    from engine.quant import blocks_read
+
+    return blocks_read(path, device)
+
+
 def _load_gguf(path: Path, dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -206,16 +215,18 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
     try:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+        gguf_path = None
         if name == EMBEDDED:
-            path = embedded_gguf_path()
-            choice = choose_dtype(dtype, _gguf_config(path), device)
+            path = gguf_path = embedded_gguf_path()
+            choice = choose_dtype(dtype, _gguf_config(path), device, _blocks(path, device, prepack))
             model, tok = _load_gguf(path, getattr(torch, choice.dtype))
             quant_bits = 4
         elif name.endswith(".gguf"):
             path = Path(name).expanduser()
             if not path.is_file():
                 raise ModelLoadError(f"model file not found: {name}")
-            choice = choose_dtype(dtype, _gguf_config(path), device)
+            gguf_path = path
+            choice = choose_dtype(dtype, _gguf_config(path), device, _blocks(path, device, prepack))
             model, tok = _load_gguf(path, getattr(torch, choice.dtype))
             quant_bits = 4 if "Q4" in path.name.upper() else 8 if "Q8" in path.name.upper() else \
                 16 if choice.dtype == "bfloat16" else 32
@@ -250,8 +261,13 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
         from engine.mapped import map_tied_embedding
         from engine.prepack import prepack_linears
 
+        keep = family_reason(model) is not None
+        if gguf_path is not None and choice.dtype == "float32":
+            from engine.quant import attach
+
+            attach(model, gguf_path, keep_weights=keep)  # the GGUF's blocks where they are the weights exactly
         # k+1 verification rows at about one row's cost, one copy for the lean forward's families (prepack.py)
-        prepack_linears(model, keep_weights=family_reason(model) is not None)
+        prepack_linears(model, keep_weights=keep)
         map_tied_embedding(model, cache_dir() / "mapped")  # the packed LM head is the table's in-memory copy
         _return_freed_memory()
     return LoadedModel(model=model, tokenizer=tok, name=name, quant_bits=quant_bits, n_params=n_params,

@@ -100,7 +100,7 @@ def linear_paths(model: nn.Module) -> str:
         w = getattr(module, "_packed_weight", None)
         if w is None:
             continue
-        name = f"our {str(w.dtype).removeprefix('torch.')} kernel" if isinstance(w, SmallGemm) else "oneDNN"
+        name = f"our {w.label} kernel" if isinstance(w, SmallGemm) else "oneDNN"
         counts[name] = counts.get(name, 0) + 1
     return ", ".join(f"{name} {n}" for name, n in sorted(counts.items())) or "not packed"
 

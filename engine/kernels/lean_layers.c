@@ -16,16 +16,26 @@
  * rope(z)[i] = z[i] cos[i] - z[i + hd/2] sin[i] for i < hd/2, z[i] cos[i] + z[i - hd/2] sin[i] above
  * (transformers' rotate_half), cos and sin [t, hd] from the model's own rotary module.
  */
-#include "small_gemm_f32.c"
+#include "small_gemm_q.c"
 #include "cell_attention.c"
 
 #include "row_ops.h"
 
-/* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down (packed [N/NB][K][NB]); norms[2 * l] the
+/* one linear: kind 0 float32 (packed [N/NB][K][NB]), 1 Q4_1 and 2 Q8_0 blocks (small_gemm_q.c); 0, or -1 */
+static int linear(int kind, const float *x, const void *w, float *y, const float *other, int64_t t, int64_t k,
+                  int64_t n, int post) {
+    if (kind == 1) return small_gemm_q4_1(x, w, y, other, t, k, n, post);
+    if (kind == 2) return small_gemm_q8_0(x, w, y, other, t, k, n, post);
+    small_gemm_f32(x, w, y, other, t, k, n, post);
+    return 0;
+}
+
+/* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down, stored as kinds[7 * l + j]; norms[2 * l] the
  * input norm, norms[2 * l + 1] the post-attention one. kc[l], vc[l]: the layer's cache [H_kv][n_cells][hd].
  * keep[l] >= 0: copy x after layer l into hidden[:, keep[l] * d .. + d] (hidden [t, n_hidden * d]).
  * Returns 0, or -1 if memory for the scratch rows could not be had. */
-int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const float *const *w, const float *const *norms,
+int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const *w, const int *kinds,
+                const float *const *norms,
                 float *const *kc, float *const *vc, int64_t n_cells, const int64_t *write_cells, const float *cos,
                 const float *sin, const int64_t *row_ptr, const int64_t *cells, int n_heads, int n_kv_heads, int hd,
                 int64_t mlp, float scaling, float eps, const int *keep, float *hidden, int n_hidden) {
@@ -35,11 +45,14 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const float *const
     float *a = malloc(sizeof(float) * t * nq), *g = malloc(sizeof(float) * t * mlp);
     int failed = !(h && q && k && v && a && g) || hd > 512;
     for (int l = 0; l < n_layers && !failed; l++) {
-        const float *const *wl = w + 7 * l;
+        const void *const *wl = w + 7 * l;
+        const int *kl = kinds + 7 * l;
         for (int64_t r = 0; r < t; r++) rms_row(x + r * d, norms[2 * l], h + r * d, d, eps);
-        small_gemm_f32(h, wl[0], q, NULL, t, d, nq, 0);
-        small_gemm_f32(h, wl[1], k, NULL, t, d, nkv, 0);
-        small_gemm_f32(h, wl[2], v, NULL, t, d, nkv, 0);
+        if (linear(kl[0], h, wl[0], q, NULL, t, d, nq, 0) || linear(kl[1], h, wl[1], k, NULL, t, d, nkv, 0) ||
+            linear(kl[2], h, wl[2], v, NULL, t, d, nkv, 0)) {
+            failed = 1;
+            break;
+        }
         for (int64_t r = 0; r < t; r++) {
             rope_row(q + r * nq, n_heads, hd, cos + r * hd, sin + r * hd);
             rope_row(k + r * nkv, n_kv_heads, hd, cos + r * hd, sin + r * hd);
@@ -53,11 +66,18 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const float *const
             failed = 1;
             break;
         }
-        small_gemm_f32(a, wl[3], x, x, t, nq, d, 2);  /* x = a Wo + x, in place: each output reads its x first */
+        /* x = a Wo + x, in place: each output reads its x first */
+        if (linear(kl[3], a, wl[3], x, x, t, nq, d, 2)) {
+            failed = 1;
+            break;
+        }
         for (int64_t r = 0; r < t; r++) rms_row(x + r * d, norms[2 * l + 1], h + r * d, d, eps);
-        small_gemm_f32(h, wl[4], g, NULL, t, d, mlp, 1);  /* silu(h Wg) */
-        small_gemm_f32(h, wl[5], g, g, t, d, mlp, 3);     /* (h Wu) * that, in place */
-        small_gemm_f32(g, wl[6], x, x, t, mlp, d, 2);     /* x = g Wd + x */
+        if (linear(kl[4], h, wl[4], g, NULL, t, d, mlp, 1) ||  /* silu(h Wg) */
+            linear(kl[5], h, wl[5], g, g, t, d, mlp, 3) ||     /* (h Wu) * that, in place */
+            linear(kl[6], g, wl[6], x, x, t, mlp, d, 2)) {     /* x = g Wd + x */
+            failed = 1;
+            break;
+        }
         if (keep[l] >= 0)
             for (int64_t r = 0; r < t; r++) memcpy(hidden + (r * n_hidden + keep[l]) * d, x + r * d, sizeof(float) * d);
     }
