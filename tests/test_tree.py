@@ -733,3 +733,38 @@ def test_a_resting_slot_probes_with_the_ngram_drafters_only():
     assert Network.calls == [[0]]  # the probing slot is left out of the network's call
     assert len(requests[1].tree) > 0  # and its n-gram drafter still looked: 10 11 12 13 -> 14
     assert any("rests" in why for why in chain.skipped[1])
+
+
+def test_the_ngram_drafters_are_gated_as_one_where_their_nodes_gain_nothing():
+    from engine.drafters.base import DraftRequest
+    from engine.drafters.chain import NGRAMS, DrafterChain, make_drafter
+    from engine.gate import GateParams
+    from engine.policy import CostModel, DraftLengthPolicy
+    from engine.tree import DraftTree
+
+    prompt = list(range(10, 30)) * 2 + [10, 11, 12]  # with 13 sampled, the n-grams find 14 15 16 ... every round
+    names = ["ngram-simple", "ngram-map-k"]
+    chain = DrafterChain({n: make_drafter(n, params=SMALL_NGRAMS[n]) for n in names},
+                         DraftLengthPolicy(CostModel()))
+    chain.gate.params = GateParams(decay=0.5, probe_every=4, probe_max=4)
+    chain.begin(0, prompt, names)
+
+    def round_(kept: int) -> DraftRequest:
+        r = DraftRequest(seq=0, prompt=prompt, id_last=13, n_max=4, n_min=0, p_min=None, tree_max=8)
+        chain.draft([r])
+        if r.tree is not None and len(r.tree):
+            chain.gate.row_seconds = 0.0002  # a fiftieth of the round per row
+            path = [v for v in range(len(r.tree)) if r.tree.depth(v) < kept and r.tree.drafters[v] in names][:kept]
+            chain.accept_tree(0, r.tree, path)
+        chain.gate.note_round(0.010, 1 + kept)
+        return r
+
+    # both drafters propose the same continuation: weighed one by one, each would gain nothing of its own
+    for _ in range(6):
+        assert len(round_(kept=3).tree) > 0
+    assert not chain.skipped.get(0)
+    # open text: the target keeps none of their nodes, so their drafting stops but for probes
+    drafted = [len(round_(kept=0).tree or DraftTree()) > 0 for _ in range(16)]
+    stop = drafted.index(False)
+    assert stop <= 6 and 1 <= sum(drafted[stop:]) <= 4  # then only probes, every 4th round
+    assert any(why.startswith(NGRAMS) for why in chain.skipped[0]) or drafted[-1]

@@ -64,6 +64,13 @@ def parse_types(spec: str | list[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+NGRAMS = "n-grams"  # the gate's name for a slot's n-gram drafters taken together
+
+
+def is_ngram(name: str) -> bool:
+    return name.startswith("ngram-")
+
+
 def make_drafter(name: str, **kwargs) -> Drafter:
     module, cls = DRAFTER_TYPES[name]
     return getattr(importlib.import_module(module), cls)(**kwargs)
@@ -115,11 +122,13 @@ class DrafterChain:
             self.skipped.pop(r.seq, None)
             r.drafting = r.n_max > 0
         n_stages = max((len(self.types.get(r.seq, [])) for r in requests), default=0)
+        ngrams_gated = {r.seq for r in requests if r.drafting and not self._gate_ngrams(r)}
+        ngram_seconds: dict[int, float] = {}  # seq -> its share of the n-gram drafters' time this round
         for stage in range(n_stages):
             by_name: dict[str, list[DraftRequest]] = {}
             for r in requests:
                 types = self.types.get(r.seq, [])
-                if r.drafting and stage < len(types):
+                if r.drafting and stage < len(types) and not (r.seq in ngrams_gated and is_ngram(types[stage])):
                     by_name.setdefault(types[stage], []).append(r)
             for name, active in by_name.items():
                 s = self._both(active[0].seq, name)[0]
@@ -139,6 +148,8 @@ class DrafterChain:
                 for r in active:
                     if r.tree_max > 0 and self.pool[name].needs_model and self.uses_policy(r.seq):
                         self.gate.note_cost(r.seq, name, share)
+                    elif is_ngram(name):
+                        ngram_seconds[r.seq] = ngram_seconds.get(r.seq, 0.0) + share
                 s.n_call_draft += 1
                 for r, s_seq in zip(active, per_seq):
                     s_seq.n_call_draft += 1
@@ -158,7 +169,25 @@ class DrafterChain:
                     winner[r.seq] = name
                     s.on_draft(k)
                     s_seq.on_draft(k)
+        for r in requests:
+            if r.seq in ngram_seconds and r.tree_max > 0 and self.uses_policy(r.seq):
+                self.gate.note_cost(r.seq, NGRAMS, ngram_seconds[r.seq])
         return winner
+
+    def _gate_ngrams(self, r: DraftRequest) -> bool:
+        """Tree mode under the length policy: whether the slot's n-gram drafters draft this round, weighed as one
+        drafter (engine/gate.py). Each costs a tenth of a millisecond or so, all of them together about a tenth
+        of a one-row forward of the embedded model read from its Q4_1 blocks: on open text, where their nodes
+        are seldom kept, that was a round's cost for nothing. Weighed one by one, two that find the same
+        continuation would each have no gain of its own and both stop."""
+        if r.tree_max == 0 or not self.uses_policy(r.seq) or r.probe:
+            return True
+        if not any(is_ngram(name) for name in self.types.get(r.seq, [])):
+            return True
+        if self.gate.pays(r.seq, NGRAMS):
+            return True
+        self.skipped.setdefault(r.seq, []).append(self.gate.why(r.seq, NGRAMS))
+        return False
 
     def _gate(self, r: DraftRequest, name: str) -> bool:
         """Tree mode under the length policy: whether the model drafter `name` drafts for this request
@@ -262,6 +291,13 @@ class DrafterChain:
             if self.pool[name].needs_model:
                 self.gate.note_rows(seq, name, sum(1 for d in tree.drafters if d == name))
                 self.gate.note_gain(seq, name, gains.get(name, 0))
+        grouped = {NGRAMS if is_ngram(name) else name: (0, 0) for name in credit}
+        for name, (k, m) in credit.items():  # the n-gram drafters as one: the longest kept prefix any proposed
+            key = NGRAMS if is_ngram(name) else name
+            grouped[key] = max(grouped[key], (k, m), key=lambda km: km[1])
+        if any(is_ngram(name) for name in self.types.get(seq, [])):
+            self.gate.note_rows(seq, NGRAMS, sum(1 for d in tree.drafters if is_ngram(d)))
+            self.gate.note_gain(seq, NGRAMS, exclusive_gains(grouped, len(path)).get(NGRAMS, 0))
         for name, (k, m) in credit.items():
             s, s_seq = self._both(seq, name)
             s.on_draft(k)
