@@ -8,9 +8,9 @@ widens them block by block as a pass needs them): the same weights, the same sum
 same bits as the float32 kernel, at a seventh of the bytes.
 
 Exactness is checked, not assumed: a linear is taken only if d q + m (Q4_1) or d q (Q8_0), computed as gguf-py
-computes it, equals every element of the loaded weight; llama.cpp stores q and k with rows permuted for its
-rotary layout, so those are compared after transformers' reverse permutation. A GGUF of another family or
-quantisation, or a weight that differs, keeps the float32 kernel.
+computes it, equals every element of the loaded weight; llama.cpp's Llama converter stores q and k with rows
+permuted for its rotary layout, so those are also compared after transformers' reverse permutation. A GGUF of
+another family or quantisation, a linear with a bias, or a weight that differs keeps the float32 kernel.
 """
 
 from __future__ import annotations
@@ -101,6 +101,17 @@ def blocks_read(path: Path, device: str) -> str:
                      if t in found)
 
 
+def _matching(w: QuantWeight, weight: np.ndarray, heads: int) -> QuantWeight | None:
+    """w with its rows in the model's order if its blocks give `weight` exactly, else None. q and k may come
+    permuted for llama.cpp's rotary layout (Llama's converter does it, Qwen2's does not)."""
+    orders = [None] + ([_llama_reverse_permute(weight.shape[0], heads)] if heads else [])
+    for order in orders:
+        candidate = w if order is None else w.rows(order)
+        if np.array_equal(candidate.dequantize(), weight):
+            return candidate
+    return None
+
+
 def read_gguf(path: Path) -> dict[str, QuantWeight]:
     """The Q4_1 and Q8_0 tensors of a GGUF by llama.cpp name, unpacked."""
     from gguf import GGMLQuantizationType, GGUFReader
@@ -172,11 +183,11 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False) -> tuple[in
         for name, (module, heads) in _targets(model).items():
             w = stored.get(name)
             weight = module.weight
-            if w is None or weight.dtype != torch.float32 or weight.shape != w.q.shape or weight.shape[0] % nb:
+            if w is None or weight.dtype != torch.float32 or weight.shape != w.q.shape or weight.shape[0] % nb \
+                    or module.bias is not None:
                 continue
-            if heads:
-                w = w.rows(_llama_reverse_permute(weight.shape[0], heads))
-            if not np.array_equal(w.dequantize(), weight.detach().numpy()):
+            w = _matching(w, weight.detach().numpy(), heads)
+            if w is None:
                 differ.append(name)
                 continue
             n, k = weight.shape
