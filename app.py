@@ -26,8 +26,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="recurrent models (Mamba, hybrids): undo rejected tails of up to N tokens from kept states "
                         "instead of a checkpoint restore (RS); 0 = checkpoints only (default)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="weights of target and draft: auto (default) times a layer in both and keeps bfloat16 where "
-                        "this CPU computes it natively and it is faster; plain and speculative runs share it")
+                   help="weights of target and draft: auto (default) keeps float32 for a GGUF whose Q4_1 / Q8_0 "
+                        "blocks are read as stored, else times a forward in both and keeps bfloat16 where this CPU "
+                        "computes it natively and it is faster; plain and speculative runs share it")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow models whose code lives in their repository (off by default)")
     p.add_argument("--allow-model-load", action="store_true",
