@@ -137,7 +137,6 @@ class SmallGemm:
         o = None
         if other is not None:
             o = other.reshape(-1, self.n).to(self.act).contiguous()
-        if self.fn(x2.data_ptr(), self.weight.data_ptr(), y.data_ptr(), None if o is None else o.data_ptr(), m,
-                   self.k, self.n, POST[post]):
-            raise MemoryError(f"{self.label} kernel: no memory for its scratch")
+        self.fn(x2.data_ptr(), self.weight.data_ptr(), y.data_ptr(), None if o is None else o.data_ptr(), m,
+                self.k, self.n, POST[post])
         return y.reshape(*x.shape[:-1], self.n)

@@ -159,7 +159,7 @@ def load_kernels(defines: tuple[str, ...] = ()) -> tuple[dict[str, object], int,
     fns = {}
     for kind in ("q4_1", "q8_0"):
         fn = getattr(lib, f"small_gemm_{kind}")
-        fn.restype = ctypes.c_int
+        fn.restype = None
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         fns[kind] = fn
     lib.small_gemm_f32_block.restype = ctypes.c_int

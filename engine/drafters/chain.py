@@ -291,13 +291,11 @@ class DrafterChain:
             if self.pool[name].needs_model:
                 self.gate.note_rows(seq, name, sum(1 for d in tree.drafters if d == name))
                 self.gate.note_gain(seq, name, gains.get(name, 0))
-        grouped = {NGRAMS if is_ngram(name) else name: (0, 0) for name in credit}
-        for name, (k, m) in credit.items():  # the n-gram drafters as one: the longest kept prefix any proposed
-            key = NGRAMS if is_ngram(name) else name
-            grouped[key] = max(grouped[key], (k, m), key=lambda km: km[1])
-        if any(is_ngram(name) for name in self.types.get(seq, [])):
+        if any(is_ngram(name) for name in self.types.get(seq, [])):  # the n-gram drafters as one
+            ngrams = max((km for name, km in credit.items() if is_ngram(name)), key=lambda km: km[1], default=(0, 0))
+            grouped = {NGRAMS: ngrams, **{name: km for name, km in credit.items() if not is_ngram(name)}}
             self.gate.note_rows(seq, NGRAMS, sum(1 for d in tree.drafters if is_ngram(d)))
-            self.gate.note_gain(seq, NGRAMS, exclusive_gains(grouped, len(path)).get(NGRAMS, 0))
+            self.gate.note_gain(seq, NGRAMS, exclusive_gains(grouped, len(path))[NGRAMS])
         for name, (k, m) in credit.items():
             s, s_seq = self._both(seq, name)
             s.on_draft(k)

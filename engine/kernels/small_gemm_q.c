@@ -121,19 +121,16 @@ typedef void (*q_pass_fn)(const float *, int64_t, int64_t, const uint8_t *, int6
         q_pass(q4, x, m0, c <= QMB ? c : QMB, k, wq, b0, 1, y, other, n, post);                                  \
     }
 #define QPS(q4) QP(q4, 1) QP(q4, 2) QP(q4, 3) QP(q4, 4) QP(q4, 5) QP(q4, 6) QP(q4, 7) QP(q4, 8) QP(q4, 9) \
-    QP(q4, 10) QP(q4, 11) QP(q4, 12) QP(q4, 13) QP(q4, 14) QP(q4, 15) QP(q4, 16) QP(q4, 17) QP(q4, 18) QP(q4, 19) \
-    QP(q4, 20) QP(q4, 21) QP(q4, 22) QP(q4, 23) QP(q4, 24)
+    QP(q4, 10) QP(q4, 11) QP(q4, 12) QP(q4, 13) QP(q4, 14) QP(q4, 15) QP(q4, 16)
 QPS(0) QPS(1)
 #define QTABLE(q4, suffix)                                                                                     \
     {0, q_pass_##q4##_1##suffix, q_pass_##q4##_2##suffix, q_pass_##q4##_3##suffix, q_pass_##q4##_4##suffix,    \
      q_pass_##q4##_5##suffix, q_pass_##q4##_6##suffix, q_pass_##q4##_7##suffix, q_pass_##q4##_8##suffix,       \
      q_pass_##q4##_9##suffix, q_pass_##q4##_10##suffix, q_pass_##q4##_11##suffix, q_pass_##q4##_12##suffix,    \
-     q_pass_##q4##_13##suffix, q_pass_##q4##_14##suffix, q_pass_##q4##_15##suffix, q_pass_##q4##_16##suffix,   \
-     q_pass_##q4##_17##suffix, q_pass_##q4##_18##suffix, q_pass_##q4##_19##suffix, q_pass_##q4##_20##suffix,   \
-     q_pass_##q4##_21##suffix, q_pass_##q4##_22##suffix, q_pass_##q4##_23##suffix, q_pass_##q4##_24##suffix}
-static const q_pass_fn q_passes[2][2][25] = {{QTABLE(0, ), QTABLE(0, _one)}, {QTABLE(1, ), QTABLE(1, _one)}};
+     q_pass_##q4##_13##suffix, q_pass_##q4##_14##suffix, q_pass_##q4##_15##suffix, q_pass_##q4##_16##suffix}
+static const q_pass_fn q_passes[2][2][17] = {{QTABLE(0, ), QTABLE(0, _one)}, {QTABLE(1, ), QTABLE(1, _one)}};
 
-static int gemm_q(const int q4, const float *x, const uint8_t *wq, float *y, const float *other, int64_t M,
+static void gemm_q(const int q4, const float *x, const uint8_t *wq, float *y, const float *other, int64_t M,
                   int64_t K, int64_t N, int post) {
     const int64_t nblocks = N / NB, n_pass = (M + QMB - 1) / QMB;
     const int64_t first = M / n_pass + (M % n_pass > 0); /* rows of the largest pass: it sets the blocks a task takes */
@@ -152,17 +149,15 @@ static int gemm_q(const int q4, const float *x, const uint8_t *wq, float *y, con
             m0 += m;
         }
     }
-    return 0;
 }
 
-/* x [M, K], wq packed as above (K a multiple of 32, N of NB), y [M, N]; other [M, N] for post 2 and 3.
- * Returns 0, or -1 if a thread had no memory for its scratch. */
-int small_gemm_q4_1(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
-                    int64_t N, int post) {
-    return gemm_q(1, x, wq, y, other, M, K, N, post);
+/* x [M, K], wq packed as above (K a multiple of 32, N of NB), y [M, N]; other [M, N] for post 2 and 3 */
+void small_gemm_q4_1(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
+                     int64_t N, int post) {
+    gemm_q(1, x, wq, y, other, M, K, N, post);
 }
 
-int small_gemm_q8_0(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
-                    int64_t N, int post) {
-    return gemm_q(0, x, wq, y, other, M, K, N, post);
+void small_gemm_q8_0(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
+                     int64_t N, int post) {
+    gemm_q(0, x, wq, y, other, M, K, N, post);
 }
