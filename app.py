@@ -12,6 +12,8 @@ import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from engine.dtype import CHOICES
+
     p = argparse.ArgumentParser(description="Watch speculative decoding happen, round by round, in a browser.")
     p.add_argument("--target", default="embedded",
                    help="target model: 'embedded' (SmolLM2-135M-Instruct), a HF hub id, a local directory or a .gguf")
@@ -25,10 +27,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-rs", type=int, default=0,
                    help="recurrent models (Mamba, hybrids): undo rejected tails of up to N tokens from kept states "
                         "instead of a checkpoint restore (RS); 0 = checkpoints only (default)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                   help="weights of target and draft: auto (default) keeps float32 for a GGUF whose Q4_1 / Q8_0 "
-                        "blocks are read as stored, else times a forward in both and keeps bfloat16 where this CPU "
-                        "computes it natively and it is faster; plain and speculative runs share it")
+    p.add_argument("--dtype", choices=list(CHOICES), default="auto",
+                   help="weights of target and draft: for a GGUF whose Q4_1 / Q8_0 blocks are its weights, auto "
+                        "(default) takes int8 (the blocks times 8-bit inputs, llama.cpp's arithmetic) where its "
+                        "timed kernel is faster, else float32 read from the blocks; for others it times a forward "
+                        "in both and keeps bfloat16 where this CPU computes it natively and it is faster; plain "
+                        "and speculative runs share it")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow models whose code lives in their repository (off by default)")
     p.add_argument("--allow-model-load", action="store_true",

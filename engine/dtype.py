@@ -11,6 +11,12 @@ in float32, while the embedded model's forwards of 1 / 4 / 8 rows took 29.9 / 35
 29.1 / 31.3 / 36.8 in float32 (medians of 30, interleaved). Where the config cannot be built (a model of remote
 code) or its float32 weights would take over 2 GiB, one layer's linears are timed instead.
 
+A GGUF whose Q4_1 / Q8_0 blocks are its weights exactly (engine/quant.py) is read from its blocks, in one of
+two arithmetics: "float32" widens each weight to the float32 value the loader made of it (the float32 model's
+bits), "int8" rounds each row's inputs to 8 bits per group of 32 and sums the products in integers on VNNI
+(llama.cpp's CPU arithmetic: different bits, 2 to 3 times fewer instructions for a verification batch). "auto"
+takes int8 where a layer's linears at 1, 4 and 16 rows run faster in it.
+
 Plain and speculative decoding run on the same loaded model, so they always share the dtype and the lossless
 check compares like with like.
 """
@@ -22,7 +28,7 @@ from dataclasses import dataclass, field
 
 from engine.kernels.build import cpu_flags
 
-CHOICES = ("auto", "float32", "bfloat16")
+CHOICES = ("auto", "float32", "bfloat16", "int8")
 NATIVE_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs that compute bfloat16 natively
 MARGIN = 0.95  # bfloat16 is kept when its layer time is below this fraction of float32's
 # a model of the config is built to time its forward only up to this size in float32 (the loaded model, both
@@ -32,9 +38,16 @@ WHOLE_FORWARD_MAX_BYTES = 2 << 30
 
 @dataclass
 class DtypeChoice:
-    dtype: str  # "float32" or "bfloat16": what the weights are loaded in
+    # "float32" or "bfloat16": what the weights are loaded in; "int8": float32, the GGUF's blocks multiplied by
+    # 8-bit inputs (engine/kernels/small_gemm_qdot.c)
+    dtype: str
     reason: str  # one line for the status bar, the Benchmark tab and traces.csv
     layer_ms: dict[str, float] = field(default_factory=dict)  # measured time by dtype (of a forward, see _timings)
+
+    @property
+    def torch_name(self) -> str:
+        """The torch dtype the weights load in."""
+        return "float32" if self.dtype == "int8" else self.dtype
 
 
 def native_bf16_flag() -> str | None:
@@ -150,6 +163,8 @@ def choose_dtype(requested: str, config, device: str, blocks: str = "") -> Dtype
     as stored ("Q4_1, Q8_0", engine/quant.py), where the source has them: fewer bytes than bfloat16 reads."""
     if requested not in CHOICES:
         raise ValueError(f"dtype must be one of {', '.join(CHOICES)}, not {requested!r}")
+    if requested == "int8" or (requested == "auto" and blocks and device == "cpu"):
+        return _blocks_choice(requested, config, device, blocks)
     if requested != "auto":
         if requested == "bfloat16" and device == "cpu" and native_bf16_flag() is None:
             return DtypeChoice(requested, "bfloat16 as asked (this CPU has no native bfloat16: emulated, slower)")
@@ -160,8 +175,6 @@ def choose_dtype(requested: str, config, device: str, blocks: str = "") -> Dtype
         if device.startswith("cuda") and torch.cuda.is_bf16_supported():
             return DtypeChoice("bfloat16", "auto: a GPU with bfloat16")
         return DtypeChoice("float32", f"auto: float32 on {device}")
-    if blocks:
-        return DtypeChoice("float32", f"auto: float32 (its {blocks} blocks read as stored)")
     flag = native_bf16_flag()
     if flag is None:
         return DtypeChoice("float32", "auto: float32 (no native bfloat16 on this CPU)")
@@ -171,3 +184,24 @@ def choose_dtype(requested: str, config, device: str, blocks: str = "") -> Dtype
     if ratio < MARGIN:
         return DtypeChoice("bfloat16", f"auto: bfloat16 ({flag}; {timing})", ms)
     return DtypeChoice("float32", f"auto: float32 (bfloat16 not faster here: {timing})", ms)
+
+
+def _blocks_choice(requested: str, config, device: str, blocks: str) -> DtypeChoice:
+    """"int8" asked, or "auto" for a GGUF with blocks: the integer kernel where it runs (and, for auto, is
+    faster), else float32 widening the blocks."""
+    from engine.quant import dot_reason, time_kernels
+
+    exact = f"float32 (its {blocks} blocks read as stored)" if blocks else "float32"
+    why = ("no GGUF with Q4_1 / Q8_0 blocks" if not blocks else f"on {device}" if device != "cpu"
+           else dot_reason())
+    if why:
+        return DtypeChoice("float32", f"{requested}: {exact}; int8 needs VNNI and a GGUF's blocks ({why})")
+    if requested == "int8":
+        return DtypeChoice("int8", f"int8 as asked (its {blocks} blocks times 8-bit inputs)")
+    ms = time_kernels(_layer_shapes(config))
+    timing = f"a layer's linears at 1, 4, 16 rows {ms['q4_1_dot']:.2f} ms in int8, {ms['q4_1']:.2f} in float32"
+    if ms["q4_1_dot"] < MARGIN * ms["q4_1"]:
+        return DtypeChoice("int8", f"auto: int8 (its {blocks} blocks times 8-bit inputs; {timing})",
+                           {"int8": ms["q4_1_dot"], "float32": ms["q4_1"]})
+    return DtypeChoice("float32", f"auto: {exact} (int8 not faster here: {timing})",
+                       {"int8": ms["q4_1_dot"], "float32": ms["q4_1"]})

@@ -108,7 +108,9 @@ class SmallGemm:
     n: int  # outputs
     dtype: torch.dtype  # of the weight's values
     act: torch.dtype  # of the inputs and the outputs
-    kind: str = ""  # how the weight is stored where not as `dtype`: "q4_1", "q8_0" (GGUF blocks, engine/quant.py)
+    # how the weight is stored where not as `dtype`: GGUF blocks read as float32 ("q4_1", "q8_0") or multiplied
+    # by 8-bit inputs in integers ("q4_1_dot", "q8_0_dot"), engine/quant.py
+    kind: str = ""
 
     @property
     def label(self) -> str:
@@ -137,6 +139,7 @@ class SmallGemm:
         o = None
         if other is not None:
             o = other.reshape(-1, self.n).to(self.act).contiguous()
-        self.fn(x2.data_ptr(), self.weight.data_ptr(), y.data_ptr(), None if o is None else o.data_ptr(), m,
-                self.k, self.n, POST[post])
+        if self.fn(x2.data_ptr(), self.weight.data_ptr(), y.data_ptr(), None if o is None else o.data_ptr(), m,
+                   self.k, self.n, POST[post]):
+            raise MemoryError(f"{self.label} kernel: no memory for its quantised rows")
         return y.reshape(*x.shape[:-1], self.n)

@@ -18,7 +18,8 @@ import torch
 from engine.gemm import SmallGemm
 
 _NAMES = ("q", "k", "v", "o", "gate", "up", "down")
-_KINDS = {"": 0, "q4_1": 1, "q8_0": 2}  # how lean_layers.c reads a weight: float32, or which GGUF blocks
+# how lean_layers.c reads a weight: float32, GGUF blocks as float32, or GGUF blocks by integer dot products
+_KINDS = {"": 0, "q4_1": 1, "q8_0": 2, "q4_1_dot": 3, "q8_0_dot": 4}
 
 
 def _pointers(tensors) -> ctypes.Array:

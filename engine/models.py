@@ -36,7 +36,7 @@ class LoadedModel:
     quant_bits: int  # bits per weight of the source (4 for the embedded Q4_1; 16/32 for HF weights)
     n_params: int  # parameters
     device: str  # where it runs
-    dtype: str = "float32"  # the weights' dtype ("float32" / "bfloat16")
+    dtype: str = "float32"  # the weights' dtype ("float32" / "bfloat16"; "int8": a GGUF's blocks by integer dots)
     dtype_reason: str = ""  # why that dtype (engine/dtype.py): shown in the status line, the bench and traces
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
@@ -201,7 +201,7 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
                dtype: str = "float32", prepack: bool = True) -> LoadedModel:
     """Load `name` ("embedded", a directory, a .gguf file or a hub id). Raises ModelLoadError.
 
-    dtype: "float32", "bfloat16" or "auto" (measured on this machine: engine/dtype.py). prepack: replace the
+    dtype: "float32", "bfloat16", "int8" or "auto" (measured on this machine: engine/dtype.py). prepack: replace the
     CPU linears' weights by oneDNN's packed layout (engine/prepack.py); off for a stock model to train through
     or to compare with."""
     import torch
@@ -219,7 +219,7 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
         if name == EMBEDDED:
             path = gguf_path = embedded_gguf_path()
             choice = choose_dtype(dtype, _gguf_config(path), device, _blocks(path, device, prepack))
-            model, tok = _load_gguf(path, getattr(torch, choice.dtype))
+            model, tok = _load_gguf(path, getattr(torch, choice.torch_name))
             quant_bits = 4
         elif name.endswith(".gguf"):
             path = Path(name).expanduser()
@@ -227,7 +227,7 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
                 raise ModelLoadError(f"model file not found: {name}")
             gguf_path = path
             choice = choose_dtype(dtype, _gguf_config(path), device, _blocks(path, device, prepack))
-            model, tok = _load_gguf(path, getattr(torch, choice.dtype))
+            model, tok = _load_gguf(path, getattr(torch, choice.torch_name))
             quant_bits = 4 if "Q4" in path.name.upper() else 8 if "Q8" in path.name.upper() else \
                 16 if choice.dtype == "bfloat16" else 32
         else:
@@ -244,7 +244,7 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
             extra = {}
             if device == "cuda" and importlib.util.find_spec("accelerate") is not None:
                 extra["device_map"] = "auto"
-            torch_dtype = getattr(torch, choice.dtype)
+            torch_dtype = getattr(torch, choice.torch_name)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs, **extra)
             quant_bits = 16 if choice.dtype == "bfloat16" else 32
     except ModelLoadError:
@@ -262,10 +262,11 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
         from engine.prepack import prepack_linears
 
         keep = family_reason(model) is not None
-        if gguf_path is not None and choice.dtype == "float32":
+        if gguf_path is not None and choice.torch_name == "float32":
             from engine.quant import attach
 
-            attach(model, gguf_path, keep_weights=keep)  # the GGUF's blocks where they are the weights exactly
+            # the GGUF's blocks where they are the weights exactly
+            attach(model, gguf_path, keep_weights=keep, dot=choice.dtype == "int8")
         # k+1 verification rows at about one row's cost, one copy for the lean forward's families (prepack.py)
         prepack_linears(model, keep_weights=keep)
         map_tied_embedding(model, cache_dir() / "mapped")  # the packed LM head is the table's in-memory copy

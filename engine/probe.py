@@ -24,8 +24,9 @@ RS, PART, FULL, NO = "RS", "PART", "FULL", "NO"
 # max |logit difference| between cached and plain forwards, relative to the largest |logit|: float32 kernels
 # of other shapes differ by ~1e-4 of the scale on a real model; a wrong cache or scan is off by 1e-2 or more
 PROBE_TOLERANCE = 1e-3
-# 16-bit weights round every activation to 8 (bfloat16) or 11 bits: a correct cache differs from transformers'
-# forward of the same weights by 0.01 to 0.06 of the logits' L2 norm on a real model, a wrong one by 0.4 or more
+# 16-bit weights round every activation to 8 (bfloat16) or 11 bits, the integer kernels a linear's inputs to 8:
+# a correct cache differs from transformers' forward of the same weights by 0.01 to 0.06 of the logits' L2 norm on
+# a real model, a wrong one by 0.4 or more
 PROBE_TOLERANCE_16BIT = 0.15
 
 
@@ -55,6 +56,14 @@ def _forward(ctx, tokens: list[int], p0: int, seq: int) -> torch.Tensor:
     return ctx.decode(batch).logits
 
 
+def _rounds_activations(model) -> bool:
+    """16-bit weights, or linears that round their inputs to 8 bits (engine/quant.py's integer kernels): two
+    correct forwards that sum in other orders then differ by the rounding of a whole activation, not of a sum."""
+    if next(model.parameters()).dtype in (torch.float16, torch.bfloat16):
+        return True
+    return any(getattr(getattr(m, "_packed_weight", None), "kind", "").endswith("_dot") for m in model.modules())
+
+
 def probe_context(ctx, seq: int = 0) -> ProbeResult:
     """`ctx` is a ModelContext (cells) or a StatefulContext (the model's own cache)."""
     tokens = probe_tokens(ctx.n_vocab)
@@ -80,7 +89,7 @@ def probe_context(ctx, seq: int = 0) -> ProbeResult:
     ctx.seq_rm(seq, -1, -1)
     err = float((cached - plain).abs().max())
     measure = "max error"
-    if next(ctx.model.parameters()).dtype in (torch.float16, torch.bfloat16):
+    if _rounds_activations(ctx.model):
         err = float((cached - plain).norm() / plain.norm().clamp_min(1e-6))  # relative L2, see the tolerance
         wrong, measure = err > PROBE_TOLERANCE_16BIT, "relative L2 error"
     else:

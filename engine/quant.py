@@ -82,6 +82,27 @@ def pack(w: QuantWeight, nb: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(-1))
 
 
+def pack_dot(w: QuantWeight, nb: int) -> torch.Tensor:
+    """The integer kernel's layout (small_gemm_qdot.c): per block of nb outputs, per group of 32 inputs, d [nb]
+    (and m [nb]) as float32, then the quants in fours, output-major within a vector: q4_1's inputs 4p..4p + 3 in
+    the low nibbles and 16 + 4p.. in the high ones of vector p; q8_0's plus 128 as unsigned bytes."""
+    n, k = w.q.shape
+    g = k // GROUP
+
+    def by_block(a: np.ndarray) -> np.ndarray:  # [N, G] float32 -> [N / nb, G, nb * 4] bytes
+        return np.ascontiguousarray(a.reshape(n // nb, nb, g).transpose(0, 2, 1)).view(np.uint8)
+
+    q = w.q.reshape(n // nb, nb, g, GROUP)
+    if w.kind == "q4_1":
+        lo, hi = q[..., :16].reshape(n // nb, nb, g, 4, 4), q[..., 16:].reshape(n // nb, nb, g, 4, 4)
+        quads = (lo | (hi << 4)).astype(np.uint8)  # [blocks, nb, g, p, i]
+        parts = [by_block(w.d), by_block(w.m), quads.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
+    else:
+        biased = (q.astype(np.int16) + 128).astype(np.uint8).reshape(n // nb, nb, g, 8, 4)
+        parts = [by_block(w.d), biased.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(-1))
+
+
 def _llama_reverse_permute(n_rows: int, n_heads: int) -> np.ndarray:
     """The row order transformers' GGUF loader gives q and k (it undoes llama.cpp's rotary permutation):
     row r of the model is row order[r] of the file."""
@@ -145,35 +166,86 @@ def _targets(model: nn.Module) -> dict[str, tuple[nn.Linear, int]]:
     return out
 
 
+DOT_FLAGS = ("avx512_vnni", "avx_vnni")  # /proc/cpuinfo flags of CPUs with VNNI's byte dot products
+
+
 def load_kernels(defines: tuple[str, ...] = ()) -> tuple[dict[str, object], int, str]:
-    """({kind: multiply}, outputs per block, "") from the built library, or ({}, 0, why not). defines: -D options
-    of the build (("BLOCK8",): AVX2's 8-wide layout on an AVX512 CPU)."""
+    """({kind: multiply}, outputs per block, "") from the built library, or ({}, 0, why not). Kinds "q4_1" and
+    "q8_0" read the blocks as float32 (small_gemm_q.c); "q4_1_dot" and "q8_0_dot", where the CPU has VNNI,
+    multiply them by 8-bit inputs in integers (small_gemm_qdot.c). defines: -D options of the build
+    (("BLOCK8",): AVX2's 8-wide layout on an AVX512 CPU)."""
     from engine.kernels.build import build, cpu_flags
 
     missing = [f for f in ("avx2", "fma") if f not in cpu_flags()]
     if missing:
         return {}, 0, f"the CPU has no {', '.join(f.upper() for f in missing)}"
-    lib, where = build("small_gemm_q", defines)
+    lib, where = build("small_gemm_qdot", defines)
     if lib is None:
         return {}, 0, where
     fns = {}
-    for kind in ("q4_1", "q8_0"):
+    for kind in ("q4_1", "q8_0", "q4_1_dot", "q8_0_dot"):
+        if kind.endswith("_dot") and not lib.small_gemm_qdot_ok():
+            continue
         fn = getattr(lib, f"small_gemm_{kind}")
-        fn.restype = None
+        fn.restype = ctypes.c_int if kind.endswith("_dot") else None
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         fns[kind] = fn
     lib.small_gemm_f32_block.restype = ctypes.c_int
     return fns, lib.small_gemm_f32_block(), ""
 
 
-def attach(model: nn.Module, path: Path, keep_weights: bool = False) -> tuple[int, str]:
+def dot_reason() -> str:
+    """"" where the integer kernels run on this CPU, else why not."""
+    from engine.kernels.build import cpu_flags
+
+    if not any(f in cpu_flags() for f in DOT_FLAGS):
+        return "the CPU has no VNNI (avx512_vnni or avx_vnni)"
+    fns, _, why = load_kernels()
+    return why or ("" if "q4_1_dot" in fns else "the kernel was built without VNNI")
+
+
+def time_kernels(layer: list[tuple[int, int]], rows: tuple[int, ...] = (1, 4, 16), reps: int = 5) -> dict[str, float]:
+    """ms of one decoder layer's linears, (outputs, inputs) each, as Q4_1 blocks at each of `rows`, summed, by
+    kernel ("q4_1": float32 arithmetic, "q4_1_dot": integers): the fastest of `reps`, the weights random, since
+    a kernel takes as long on any values."""
+    import time
+
+    fns, nb, _ = load_kernels()
+    rng = np.random.default_rng(0)
+    shapes = [(o, i) for o, i in layer if o % nb == 0 and i % GROUP == 0]
+    weights = []
+    for o, i in shapes:
+        q = rng.integers(0, 16, (o, i), dtype=np.uint8)
+        d = np.full((o, i // GROUP), 1e-3, np.float32)
+        weights.append(QuantWeight("q4_1", q, d, -8 * d))
+    out = {}
+    for kind in ("q4_1", "q4_1_dot"):
+        if kind not in fns:
+            continue
+        packed = [(pack_dot if kind.endswith("_dot") else pack)(w, nb) for w in weights]
+        inputs = {(r, i): torch.randn(r, i) for r in rows for _, i in shapes}
+        outputs = {(r, o): torch.empty(r, o) for r in rows for o, _ in shapes}
+        best = float("inf")
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            for r in rows:
+                for (o, i), w in zip(shapes, packed):
+                    fns[kind](inputs[r, i].data_ptr(), w.data_ptr(), outputs[r, o].data_ptr(), None, r, i, o, 0)
+            best = min(best, time.perf_counter() - t0)
+        out[kind] = best * 1000
+    return out
+
+
+def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool = False) -> tuple[int, str]:
     """Give each float32 linear of `model` whose GGUF blocks reproduce its weight exactly a packed copy of the
-    blocks (before engine/prepack.py packs the others, which it then skips). (linears taken, why not others)."""
+    blocks (before engine/prepack.py packs the others, which it then skips). dot: multiplied by 8-bit inputs in
+    integers (llama.cpp's arithmetic), else read as float32 (the float32 weights' bits). (linears taken, why
+    not others)."""
     if getattr(model.config, "model_type", "") not in ("llama", "mistral", "qwen2"):
         return 0, f"{model.config.model_type}: only the Llama family's GGUF names are mapped"
     fns, nb, why = load_kernels()
-    if not fns:
-        return 0, why
+    if not fns or (dot and "q4_1_dot" not in fns):
+        return 0, why or dot_reason()
     from engine.prepack import _packed_forward, _tied_elsewhere
 
     stored = read_gguf(path)
@@ -191,8 +263,9 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False) -> tuple[in
                 differ.append(name)
                 continue
             n, k = weight.shape
-            module._packed_weight = SmallGemm(fns[w.kind], pack(w, nb), k, n, torch.float32, torch.float32,
-                                              kind=w.kind)
+            kind = w.kind + "_dot" if dot else w.kind
+            packed = (pack_dot if dot else pack)(w, nb)
+            module._packed_weight = SmallGemm(fns[kind], packed, k, n, torch.float32, torch.float32, kind=kind)
             if id(weight) not in tied and not keep_weights:
                 del module.weight
             module.forward = _packed_forward.__get__(module)

@@ -22,7 +22,7 @@ def peak_gib() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"])
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--max-new", type=int, default=96)
     a = ap.parse_args(argv)

@@ -23,7 +23,7 @@ class AppOptions:
     n_rs: int = 0  # recurrent models: tail length undone from kept states instead of a checkpoint (0 = off)
     queue_max: int = 64  # requests that may wait for a slot; past it a new one is told to come back later
     allow_model_load: bool = True  # whether a visitor may load other models from the page (off on a shared demo)
-    dtype: str = "auto"  # weights' dtype for every model loaded: auto / float32 / bfloat16 (engine/dtype.py)
+    dtype: str = "auto"  # weights' dtype for every model loaded: auto / float32 / bfloat16 / int8 (engine/dtype.py)
 
 
 @dataclass

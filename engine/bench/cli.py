@@ -29,6 +29,7 @@ from engine.bench.rows import write_rows
 from engine.bench.run import BenchConfig, prompt_grammar
 from engine.bench.stats import OTHER_IMPLEMENTATIONS, geomean, is_other, print_sweep_summary
 from engine.bench.sweep import cells_needed, run_sweep, sweep_from_args
+from engine.dtype import CHOICES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -73,9 +74,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "prompt lookup on a stock float32 copy), llama.cpp (the same GGUF through llama-cpp-python, "
                          "optional: ./scripts/setup.sh --llamacpp); their rows' lossless_ok is n/a, match_plain "
                          "counts their leading tokens equal to ours")
-    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                    help="weights of target and draft (auto: bfloat16 where this CPU computes it natively and it is "
-                         "faster, by a timed layer); plain and speculative runs share it")
+    ap.add_argument("--dtype", choices=list(CHOICES), default="auto",
+                    help="weights of target and draft (auto: for a GGUF with Q4_1 / Q8_0 blocks, int8 where its "
+                         "integer kernel is faster, else float32 read from the blocks; for others, bfloat16 where "
+                         "this CPU computes it natively and it is faster, by a timed forward); plain and "
+                         "speculative runs share it")
     fmt = ap.add_mutually_exclusive_group()
     fmt.add_argument("--json-schema", default=None, metavar="FILE",
                      help="constrain every answer to this JSON schema (a prompt's own json_schema or regex wins)")

@@ -105,6 +105,8 @@ def run_sweep(cfg: BenchConfig, engine, prompts: list[dict], sweep: Sweep, repea
 
     rows = []
     run_ours(cfg, engine, prompts[:1], spec=False, warmup=True)
+    if cfg.spec.types:  # the drafters' first build (the draft head's weights, its kernels) is not a round's cost
+        run_ours(cfg, engine, prompts[:1], spec=True, warmup=True)
     n_groups = sum(len(groups_of(prompts, n)) for n in sweep.parallel) * len(sweep.ctx_len)
     bar = tqdm(total=n_groups * repeat * (1 + sweep.n_configs(bool(cfg.spec.types))), desc="bench",
                file=sys.stderr, disable=None)

@@ -16,17 +16,21 @@
  * rope(z)[i] = z[i] cos[i] - z[i + hd/2] sin[i] for i < hd/2, z[i] cos[i] + z[i - hd/2] sin[i] above
  * (transformers' rotate_half), cos and sin [t, hd] from the model's own rotary module.
  */
-#include "small_gemm_q.c"
+#include "small_gemm_qdot.c"
 #include "cell_attention.c"
 
 #include "row_ops.h"
 
-/* one linear: kind 0 float32 (packed [N/NB][K][NB]), 1 Q4_1 and 2 Q8_0 blocks (small_gemm_q.c) */
-static void linear(int kind, const float *x, const void *w, float *y, const float *other, int64_t t, int64_t k,
-                   int64_t n, int post) {
+/* one linear: kind 0 float32 (packed [N/NB][K][NB]), 1 Q4_1 and 2 Q8_0 blocks read as float32 (small_gemm_q.c),
+ * 3 Q4_1 and 4 Q8_0 blocks by integer dot products (small_gemm_qdot.c); nonzero where it could not run */
+static int linear(int kind, const float *x, const void *w, float *y, const float *other, int64_t t, int64_t k,
+                  int64_t n, int post) {
     if (kind == 1) small_gemm_q4_1(x, w, y, other, t, k, n, post);
     else if (kind == 2) small_gemm_q8_0(x, w, y, other, t, k, n, post);
+    else if (kind == 3) return small_gemm_q4_1_dot(x, w, y, other, t, k, n, post);
+    else if (kind == 4) return small_gemm_q8_0_dot(x, w, y, other, t, k, n, post);
     else small_gemm_f32(x, w, y, other, t, k, n, post);
+    return 0;
 }
 
 /* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down, stored as kinds[7 * l + j]; norms[2 * l] the
@@ -47,9 +51,11 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const 
         const void *const *wl = w + 7 * l;
         const int *kl = kinds + 7 * l;
         for (int64_t r = 0; r < t; r++) rms_row(x + r * d, norms[2 * l], h + r * d, d, eps);
-        linear(kl[0], h, wl[0], q, NULL, t, d, nq, 0);
-        linear(kl[1], h, wl[1], k, NULL, t, d, nkv, 0);
-        linear(kl[2], h, wl[2], v, NULL, t, d, nkv, 0);
+        if (linear(kl[0], h, wl[0], q, NULL, t, d, nq, 0) || linear(kl[1], h, wl[1], k, NULL, t, d, nkv, 0) ||
+            linear(kl[2], h, wl[2], v, NULL, t, d, nkv, 0)) {
+            failed = 1;
+            break;
+        }
         for (int64_t r = 0; r < t; r++) {
             rope_row(q + r * nq, n_heads, hd, cos + r * hd, sin + r * hd);
             rope_row(k + r * nkv, n_kv_heads, hd, cos + r * hd, sin + r * hd);
@@ -63,11 +69,17 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const 
             failed = 1;
             break;
         }
-        linear(kl[3], a, wl[3], x, x, t, nq, d, 2);  /* x = a Wo + x, in place: each output reads its x first */
+        if (linear(kl[3], a, wl[3], x, x, t, nq, d, 2)) { /* x = a Wo + x, in place: each output reads its x first */
+            failed = 1;
+            break;
+        }
         for (int64_t r = 0; r < t; r++) rms_row(x + r * d, norms[2 * l + 1], h + r * d, d, eps);
-        linear(kl[4], h, wl[4], g, NULL, t, d, mlp, 1);  /* silu(h Wg) */
-        linear(kl[5], h, wl[5], g, g, t, d, mlp, 3);     /* (h Wu) * that, in place */
-        linear(kl[6], g, wl[6], x, x, t, mlp, d, 2);     /* x = g Wd + x */
+        if (linear(kl[4], h, wl[4], g, NULL, t, d, mlp, 1) ||  /* silu(h Wg) */
+            linear(kl[5], h, wl[5], g, g, t, d, mlp, 3) ||     /* (h Wu) * that, in place */
+            linear(kl[6], g, wl[6], x, x, t, mlp, d, 2)) {     /* x = g Wd + x */
+            failed = 1;
+            break;
+        }
         if (keep[l] >= 0)
             for (int64_t r = 0; r < t; r++) memcpy(hidden + (r * n_hidden + keep[l]) * d, x + r * d, sizeof(float) * d);
     }

@@ -1,0 +1,285 @@
+/* y = x W^T for weights stored as GGUF's Q4_1 or Q8_0 blocks, in llama.cpp's CPU arithmetic: each row of x is
+ * quantised to 8 bits per group of 32 inputs (Q8_1: a scale d and the group's sum), and each group's dot
+ * product is summed in integers by VNNI's vpdpbusd (64 byte products a zmm instruction, four times the
+ * multiply-adds of a float32 fused multiply-add), then scaled once in float32 (ggml_vec_dot_q4_1_q8_1 and
+ * ggml_vec_dot_q8_0_q8_0 in ggml-cpu's quants.c compute the same sums).
+ *
+ * The float32-exact kernels (small_gemm_q.c) spend one fused multiply-add per weight and row: past a few rows a
+ * pass is bound by them, and 16 rows took 3.4 times one row on the embedded model. Here a row's group of 32
+ * products is 8 instructions per 16 outputs, so a verification forward of many rows costs little more than
+ * reading the weights once.
+ *
+ * The result is not the float32 kernel's: the inputs are rounded to 8 bits. It is still each row's own
+ * computation, the same whatever the batch: a row's quantisation reads only that row, its integer sums are
+ * exact in any order, and each output's float32 steps run group by group in k order (per group g, with d_w,
+ * m_w the block's scale and minimum, d_x the row's scale, s_x = d_x * sum of its quants, i the integer dot):
+ *     Q4_1: acc = fma(float(i), d_w * d_x, acc); acc = fma(m_w, s_x, acc)
+ *     Q8_0: acc = fma(float(i), d_w * d_x, acc)
+ * so plain decoding and verification agree, and the 16-wide and 8-wide builds give the same bits.
+ *
+ * vpdpbusd multiplies unsigned by signed bytes. Q4_1's quants are unsigned (0..15); Q8_0's are signed, so they
+ * are stored plus 128 and 128 times the row's quant sum is taken off each group's integer dot.
+ *
+ * Packed layout, per block of NB outputs, its K/32 groups in k order (d, m widened to float32 when packed):
+ *   Q4_1 group: d [NB] f32, m [NB] f32, then 4 vectors of 4 NB bytes: vector p, byte 4 j + i holds q[4p + i][j]
+ *               in its low nibble and q[16 + 4p + i][j] in its high one (24 NB bytes for 32 NB weights)
+ *   Q8_0 group: d [NB] f32, then 8 vectors of 4 NB bytes: vector p, byte 4 j + i holds q[4p + i][j] + 128
+ * Built where the CPU has AVX512-VNNI (16 outputs a vector) or AVX-VNNI (8); small_gemm_qdot_ok() says so.
+ */
+#include "small_gemm_q.c"
+
+#include <omp.h>
+
+#if NB == 16 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define QDOT_OK 1
+typedef __m512i bvec;
+#define BLOAD(p) _mm512_loadu_si512((const void *)(p))
+#define BSET1_I8 _mm512_set1_epi8
+#define BSET1_I32 _mm512_set1_epi32
+#define BZERO _mm512_setzero_si512()
+#define BAND _mm512_and_si512
+#define BSRL4(a) _mm512_srli_epi16(a, 4)
+#define BSUB _mm512_sub_epi32
+#define DPBUSD _mm512_dpbusd_epi32
+#define BTOF _mm512_cvtepi32_ps
+#elif NB == 8 && (defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
+#define QDOT_OK 1
+typedef __m256i bvec;
+#define BLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define BSET1_I8 _mm256_set1_epi8
+#define BSET1_I32 _mm256_set1_epi32
+#define BZERO _mm256_setzero_si256()
+#define BAND _mm256_and_si256
+#define BSRL4(a) _mm256_srli_epi16(a, 4)
+#define BSUB _mm256_sub_epi32
+#if defined(__AVXVNNI__)
+#define DPBUSD _mm256_dpbusd_avx_epi32
+#else
+#define DPBUSD _mm256_dpbusd_epi32
+#endif
+#define BTOF _mm256_cvtepi32_ps
+#else
+#define QDOT_OK 0
+#endif
+
+int small_gemm_qdot_ok(void) { return QDOT_OK; }
+
+#define QD41_GROUP (2 * NB * 4 + 16 * NB)
+#define QD80_GROUP (NB * 4 + 32 * NB)
+
+#if QDOT_OK
+#if NB == 16
+#define VMAX _mm512_max_ps
+#define VABS(a) _mm512_abs_ps(a)
+#define VROUND_I32 _mm512_cvtps_epi32
+#define IADD _mm512_add_epi32
+#define ISTORE(p, a) _mm512_storeu_si512((void *)(p), a)
+#else
+#define VMAX _mm256_max_ps
+#define VABS(a) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a)
+#define VROUND_I32 _mm256_cvtps_epi32
+#define IADD _mm256_add_epi32
+#define ISTORE(p, a) _mm256_storeu_si256((__m256i *)(p), a)
+#endif
+
+/* One row's inputs as Q8_1 groups: xq[k] int8, and per group d (scale), s = d * sum(q), and the sum itself.
+ * d = max |x| / 127, q = x * (1 / d) rounded to nearest even (the vector conversion's rounding), from the row
+ * alone: the same in any batch, and in either vector width (max and integer sums are exact in any order). */
+static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float *xs, int32_t *xi) {
+    for (int64_t g = 0; g < k / 32; g++) {
+        const float *v = x + g * 32;
+        vec mx = VZERO;
+        for (int j = 0; j < 32; j += NB) mx = VMAX(mx, VABS(VLOAD(v + j)));
+#if NB == 16
+        const float amax = _mm512_reduce_max_ps(mx);
+#else
+        float lanes[NB], amax = 0.0f;
+        VSTORE(lanes, mx);
+        for (int j = 0; j < NB; j++) amax = lanes[j] > amax ? lanes[j] : amax;
+#endif
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const vec vid = VSET1(id);
+#if NB == 16
+        const __m512i q0 = VROUND_I32(VMUL(VLOAD(v), vid)), q1 = VROUND_I32(VMUL(VLOAD(v + 16), vid));
+        _mm_storeu_si128((__m128i *)(xq + g * 32), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(xq + g * 32 + 16), _mm512_cvtepi32_epi8(q1));
+        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
+        int32_t q[32], sum = 0;
+        for (int j = 0; j < 32; j += NB) ISTORE(q + j, VROUND_I32(VMUL(VLOAD(v + j), vid)));
+        for (int j = 0; j < 32; j++) {
+            xq[g * 32 + j] = (int8_t)q[j];
+            sum += q[j];
+        }
+#endif
+        xd[g] = d, xs[g] = d * (float)sum, xi[g] = sum;
+    }
+}
+
+/* rows a dot pass takes at most, and the blocks it takes for m rows: B x m integer and float sums, and the
+ * block's unpacked quants, in registers */
+#if NB == 16
+#define QD_BLOCKS(m) ((m) <= 2 ? 4 : (m) <= 6 ? 2 : 1)
+#define QDMB 12
+#else
+#define QD_BLOCKS(m) ((m) <= 2 ? 2 : 1)
+#define QDMB 6
+#endif
+
+static inline int32_t quad(const int8_t *p) {
+    int32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return v;
+}
+
+typedef struct {
+    const int8_t *q;  /* [M, K] */
+    const float *d, *s; /* [M, K / 32] */
+    const int32_t *sum;
+    int64_t groups;
+} qrows;
+
+static inline __attribute__((always_inline)) void qd_pass(const int q4, const qrows *xr, int64_t m0, const int m,
+                                                          int64_t k, const uint8_t *wq, int64_t b0, const int B,
+                                                          float *y, const float *other, int64_t n, int post) {
+    vec acc[4][QDMB];
+    const int64_t group = q4 ? QD41_GROUP : QD80_GROUP, G = xr->groups;
+    const uint8_t *g[4];
+    for (int bb = 0; bb < B; bb++) {
+        g[bb] = wq + (b0 + bb) * G * group;
+        for (int r = 0; r < m; r++) acc[bb][r] = VZERO;
+    }
+    const int8_t *xq = xr->q + m0 * k;
+    const bvec low = BSET1_I8(0x0F);
+    for (int64_t gi = 0; gi < G; gi++) {
+        bvec isum[4][QDMB];
+        for (int bb = 0; bb < B; bb++)
+            for (int r = 0; r < m; r++) isum[bb][r] = BZERO;
+        const int64_t k0 = gi * 32;
+        if (q4) {
+            for (int p = 0; p < 4; p++) {
+                bvec lo[4], hi[4];
+                for (int bb = 0; bb < B; bb++) {
+                    const bvec both = BLOAD(g[bb] + 2 * NB * 4 + p * 4 * NB);
+                    lo[bb] = BAND(both, low);
+                    hi[bb] = BAND(BSRL4(both), low);
+                }
+                for (int r = 0; r < m; r++) {
+                    const bvec xl = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
+                    const bvec xh = BSET1_I32(quad(xq + r * k + k0 + 16 + 4 * p));
+                    for (int bb = 0; bb < B; bb++) isum[bb][r] = DPBUSD(DPBUSD(isum[bb][r], lo[bb], xl), hi[bb], xh);
+                }
+            }
+        } else {
+            for (int p = 0; p < 8; p++) {
+                bvec w[4];
+                for (int bb = 0; bb < B; bb++) w[bb] = BLOAD(g[bb] + NB * 4 + p * 4 * NB);
+                for (int r = 0; r < m; r++) {
+                    const bvec xp = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
+                    for (int bb = 0; bb < B; bb++) isum[bb][r] = DPBUSD(isum[bb][r], w[bb], xp);
+                }
+            }
+        }
+        for (int bb = 0; bb < B; bb++) {
+            const vec dw = VLOAD((const float *)g[bb]);
+            const vec mw = q4 ? VLOAD((const float *)g[bb] + NB) : VZERO;
+            for (int r = 0; r < m; r++) {
+                const int64_t at = (m0 + r) * G + gi;
+                bvec i = isum[bb][r];
+                if (!q4) i = BSUB(i, BSET1_I32(128 * xr->sum[at]));
+                acc[bb][r] = VFMA(BTOF(i), VMUL(dw, VSET1(xr->d[at])), acc[bb][r]);
+                if (q4) acc[bb][r] = VFMA(mw, VSET1(xr->s[at]), acc[bb][r]);
+            }
+            g[bb] += group;
+        }
+    }
+    for (int bb = 0; bb < B; bb++)
+        for (int r = 0; r < m; r++) finish(y, other, post, acc[bb][r], (m0 + r) * n + (b0 + bb) * NB);
+}
+
+typedef void (*qd_pass_fn)(const qrows *, int64_t, int64_t, const uint8_t *, int64_t, float *, const float *,
+                           int64_t, int);
+/* the pass of c rows over bb blocks (at most QD_BLOCKS(c): beyond, the sums spill) */
+#define QDP(q4, c, bb)                                                                                         \
+    static void qd_pass_##q4##_##c##_##bb(const qrows *x, int64_t m0, int64_t k, const uint8_t *wq, int64_t b0, \
+                                          float *y, const float *other, int64_t n, int post) {                \
+        qd_pass(q4, x, m0, c <= QDMB ? c : QDMB, k, wq, b0, bb < QD_BLOCKS(c) ? bb : QD_BLOCKS(c), y, other, n, \
+                post);                                                                                        \
+    }
+#define QDP3(q4, c) QDP(q4, c, 1) QDP(q4, c, 2) QDP(q4, c, 4)
+#define QDPS(q4) QDP3(q4, 1) QDP3(q4, 2) QDP3(q4, 3) QDP3(q4, 4) QDP3(q4, 5) QDP3(q4, 6) QDP3(q4, 7) QDP3(q4, 8) \
+    QDP3(q4, 9) QDP3(q4, 10) QDP3(q4, 11) QDP3(q4, 12)
+QDPS(0) QDPS(1)
+#define QDROW(q4, bb)                                                                                          \
+    {0, qd_pass_##q4##_1_##bb, qd_pass_##q4##_2_##bb, qd_pass_##q4##_3_##bb, qd_pass_##q4##_4_##bb,             \
+     qd_pass_##q4##_5_##bb, qd_pass_##q4##_6_##bb, qd_pass_##q4##_7_##bb, qd_pass_##q4##_8_##bb,                \
+     qd_pass_##q4##_9_##bb, qd_pass_##q4##_10_##bb, qd_pass_##q4##_11_##bb, qd_pass_##q4##_12_##bb}
+/* [q4][log2 of the blocks][rows] */
+static const qd_pass_fn qd_passes[2][3][13] = {{QDROW(0, 1), QDROW(0, 2), QDROW(0, 4)},
+                                                     {QDROW(1, 1), QDROW(1, 2), QDROW(1, 4)}};
+
+static inline int log2_blocks(int64_t b) { return b >= 4 ? 2 : b >= 2 ? 1 : 0; }
+
+/* Blocks a task takes: as many as the largest pass has sums for, fewer where that would leave the threads
+ * uneven work (3 tasks over 2 threads: one waits a third of the time). Which blocks a pass takes does not
+ * change any output's arithmetic. */
+static int64_t task_blocks(int64_t nblocks, int64_t first_rows) {
+    const int64_t nth = omp_get_max_threads();
+    int64_t B = QD_BLOCKS(first_rows);
+    while (B > 1 && (nblocks / B) % nth && nblocks / B < 16 * nth) B /= 2;
+    return B;
+}
+
+/* x [M, K] float32, wq packed as above (K a multiple of 32, N of NB), y [M, N]; other [M, N] for post 2 and 3.
+ * Returns 0, or -1 where memory for the quantised rows could not be had. */
+static int gemm_qdot(const int q4, const float *x, const uint8_t *wq, float *y, const float *other, int64_t M,
+                     int64_t K, int64_t N, int post) {
+    const int64_t G = K / 32;
+    int8_t *xq = malloc((size_t)(M * K));
+    float *xd = malloc(sizeof(float) * M * G), *xs = malloc(sizeof(float) * M * G);
+    int32_t *xi = malloc(sizeof(int32_t) * M * G);
+    if (!(xq && xd && xs && xi)) {
+        free(xq), free(xd), free(xs), free(xi);
+        return -1;
+    }
+    const qrows xr = {xq, xd, xs, xi, G};
+    const int64_t nblocks = N / NB, n_pass = (M + QDMB - 1) / QDMB;
+    const int64_t first = M / n_pass + (M % n_pass > 0);
+    const int64_t B = task_blocks(nblocks, first), ntasks = (nblocks + B - 1) / B;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < M; r++) quantize_row(x + r * K, K, xq + r * K, xd + r * G, xs + r * G, xi + r * G);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < ntasks; task++) {
+        const int64_t b0 = task * B, end = b0 + B < nblocks ? b0 + B : nblocks;
+        for (int64_t i = 0, m0 = 0; i < n_pass; i++) {
+            const int m = (int)(M / n_pass + (i < M % n_pass));
+            const int64_t bm = B < QD_BLOCKS(m) ? B : QD_BLOCKS(m);
+            int64_t b = b0;
+            for (; b + bm <= end; b += bm) qd_passes[q4][log2_blocks(bm)][m](&xr, m0, K, wq, b, y, other, N, post);
+            for (; b < end; b++) qd_passes[q4][0][m](&xr, m0, K, wq, b, y, other, N, post);
+            m0 += m;
+        }
+    }
+    }
+    free(xq), free(xd), free(xs), free(xi);
+    return 0;
+}
+#else
+static int gemm_qdot(const int q4, const float *x, const uint8_t *wq, float *y, const float *other, int64_t M,
+                     int64_t K, int64_t N, int post) {
+    (void)q4, (void)x, (void)wq, (void)y, (void)other, (void)M, (void)K, (void)N, (void)post;
+    return -2;
+}
+#endif
+
+int small_gemm_q4_1_dot(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
+                        int64_t N, int post) {
+    return gemm_qdot(1, x, wq, y, other, M, K, N, post);
+}
+
+int small_gemm_q8_0_dot(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
+                        int64_t N, int post) {
+    return gemm_qdot(0, x, wq, y, other, M, K, N, post);
+}

@@ -1,0 +1,122 @@
+"""A GGUF's Q4_1 / Q8_0 blocks times 8-bit inputs, summed in integers (engine/kernels/small_gemm_qdot.c): llama.cpp's
+arithmetic to the rounding of its float32 steps, a row's bits the same in any batch and either vector width, the
+embedded model lossless on it, and the dtype choice that takes it."""
+
+import numpy as np
+import pytest
+import torch
+
+from engine import gemm, quant
+
+FNS, NB, WHY = quant.load_kernels()
+WHY_NOT = WHY or quant.dot_reason()
+pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=f"no integer kernel here: {WHY_NOT}")
+LAYOUTS = [()] + ([("BLOCK8",)] if NB == 16 else [])
+
+
+def _weight(kind: str, n: int, k: int, seed: int) -> quant.QuantWeight:
+    rng = np.random.default_rng(seed)
+    groups = (n, k // quant.GROUP)
+    d = rng.uniform(0.001, 0.05, groups).astype(np.float16).astype(np.float32)
+    if kind == "q4_1":
+        m = (-8 * d + rng.uniform(-0.01, 0.01, groups)).astype(np.float16).astype(np.float32)
+        return quant.QuantWeight(kind, rng.integers(0, 16, (n, k), dtype=np.uint8), d, m)
+    return quant.QuantWeight(kind, rng.integers(-128, 128, (n, k), dtype=np.int8), d, None)
+
+
+def _llama_cpp(w: quant.QuantWeight, x: np.ndarray) -> np.ndarray:
+    """y [M, N] in float64 from llama.cpp's quantities: each row's groups of 32 as d = max|x| / 127 and
+    q = round(x / d) (ggml's quantize_row_q8_1), then d_w d_x sum(q_w q_x) (+ m_w d_x sum(q_x) for Q4_1)."""
+    m_rows, k = x.shape
+    xg = x.reshape(m_rows, k // 32, 32)
+    d = np.abs(xg).max(-1) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.rint(xg * inv[..., None]).astype(np.int64)
+    wq = w.q.reshape(w.q.shape[0], k // 32, 32).astype(np.int64)
+    dots = np.einsum("mgk,ngk->mng", q, wq).astype(np.float64)
+    y = (dots * (w.d[None].astype(np.float64) * d[:, None, :])).sum(-1)
+    if w.m is not None:
+        y += (w.m[None].astype(np.float64) * (d * q.sum(-1))[:, None, :]).sum(-1)
+    return y
+
+
+def _kernel(kind: str, w: quant.QuantWeight, defines=()) -> gemm.SmallGemm:
+    fns, nb, _ = quant.load_kernels(defines)
+    n, k = w.q.shape
+    return gemm.SmallGemm(fns[kind + "_dot"], quant.pack_dot(w, nb), k, n, torch.float32, torch.float32,
+                          kind=kind + "_dot")
+
+
+def _inputs(rows: int, k: int) -> torch.Tensor:
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2))
+    x[1, :32] = 0.0  # a group of zeros: scale 0, quants 0
+    x[2, 40] = 80.0  # an outlier: its group's other inputs round to few levels
+    return x
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_the_integer_kernel_computes_llama_cpps_sums(kind):
+    w = _weight(kind, 5 * NB, 320, seed=1)
+    x = _inputs(9, 320)
+    ours = _kernel(kind, w)(x).double().numpy()
+    ref = _llama_cpp(w, x.numpy())
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max()
+    exact = x.double().numpy() @ w.dequantize().astype(np.float64).T  # the 8-bit inputs are an approximation
+    assert np.abs(ours - exact).max() > 1e-4 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("defines", LAYOUTS)
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_the_integer_kernel_gives_a_row_its_bits_in_any_batch_and_width(kind, defines):
+    # 13 blocks of outputs: tasks take 4, 2 or 1 blocks and the last ones are left over
+    w = _weight(kind, 13 * NB, 320, seed=3)
+    x = _inputs(40, 320)
+    other = torch.randn(40, 13 * NB, generator=torch.Generator().manual_seed(4))
+    reference, ours = _kernel(kind, w), _kernel(kind, w, defines)
+    whole = reference(x)
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 25, 40):
+        assert torch.equal(ours(x[:m]), whole[:m]), m
+        assert torch.equal(ours(x[m - 1:m]), whole[m - 1:m]), m  # the row alone
+    for post in ("swish", "add", "mul"):
+        extra = None if post == "swish" else other[:6]
+        assert torch.equal(ours(x[:6], post, extra), reference(x[:6], post, extra)), post
+
+
+def test_int8_is_refused_with_a_reason_where_there_are_no_blocks(tiny_target):
+    from engine.dtype import choose_dtype
+
+    choice = choose_dtype("int8", tiny_target.model.config, "cpu", blocks="")
+    assert choice.dtype == "float32" and "int8 needs" in choice.reason and choice.torch_name == "float32"
+
+
+@pytest.mark.parametrize("ms,expected", [({"q4_1": 2.0, "q4_1_dot": 1.0}, "int8"),
+                                         ({"q4_1": 1.0, "q4_1_dot": 0.99}, "float32")])
+def test_auto_takes_int8_for_blocks_where_it_is_timed_faster(monkeypatch, tiny_target, ms, expected):
+    from engine.dtype import choose_dtype
+
+    monkeypatch.setattr(quant, "time_kernels", lambda layer: ms)
+    choice = choose_dtype("auto", tiny_target.model.config, "cpu", blocks="Q4_1, Q8_0")
+    assert choice.dtype == expected and choice.torch_name == "float32" and "ms in int8" in choice.reason
+
+
+def test_speculation_on_the_int8_embedded_model_is_token_identical():
+    from engine.drafters.chain import NGRAM_CHAIN
+    from engine.models import load_model
+    from engine.params import GenParams, SpecParams
+    from engine.prepack import linear_paths
+    from engine.slots import Engine
+
+    target = load_model("embedded", dtype="int8")
+    assert target.dtype == "int8" and "q4_1_dot kernel 210" in linear_paths(target.model)
+    engine = Engine(target, n_ctx=1024, n_seq_max=2)
+    assert engine.probe.kind == "PART"
+    ids = target.encode_chat([{"role": "user", "content": "Repeat exactly: the red fox jumps over the red "
+                                                          "fox and the lazy dog sleeps by the red fox."}])
+
+    def run(types, tree_nodes=0):
+        params = GenParams(max_new_tokens=40, spec=SpecParams(types=types, tree_nodes=tree_nodes))
+        return [t for ev in engine.generate(ids, params) for t in ev.emitted]
+
+    plain = run([])
+    assert run(NGRAM_CHAIN) == plain
+    assert run(NGRAM_CHAIN + ["draft-head"], tree_nodes=16) == plain
