@@ -126,6 +126,11 @@ static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float
 #define QDMB 6
 #endif
 
+/* groups ahead of the one multiplied whose weights are asked for (6 KB of Q4_1): the embedded model's 210
+ * linears streamed from memory took 12.6 instead of 14.2 ms at 16 rows (medians of 9, interleaved, Intel Xeon),
+ * and 1 row 5.5 to 6.5 either way */
+#define QD_PF_GROUPS 16
+
 static inline int32_t quad(const int8_t *p) {
     int32_t v;
     __builtin_memcpy(&v, p, 4);
@@ -156,6 +161,9 @@ static inline __attribute__((always_inline)) void qd_pass(const int q4, const qr
         for (int bb = 0; bb < B; bb++)
             for (int r = 0; r < m; r++) isum[bb][r] = BZERO;
         const int64_t k0 = gi * 32;
+        for (int bb = 0; bb < B; bb++)
+            for (int64_t line = 0; line < group; line += 64)
+                _mm_prefetch((const char *)(g[bb] + QD_PF_GROUPS * group + line), _MM_HINT_T0);
         if (q4) {
             for (int p = 0; p < 4; p++) {
                 bvec lo[4], hi[4];
