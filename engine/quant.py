@@ -82,6 +82,34 @@ def pack(w: QuantWeight, nb: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(-1))
 
 
+def quantize_q8_0(weight: np.ndarray) -> QuantWeight:
+    """[N, K] float32 -> Q8_0 groups of 32 as ggml's quantize_row_q8_0 makes them: d = max |w| / 127, q = w / d
+    rounded (d kept in float32 here)."""
+    n, k = weight.shape
+    g = weight.reshape(n, k // GROUP, GROUP)
+    d = (np.abs(g).max(-1) / np.float32(127)).astype(np.float32)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(g * inv[..., None]), -127, 127).astype(np.int8)
+    return QuantWeight("q8_0", q.reshape(n, k), d, None)
+
+
+def pack_linear_q8_0(module: nn.Linear) -> bool:
+    """Give a bias-free float linear a Q8_0 copy of its weight through the integer kernel (a drafter's, whose
+    numbers only decide what it proposes); False where the kernel does not run here or the shape does not fit."""
+    fns, nb, _ = load_kernels()
+    n, k = module.weight.shape
+    if "q8_0_dot" not in fns or module.bias is not None or n % nb or k % GROUP:
+        return False
+    from engine.prepack import _packed_forward
+
+    w = quantize_q8_0(module.weight.detach().float().numpy())
+    module._packed_weight = SmallGemm(fns["q8_0_dot"], pack_dot(w, nb), k, n, torch.float32, torch.float32,
+                                      kind="q8_0_dot")
+    del module.weight
+    module.forward = _packed_forward.__get__(module)
+    return True
+
+
 def pack_dot(w: QuantWeight, nb: int) -> torch.Tensor:
     """The integer kernel's layout (small_gemm_qdot.c): per block of nb outputs, per group of 32 inputs, d [nb]
     (and m [nb]) as float32, then the quants in fours, output-major within a vector: q4_1's inputs 4p..4p + 3 in

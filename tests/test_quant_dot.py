@@ -82,6 +82,20 @@ def test_the_integer_kernel_gives_a_row_its_bits_in_any_batch_and_width(kind, de
         assert torch.equal(ours(x[:6], post, extra), reference(x[:6], post, extra)), post
 
 
+def test_a_float_linear_quantised_to_q8_0_computes_close_to_its_weights():
+    weight = torch.randn(3 * NB, 96, generator=torch.Generator().manual_seed(5))
+    lin = torch.nn.Linear(96, 3 * NB, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+    assert quant.pack_linear_q8_0(lin) and lin._packed_weight.kind == "q8_0_dot" and not hasattr(lin, "weight")
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(6))
+    exact = x @ weight.T
+    with torch.no_grad():
+        assert (lin(x) - exact).abs().max() < 0.02 * exact.abs().max()  # two 8-bit roundings
+    q = quant.quantize_q8_0(weight.numpy())
+    assert np.abs(q.q).max() == 127 and np.abs(q.dequantize() - weight.numpy()).max() <= q.d.max() / 2 + 1e-7
+
+
 def test_int8_is_refused_with_a_reason_where_there_are_no_blocks(tiny_target):
     from engine.dtype import choose_dtype
 
@@ -120,3 +134,5 @@ def test_speculation_on_the_int8_embedded_model_is_token_identical():
     plain = run([])
     assert run(NGRAM_CHAIN) == plain
     assert run(NGRAM_CHAIN + ["draft-head"], tree_nodes=16) == plain
+    head = engine.drafter("draft-head").head  # beside an int8 target: Q8_0 groups on the same kernel
+    assert head.step is not None and head.step.dot == 1 and head.lm._packed_weight.kind == "q8_0_dot"

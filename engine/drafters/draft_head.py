@@ -107,7 +107,8 @@ class DraftHeadDrafter(Drafter):
         # the table as the target holds it (bfloat16 for a bfloat16 target): the head converts only the rows it
         # uses, its LM head's draft-vocabulary rows once and each step's looked-up rows
         head.attach_target(target.model.get_input_embeddings().weight)
-        head.for_inference(target.model.get_input_embeddings().weight.dtype)
+        head.for_inference(target.model.get_input_embeddings().weight.dtype,
+                           integer=getattr(target, "dtype", "") == "int8")
         drop_resident(target.model.get_input_embeddings().weight)  # the checksum read all of a mapped table
         self.head = head.eval()
         self.hidden_layers = tuple(head.cfg.layers)

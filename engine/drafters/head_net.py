@@ -159,14 +159,16 @@ class DraftHead(nn.Module):
         self.embed = embed_weight.detach()
         self.lm_weight = self.embed[self.d2t].float().contiguous()
 
-    def for_inference(self, dtype: torch.dtype) -> None:
+    def for_inference(self, dtype: torch.dtype, integer: bool = False) -> None:
         """Run the head's linears in `dtype` (the target's) through packed weights, as the target runs its own
         (engine/prepack.py): a head step reads all its weights for one or a few rows, so it costs what they
         weigh, and bfloat16 halves it. Beside a float32 target the weights are kept in float16 where the CPU has
         our float16-weight kernel (engine/gemm.py): the trained ones are stored in float16 (save_head), so that
         rounds nothing of them, and the LM head's rows (the target's embeddings) lose bits a draft can spare,
         for half the bytes (the target's forward evicts them from the cache between rounds). Norms, residuals
-        and attention stay float32."""
+        and attention stay float32. integer: beside a target whose linears multiply 8-bit inputs in integers
+        (engine/quant.py), the head's weights become Q8_0 groups on the same kernel (half float16's bytes; its
+        drafts change a little, what the target accepts of them does not depend on it)."""
         from engine import prepack
 
         self.lm = _frozen_linear(self.lm_weight)
@@ -181,6 +183,12 @@ class DraftHead(nn.Module):
         for module in linears:
             module.to(dtype)
         self.lin_dtype = dtype
+        if dtype == torch.float32 and integer:
+            from engine.quant import dot_reason, pack_linear_q8_0
+
+            if not dot_reason():
+                for module in linears:
+                    pack_linear_q8_0(module)
         if prepack.available():
             for module in linears:
                 prepack.prepack_linears(module, store=torch.float16 if dtype == torch.float32 else None)

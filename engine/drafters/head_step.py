@@ -1,5 +1,5 @@
 """The draft head's dense pieces in C (engine/kernels/head_step.c): fuse, q-k-v with its rotary embedding, the
-attention output with the MLP, and the logits, one call each.
+attention output with the MLP, and the logits, one call each, over float16 weights or Q8_0 groups.
 
 In torch each piece was a dozen small calls around its linears (0.4 to 0.8 ms a piece at a few rows, several
 times the linears' own time), and a draft call makes five to ten of them. `HeadStep.build` returns one where the
@@ -17,17 +17,20 @@ import torch
 from engine.gemm import SmallGemm
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_C = ctypes.c_int
+# each piece's last argument: 1 where the weights are Q8_0 groups for the integer kernel, 0 for float16
 _SIGNATURES = {
-    "head_fuse": [_P, _I, _I, _P, _P, _P, _I, _P],
-    "head_qkv": [_P, _P, _I, _I, _P, _P, _F, _P, _I, ctypes.c_int, ctypes.c_int, _P, _P, _P],
-    "head_finish": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P],
-    "head_logits": [_P, _I, _I, _P, _F, _P, _I, _P],
+    "head_fuse": [_P, _I, _I, _P, _P, _P, _I, _P, _C],
+    "head_qkv": [_P, _P, _I, _I, _P, _P, _F, _P, _I, _C, _C, _P, _P, _P, _C],
+    "head_finish": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _C],
+    "head_logits": [_P, _I, _I, _P, _F, _P, _I, _P, _C],
 }
+_KINDS = {"float16": 0, "q8_0_dot": 1}  # SmallGemm.label -> the pieces' weight flag
 
 
 def _packed(module) -> SmallGemm | None:
     w = getattr(module, "_packed_weight", None)
-    return w if isinstance(w, SmallGemm) and w.dtype == torch.float16 else None
+    return w if isinstance(w, SmallGemm) and w.label in _KINDS else None
 
 
 def _f32(x: torch.Tensor) -> torch.Tensor:
@@ -43,6 +46,7 @@ class HeadStep:
             self.fns[name] = fn
         self.head = head
         self.w = linears
+        self.dot = _KINDS[next(iter(linears.values())).label]
         c = head.cfg
         self.d, self.hd, self.n_heads, self.n_kv = c.hidden, c.head_dim, c.n_heads, c.n_kv_heads
         self.eps = float(c.rms_eps)
@@ -55,7 +59,8 @@ class HeadStep:
     def build(cls, head) -> "HeadStep | None":
         modules = {"fc": head.fc, "o": head.o_proj, "down": head.down, "lm": head.lm, **head.fused}
         linears = {name: _packed(m) for name, m in modules.items() if m is not None}
-        if len(linears) != 7 or any(w is None for w in linears.values()):
+        if len(linears) != 7 or any(w is None for w in linears.values()) \
+                or len({w.label for w in linears.values()}) != 1:
             return None
         from engine.kernels.build import build
 
@@ -63,7 +68,7 @@ class HeadStep:
         return None if lib is None else cls(lib, head, linears)
 
     def _call(self, name: str, *args) -> None:
-        if self.fns[name](*args):
+        if self.fns[name](*args, self.dot):
             raise MemoryError(f"{name}: no memory for the head's scratch rows")
 
     def fuse(self, feats: torch.Tensor) -> torch.Tensor:
