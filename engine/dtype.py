@@ -189,7 +189,7 @@ def choose_dtype(requested: str, config, device: str, blocks: str = "") -> Dtype
 def _blocks_choice(requested: str, config, device: str, blocks: str) -> DtypeChoice:
     """"int8" asked, or "auto" for a GGUF with blocks: the integer kernel where it runs (and, for auto, is
     faster), else float32 widening the blocks."""
-    from engine.quant import dot_reason, time_kernels
+    from engine.quant_dot import dot_reason, time_kernels
 
     exact = f"float32 (its {blocks} blocks read as stored)" if blocks else "float32"
     why = ("no GGUF with Q4_1 / Q8_0 blocks" if not blocks else f"on {device}" if device != "cpu"

@@ -82,34 +82,6 @@ def pack(w: QuantWeight, nb: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(-1))
 
 
-def quantize_q8_0(weight: np.ndarray) -> QuantWeight:
-    """[N, K] float32 -> Q8_0 groups of 32 as ggml's quantize_row_q8_0 makes them: d = max |w| / 127, q = w / d
-    rounded (d kept in float32 here)."""
-    n, k = weight.shape
-    g = weight.reshape(n, k // GROUP, GROUP)
-    d = (np.abs(g).max(-1) / np.float32(127)).astype(np.float32)
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
-    q = np.clip(np.rint(g * inv[..., None]), -127, 127).astype(np.int8)
-    return QuantWeight("q8_0", q.reshape(n, k), d, None)
-
-
-def pack_linear_q8_0(module: nn.Linear) -> bool:
-    """Give a bias-free float linear a Q8_0 copy of its weight through the integer kernel (a drafter's, whose
-    numbers only decide what it proposes); False where the kernel does not run here or the shape does not fit."""
-    fns, nb, _ = load_kernels()
-    n, k = module.weight.shape
-    if "q8_0_dot" not in fns or module.bias is not None or n % nb or k % GROUP:
-        return False
-    from engine.prepack import _packed_forward
-
-    w = quantize_q8_0(module.weight.detach().float().numpy())
-    module._packed_weight = SmallGemm(fns["q8_0_dot"], pack_dot(w, nb), k, n, torch.float32, torch.float32,
-                                      kind="q8_0_dot")
-    del module.weight
-    module.forward = _packed_forward.__get__(module)
-    return True
-
-
 def pack_dot(w: QuantWeight, nb: int) -> torch.Tensor:
     """The integer kernel's layout (small_gemm_qdot.c): per block of nb outputs, per group of 32 inputs, d [nb]
     (and m [nb]) as float32, then the quants in fours, output-major within a vector: q4_1's inputs 4p..4p + 3 in
@@ -194,9 +166,6 @@ def _targets(model: nn.Module) -> dict[str, tuple[nn.Linear, int]]:
     return out
 
 
-DOT_FLAGS = ("avx512_vnni", "avx_vnni")  # /proc/cpuinfo flags of CPUs with VNNI's byte dot products
-
-
 def load_kernels(defines: tuple[str, ...] = ()) -> tuple[dict[str, object], int, str]:
     """({kind: multiply}, outputs per block, "") from the built library, or ({}, 0, why not). Kinds "q4_1" and
     "q8_0" read the blocks as float32 (small_gemm_q.c); "q4_1_dot" and "q8_0_dot", where the CPU has VNNI,
@@ -222,48 +191,6 @@ def load_kernels(defines: tuple[str, ...] = ()) -> tuple[dict[str, object], int,
     return fns, lib.small_gemm_f32_block(), ""
 
 
-def dot_reason() -> str:
-    """"" where the integer kernels run on this CPU, else why not."""
-    from engine.kernels.build import cpu_flags
-
-    if not any(f in cpu_flags() for f in DOT_FLAGS):
-        return "the CPU has no VNNI (avx512_vnni or avx_vnni)"
-    fns, _, why = load_kernels()
-    return why or ("" if "q4_1_dot" in fns else "the kernel was built without VNNI")
-
-
-def time_kernels(layer: list[tuple[int, int]], rows: tuple[int, ...] = (1, 4, 16), reps: int = 5) -> dict[str, float]:
-    """ms of one decoder layer's linears, (outputs, inputs) each, as Q4_1 blocks at each of `rows`, summed, by
-    kernel ("q4_1": float32 arithmetic, "q4_1_dot": integers): the fastest of `reps`, the weights random, since
-    a kernel takes as long on any values."""
-    import time
-
-    fns, nb, _ = load_kernels()
-    rng = np.random.default_rng(0)
-    shapes = [(o, i) for o, i in layer if o % nb == 0 and i % GROUP == 0]
-    weights = []
-    for o, i in shapes:
-        q = rng.integers(0, 16, (o, i), dtype=np.uint8)
-        d = np.full((o, i // GROUP), 1e-3, np.float32)
-        weights.append(QuantWeight("q4_1", q, d, -8 * d))
-    out = {}
-    for kind in ("q4_1", "q4_1_dot"):
-        if kind not in fns:
-            continue
-        packed = [(pack_dot if kind.endswith("_dot") else pack)(w, nb) for w in weights]
-        inputs = {(r, i): torch.randn(r, i) for r in rows for _, i in shapes}
-        outputs = {(r, o): torch.empty(r, o) for r in rows for o, _ in shapes}
-        best = float("inf")
-        for _ in range(reps + 1):
-            t0 = time.perf_counter()
-            for r in rows:
-                for (o, i), w in zip(shapes, packed):
-                    fns[kind](inputs[r, i].data_ptr(), w.data_ptr(), outputs[r, o].data_ptr(), None, r, i, o, 0)
-            best = min(best, time.perf_counter() - t0)
-        out[kind] = best * 1000
-    return out
-
-
 def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool = False) -> tuple[int, str]:
     """Give each float32 linear of `model` whose GGUF blocks reproduce its weight exactly a packed copy of the
     blocks (before engine/prepack.py packs the others, which it then skips). dot: multiplied by 8-bit inputs in
@@ -273,7 +200,7 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool =
         return 0, f"{model.config.model_type}: only the Llama family's GGUF names are mapped"
     fns, nb, why = load_kernels()
     if not fns or (dot and "q4_1_dot" not in fns):
-        return 0, why or dot_reason()
+        return 0, why or "the integer kernel does not run on this CPU (no VNNI)"
     from engine.prepack import _packed_forward, _tied_elsewhere
 
     stored = read_gguf(path)

@@ -1,15 +1,15 @@
-"""A GGUF's Q4_1 / Q8_0 blocks times 8-bit inputs, summed in integers (engine/kernels/small_gemm_qdot.c): llama.cpp's
-arithmetic to the rounding of its float32 steps, a row's bits the same in any batch and either vector width, the
-embedded model lossless on it, and the dtype choice that takes it."""
+"""A GGUF's Q4_1 / Q8_0 blocks times 8-bit inputs, summed in integers (engine/kernels/small_gemm_qdot.c,
+engine/quant_dot.py): llama.cpp's arithmetic to the rounding of its float32 steps, a row's bits the same in any
+batch and either vector width, the embedded model lossless on it, and the dtype choice that takes it."""
 
 import numpy as np
 import pytest
 import torch
 
-from engine import gemm, quant
+from engine import gemm, quant, quant_dot
 
 FNS, NB, WHY = quant.load_kernels()
-WHY_NOT = WHY or quant.dot_reason()
+WHY_NOT = WHY or quant_dot.dot_reason()
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=f"no integer kernel here: {WHY_NOT}")
 LAYOUTS = [()] + ([("BLOCK8",)] if NB == 16 else [])
 
@@ -87,12 +87,12 @@ def test_a_float_linear_quantised_to_q8_0_computes_close_to_its_weights():
     lin = torch.nn.Linear(96, 3 * NB, bias=False)
     with torch.no_grad():
         lin.weight.copy_(weight)
-    assert quant.pack_linear_q8_0(lin) and lin._packed_weight.kind == "q8_0_dot" and not hasattr(lin, "weight")
+    assert quant_dot.pack_linear_q8_0(lin) and lin._packed_weight.kind == "q8_0_dot" and not hasattr(lin, "weight")
     x = torch.randn(5, 96, generator=torch.Generator().manual_seed(6))
     exact = x @ weight.T
     with torch.no_grad():
         assert (lin(x) - exact).abs().max() < 0.02 * exact.abs().max()  # two 8-bit roundings
-    q = quant.quantize_q8_0(weight.numpy())
+    q = quant_dot.quantize_q8_0(weight.numpy())
     assert np.abs(q.q).max() == 127 and np.abs(q.dequantize() - weight.numpy()).max() <= q.d.max() / 2 + 1e-7
 
 
@@ -108,7 +108,7 @@ def test_int8_is_refused_with_a_reason_where_there_are_no_blocks(tiny_target):
 def test_auto_takes_int8_for_blocks_where_it_is_timed_faster(monkeypatch, tiny_target, ms, expected):
     from engine.dtype import choose_dtype
 
-    monkeypatch.setattr(quant, "time_kernels", lambda layer: ms)
+    monkeypatch.setattr(quant_dot, "time_kernels", lambda layer: ms)
     choice = choose_dtype("auto", tiny_target.model.config, "cpu", blocks="Q4_1, Q8_0")
     assert choice.dtype == expected and choice.torch_name == "float32" and "ms in int8" in choice.reason
 

@@ -184,7 +184,7 @@ class DraftHead(nn.Module):
             module.to(dtype)
         self.lin_dtype = dtype
         if dtype == torch.float32 and integer:
-            from engine.quant import dot_reason, pack_linear_q8_0
+            from engine.quant_dot import dot_reason, pack_linear_q8_0
 
             if not dot_reason():
                 for module in linears:
