@@ -88,6 +88,15 @@ def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(self, x)
 
 
+def install(module: nn.Linear, packed, drop_weight: bool) -> None:
+    """The module runs through `packed` (a SmallGemm or oneDNN's reordered weight) from now on; drop_weight: the
+    packed layout is the one copy."""
+    module._packed_weight = packed
+    if drop_weight:
+        del module.weight
+    module.forward = types.MethodType(_packed_forward, module)
+
+
 def is_packed(module: nn.Module) -> bool:
     return hasattr(module, "_packed_weight")
 
@@ -141,10 +150,8 @@ def prepack_linears(model: nn.Module, keep_weights: bool = False, small_gemm: bo
             if w.device.type != "cpu" or w.dtype not in DTYPES:
                 continue
             stored = SmallGemm.pack(kernels, w.to(store), module.bias) if store is not None else None
-            module._packed_weight = (stored or SmallGemm.pack(kernels, w, module.bias)
-                                     or torch.ops.mkldnn._reorder_linear_weight(w.detach(), BATCH_HINT))
-            if id(w) not in tied and not keep_weights:
-                del module.weight  # the packed layout is the one copy
-            module.forward = types.MethodType(_packed_forward, module)
+            install(module, stored or SmallGemm.pack(kernels, w, module.bias)
+                    or torch.ops.mkldnn._reorder_linear_weight(w.detach(), BATCH_HINT),
+                    drop_weight=id(w) not in tied and not keep_weights)
             n += 1
     return n

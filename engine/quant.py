@@ -201,7 +201,7 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool =
     fns, nb, why = load_kernels()
     if not fns or (dot and "q4_1_dot" not in fns):
         return 0, why or "the integer kernel does not run on this CPU (no VNNI)"
-    from engine.prepack import _packed_forward, _tied_elsewhere
+    from engine.prepack import _tied_elsewhere, install
 
     stored = read_gguf(path)
     tied = _tied_elsewhere(model)
@@ -220,9 +220,7 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool =
             n, k = weight.shape
             kind = w.kind + "_dot" if dot else w.kind
             packed = (pack_dot if dot else pack)(w, nb)
-            module._packed_weight = SmallGemm(fns[kind], packed, k, n, torch.float32, torch.float32, kind=kind)
-            if id(weight) not in tied and not keep_weights:
-                del module.weight
-            module.forward = _packed_forward.__get__(module)
+            install(module, SmallGemm(fns[kind], packed, k, n, torch.float32, torch.float32, kind=kind),
+                    drop_weight=id(weight) not in tied and not keep_weights)
             taken += 1
     return taken, f"{len(differ)} differ from their blocks ({', '.join(differ[:2])})" if differ else ""

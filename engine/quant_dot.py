@@ -77,11 +77,9 @@ def pack_linear_q8_0(module: nn.Linear) -> bool:
     n, k = module.weight.shape
     if "q8_0_dot" not in fns or module.bias is not None or n % nb or k % GROUP:
         return False
-    from engine.prepack import _packed_forward
+    from engine.prepack import install
 
     w = quantize_q8_0(module.weight.detach().float().numpy())
-    module._packed_weight = SmallGemm(fns["q8_0_dot"], pack_dot(w, nb), k, n, torch.float32, torch.float32,
-                                      kind="q8_0_dot")
-    del module.weight
-    module.forward = _packed_forward.__get__(module)
+    install(module, SmallGemm(fns["q8_0_dot"], pack_dot(w, nb), k, n, torch.float32, torch.float32,
+                              kind="q8_0_dot"), drop_weight=True)
     return True

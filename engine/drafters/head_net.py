@@ -184,11 +184,10 @@ class DraftHead(nn.Module):
             module.to(dtype)
         self.lin_dtype = dtype
         if dtype == torch.float32 and integer:
-            from engine.quant_dot import dot_reason, pack_linear_q8_0
+            from engine.quant_dot import pack_linear_q8_0
 
-            if not dot_reason():
-                for module in linears:
-                    pack_linear_q8_0(module)
+            for module in linears:  # where the kernel does not run, prepacking below takes them
+                pack_linear_q8_0(module)
         if prepack.available():
             for module in linears:
                 prepack.prepack_linears(module, store=torch.float16 if dtype == torch.float32 else None)

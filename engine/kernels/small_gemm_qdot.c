@@ -72,13 +72,11 @@ int small_gemm_qdot_ok(void) { return QDOT_OK; }
 #define VMAX _mm512_max_ps
 #define VABS(a) _mm512_abs_ps(a)
 #define VROUND_I32 _mm512_cvtps_epi32
-#define IADD _mm512_add_epi32
 #define ISTORE(p, a) _mm512_storeu_si512((void *)(p), a)
 #else
 #define VMAX _mm256_max_ps
 #define VABS(a) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a)
 #define VROUND_I32 _mm256_cvtps_epi32
-#define IADD _mm256_add_epi32
 #define ISTORE(p, a) _mm256_storeu_si256((__m256i *)(p), a)
 #endif
 
