@@ -71,8 +71,12 @@ int head_finish(const float *feat, const float *attn, int64_t n, int64_t d, int6
     int failed = lin(dot, attn, wo, out, feat, n, nq, d, 2);  /* out = attn Wo + feat */
     for (int64_t r = 0; r < n && !failed; r++) rms_row(out + r * d, w_post, y + r * d, d, eps);
     failed = failed || lin(dot, y, wgu, gu, NULL, n, d, 2 * mlp, 0);
-    for (int64_t r = 0; r < n && !failed; r++)
-        for (int64_t j = 0; j < mlp; j++) m[r * mlp + j] = silu(gu[r * 2 * mlp + j]) * gu[r * 2 * mlp + mlp + j];
+    for (int64_t r = 0; r < n && !failed; r++) {
+        const float *a = gu + r * 2 * mlp, *b = a + mlp;
+        int64_t j = 0;
+        for (; j + NB <= mlp; j += NB) VSTORE(m + r * mlp + j, VMULF(silu_vec(VLOAD(a + j)), VLOAD(b + j)));
+        for (; j < mlp; j++) m[r * mlp + j] = silu(a[j]) * b[j];
+    }
     failed = failed || lin(dot, m, wd, out, out, n, mlp, d, 2);  /* out += m Wd, in place: each output reads its own first */
     free(y), free(gu), free(m);
     return failed ? -1 : 0;
