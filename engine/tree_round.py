@@ -13,6 +13,7 @@ import time
 from engine import checkpoint, verify
 from engine.drafters.base import DraftRequest
 from engine.events import RoundEvent
+from engine.sampling import argmax_rows
 from engine.slot import Slot
 
 
@@ -22,7 +23,7 @@ def verify_tree(rnd, slot: Slot, r: DraftRequest, logits, cells, ckpt, drafter: 
     since they share positions with the path it took. Returns the event and the slot's kept rows."""
     tree = r.tree
     t1 = time.perf_counter()
-    top = logits.argmax(dim=-1).tolist()  # the target's own choice per row, for the walk and the event
+    top = argmax_rows(logits)  # the target's own choice per row, for the walk and the event
     verdict, path = verify.tree_match(slot.sampler, logits, tree, top)
     t_verify = t_forward + (time.perf_counter() - t1) * 1e3
     rnd.chain.accept_tree(slot.seq, tree, path)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling import Sampler
+from engine.sampling import Sampler, argmax_rows
 
 
 @dataclass
@@ -89,7 +89,7 @@ def sample_and_match(sampler: Sampler, logits: torch.Tensor, draft: list[int],
     tokens: list[int] = []
     p_target: list[float] = []
     for i in range(len(draft) + 1):
-        tok = int(probs[i].argmax()) if sampler.greedy else sampler.sample_probs(probs[i])
+        tok = argmax_rows(probs[i])[0] if sampler.greedy else sampler.sample_probs(probs[i])
         tokens.append(tok)
         p_target.append(float(probs[i, tok]))
         if i == len(draft) or tok != draft[i]:
@@ -103,7 +103,7 @@ def _greedy_match(logits: torch.Tensor, draft: list[int], best: list[int] | None
     """sample_and_match at temperature 0, where p is one-hot at each row's argmax: one argmax over all rows
     instead of building the one-hot rows (a round's fixed cost, which a fast forward makes visible)."""
     if best is None:
-        best = logits.argmax(dim=-1).tolist()  # the first maximum, as the one-hot p would put it
+        best = argmax_rows(logits)  # the first maximum, as the one-hot p would put it
     tokens: list[int] = []
     for i in range(len(draft) + 1):
         tokens.append(int(best[i]))
@@ -120,7 +120,7 @@ def tree_match(sampler: Sampler, logits: torch.Tensor, tree, top: list[int] | No
     kept path (node indices, root's child first)."""
     assert logits.shape[0] == len(tree) + 1, "need one logits row per tree node plus the root's"
     greedy = sampler.greedy
-    best = (top if top is not None else logits.argmax(dim=-1).tolist()) if greedy else None
+    best = (top if top is not None else argmax_rows(logits)) if greedy else None
     n_draws0 = sampler.n_draws
     tokens: list[int] = []
     p_target: list[float] = []
@@ -206,7 +206,7 @@ def synthetic(sampler: Sampler, logits: torch.Tensor, draft: list[int], p_accept
         m += 1
     probs = sampler.probs(apply_mask(logits, allowed))
     n_draws0 = sampler.n_draws
-    tok = int(probs[m].argmax()) if sampler.greedy else sampler.sample_probs(probs[m])
+    tok = argmax_rows(probs[m])[0] if sampler.greedy else sampler.sample_probs(probs[m])
     p_target = [float(probs[i, d]) for i, d in enumerate(draft[:m])] + [float(probs[m, tok])]
     return Verdict(tokens=draft[:m] + [tok], n_accepted=m, p_target=p_target,
                    p_draft_rows=[float(probs[i, d]) for i, d in enumerate(draft)],

@@ -22,6 +22,7 @@ from engine.context import ModelContext
 from engine.drafters.base import Drafter, DraftRequest, DraftStreams, top_k_q
 from engine.prefix import common_prefix
 from engine.probe import PART, probe_context
+from engine.sampling import argmax_rows
 
 
 @dataclass
@@ -104,7 +105,7 @@ class DraftModelDrafter(Drafter):
             still = []
             for row, r in enumerate(live):
                 q = self._q(logits[row], self.streams.temp(r.seq) if r.want_q else 0.0)
-                p_top, tok = float(q.max()), int(q.argmax())
+                p_top, tok = float(q.max()), argmax_rows(q)[0]
                 if r.want_q:
                     tok = int(torch.multinomial(q, 1, generator=self.streams.generator(r.seq)))
                 if p_top < r.p_min_or(self.params.p_min):
