@@ -151,8 +151,11 @@ class CellCache(Cache):
         # one cell per (seq, pos): a position of a sequence must not be written twice, neither over a cell it
         # holds (cells past n_live are free) nor twice in the batch, except a tree's siblings, which share one.
         # All rows at once: a loop over the sequences cost 1.4 ms of a 38 ms forward of four slots
-        live = self.cell_pos[: self.n_live]
-        clash = ((live[None, :] == pos[:, None]) & self.cell_seq[: self.n_live][:, seq].T).any(dim=1)
+        # numpy for the [T, n_live] steps: torch's per-operation cost was most of a forward's bookkeeping
+        pos_np, seq_np = pos.numpy(), seq.numpy()
+        live = self.cell_pos[: self.n_live].numpy()
+        clash = torch.from_numpy(((live[None, :] == pos_np[:, None])
+                                  & self.cell_seq[: self.n_live].numpy()[:, seq_np].T).any(axis=1))
         twice = not batch.has_tree() and len(set(zip(batch.seq, batch.pos))) < n
         if bool(clash.any()) or twice:
             s = int(seq[clash][0]) if bool(clash.any()) else next(
@@ -232,14 +235,15 @@ class CellCache(Cache):
 
     def mask(self, pos: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
         """Additive mask [1, 1, T, n_live] for rows at `pos` of sequences `seq` over the live cells."""
-        cell_pos = self.cell_pos[: self.n_live]
-        visible = self.cell_seq[: self.n_live][:, seq].T  # [T, n_live]
-        visible &= cell_pos[None, :] <= pos[:, None]
+        cell_pos = self.cell_pos[: self.n_live].numpy()
+        pos_np = pos.numpy()
+        visible = self.cell_seq[: self.n_live].numpy()[:, seq.numpy()].T  # [T, n_live]
+        visible &= cell_pos[None, :] <= pos_np[:, None]
         visible &= cell_pos[None, :] >= 0
         if self.sliding_window is not None:
-            visible &= pos[:, None] - cell_pos[None, :] < self.sliding_window
+            visible &= pos_np[:, None] - cell_pos[None, :] < self.sliding_window
         out = torch.zeros(visible.shape, dtype=self.dtype)
-        out.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        out.masked_fill_(torch.from_numpy(~visible), torch.finfo(self.dtype).min)
         return out[None, None].to(self.device)
 
     def rollback_claim(self) -> None:
