@@ -15,7 +15,9 @@ from engine.memory import CellCache
 
 @dataclass
 class DecodeResult:
-    logits: torch.Tensor  # [n_output_rows, vocab], float32, in batch row order of the rows with output=True
+    # [n_output_rows, vocab], float32, in batch row order of the rows with output=True (None: a tree round's
+    # kept rows handed to the drafters, tree.sub_batch)
+    logits: torch.Tensor | None
     seconds: float  # wall time of the forward
     hidden: torch.Tensor | None = None  # [n_rows, n_layers_kept * hidden], every batch row; see hidden_layers
 
