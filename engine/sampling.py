@@ -21,6 +21,7 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
         return logits.argmax(dim=-1).reshape(-1).tolist()
     return logits.numpy().argmax(axis=-1).reshape(-1).tolist()
 
+
 @dataclass
 class SamplerParams:
     temp: float = 0.0  # 0 = greedy (argmax); > 0 divides the logits

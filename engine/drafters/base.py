@@ -120,8 +120,9 @@ class Drafter:
         """Mirror of a target forward (prefill, verification or replay batch), for drafters that keep model state.
 
         `result` is the forward's DecodeResult; its `hidden` holds the layers named in `hidden_layers` for every
-        row (after a tree's verification, the kept rows only, without logits). Rows of a verification batch past the accepted prefix are rejected later (see `accept`), so state
-        kept from here should be indexed by position and cut on acceptance."""
+        row (after a tree's verification, the kept rows only, without logits). Rows of a verification batch past
+        the accepted prefix are rejected later (see `accept`), so state kept from here should be indexed by
+        position and cut on acceptance."""
 
     def draft(self, requests: list[DraftRequest]) -> None:
         """Fill `result` of the given requests (all have drafting=True) where this drafter has a proposal."""

@@ -44,7 +44,8 @@ typedef __m512 vec;
 #define VDIV _mm512_div_ps
 #define VMIN _mm512_min_ps
 #define VMAX _mm512_max_ps
-#define VPOW2(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#define VPOW2(n) /* 2^n for integral n in [-126, 127] */ \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
 #else
 #define NB 8  /* outputs per block: one ymm of float32 */
 #define MB 12 /* rows per pass over a block: 12 accumulators */
@@ -61,7 +62,8 @@ typedef __m256 vec;
 #define VDIV _mm256_div_ps
 #define VMIN _mm256_min_ps
 #define VMAX _mm256_max_ps
-#define VPOW2(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#define VPOW2(n) /* 2^n for integral n in [-126, 127] */ \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
 #endif
 #define PF_DIST (4096 / NB) /* inputs ahead of the one multiplied whose weights are asked for (16 KB in float32) */
 
