@@ -34,7 +34,13 @@ def test_bench_writes_the_contract_columns_and_compares_with_hf(tiny_dirs, bench
     assert all(r["match_plain"] == r["n_gen"] == "24" for r in other)
     spec = [r for r in rows if r["spec_decode"] == "on" and r["spec_types"].startswith("ngram")]
     assert all(float(r["speedup"]) > 0 and int(r["n_gen"]) == 24 for r in spec)
-    assert "geomean speedup" in capsys.readouterr().out
+    # tokens per target forward: the prefill's token and forward left out, so plain decoding is exactly 1
+    plain = [r for r in ours if r["spec_decode"] == "off"]
+    assert all(float(r["tokens_per_forward"]) == 1.0 for r in plain)
+    for r in spec:
+        assert float(r["tokens_per_forward"]) == pytest.approx(23 / int(r["n_rounds"]), abs=1e-4)
+        assert float(r["tokens_per_forward"]) >= 1.0
+    assert "tokens per target forward" in capsys.readouterr().out
 
 
 def test_bench_parallel_and_context(tiny_dirs, bench_prompts, tmp_path):

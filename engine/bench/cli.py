@@ -161,8 +161,19 @@ def print_summary(rows: list[dict]) -> None:
                                       if sweeping else "")
             for kind in {"all", r["prompt_kind"]} - {""}:
                 by_cfg.setdefault((name, kind), []).append(float(r["speedup"] or 0))
+    per_forward: dict[tuple[str, str], list[int]] = {}  # (config, kind) -> [decoded tokens, decode rounds]
+    for r in rows:
+        if r["spec_decode"] == "on" and not is_other(r) and r.get("tokens_per_forward") not in (None, ""):
+            name = r["spec_types"] + (f" (N={r['concurrency']}, ctx={r['ctx_len']}, k={r['n_max']})"
+                                      if sweeping else "")
+            for kind in {"all", r["prompt_kind"]} - {""}:
+                acc = per_forward.setdefault((name, kind), [0, 0])
+                acc[0] += max(0, int(r["n_gen"]) - 1)
+                acc[1] += int(r["n_rounds"])
     for (name, kind), xs in by_cfg.items():
-        print(f"geomean speedup {name} [{kind}]: {geomean(xs):.3f}x over our plain decoding ({len(xs)} prompts)")
+        line = f"geomean speedup {name} [{kind}]: {geomean(xs):.3f}x over our plain decoding ({len(xs)} prompts)"
+        n_tok, n_fwd = per_forward.get((name, kind), (0, 0))
+        print(line + (f"; {n_tok / n_fwd:.2f} tokens per target forward" if n_fwd else ""))
     if shared:
         for name in sorted({r["spec_types"] for r in rows if r["spec_decode"] == "on"}):
             own = [r for r in rows if r["spec_types"] == name and r["speedup_decode"] not in (None, "")]

@@ -27,8 +27,9 @@ COLUMNS = [
     "grammar", "forced_tokens",
     # the weights' dtype and why (engine/dtype.py); another implementation's leading tokens equal to our plain run's
     "dtype", "dtype_reason", "match_plain",
-    # trees of drafts: the node limit (0: chains), mean nodes verified per drafted round, mean rows per forward
-    "tree", "tree_nodes", "rows_per_forward",
+    # trees of drafts: the node limit (0: chains), mean nodes verified per drafted round, mean rows per forward;
+    # tokens per target forward over all decode rounds (drafted or not)
+    "tree", "tree_nodes", "rows_per_forward", "tokens_per_forward",
 ]
 
 
@@ -70,7 +71,7 @@ def make_row(cfg: BenchConfig, prompt: dict, res: list[RunResult], base: list[Ru
         "grammar": _grammar_kind(cfg, prompt), "forced_tokens": r0.forced_tokens,
         "dtype": cfg.dtype_used, "dtype_reason": cfg.dtype_reason, "match_plain": r0.match_plain,
         "tree": cfg.spec.tree_nodes if r0.spec_on else 0, "tree_nodes": round(r0.tree_nodes, 3),
-        "rows_per_forward": round(r0.rows_per_forward, 3),
+        "rows_per_forward": round(r0.rows_per_forward, 3), "tokens_per_forward": round(r0.tokens_per_forward, 4),
     }
 
 

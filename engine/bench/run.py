@@ -228,6 +228,11 @@ class RunResult:
         return max(0, len(self.tokens) - 1)
 
     @property
+    def tokens_per_forward(self) -> float:
+        """Tokens per target forward after the prefill: n_decoded over the decode rounds (plain decoding: 1)."""
+        return self.n_decoded / self.n_rounds if self.n_rounds else 0.0
+
+    @property
     def tps_decode(self) -> float:
         """Tokens/s after the prefill: what speculation changes (the prefill is the same in both runs and, at
         a long context, would hide the decode speed)."""
