@@ -662,11 +662,44 @@ def test_a_new_answer_beside_others_starts_from_what_the_drafter_gave_earlier_an
     assert not gate.pays(7, "draft-head")
     assert gate.estimates[(7, "draft-head", False)].period == seed.period
     assert "ms drafting" in gate.why(7, "draft-head")
-    # alone, or beside a number of slots nobody has measured, an answer drafts and measures
+    # alone, an answer drafts and measures from its first round
     gate.crowd = 1
     assert gate.pays(8, "draft-head")
+
+
+def test_beside_slots_nobody_has_measured_a_model_drafter_starts_on_the_probe_rounds():
+    from engine.gate import DrafterGate, GateParams
+
+    gate = DrafterGate(GateParams(decay=0.5, prior_gain=1.0, probe_every=4))
     gate.crowd = 2
-    assert gate.pays(9, "draft-head")
+    gate.note_round(0.020, 2)  # 10 ms a token
+    drafted = {"draft-head": [], "n-grams": []}
+    for i in range(1, 9):
+        for name, cheap in (("draft-head", False), ("n-grams", True)):
+            if gate.pays(0, name, cheap=cheap):
+                drafted[name].append(i)
+                gate.note_cost(0, name, 0.004)
+                gate.note_gain(0, name, 0)
+        gate.note_round(0.020, 2)
+    assert drafted["draft-head"][0] == 4  # its first draft is the first probe round, not round 1
+    # each probe found nothing, and no prior of one token a round stood beside them: twice as seldom each time
+    assert drafted["draft-head"] == [4, 8] and gate.estimates[(0, "draft-head", False)].gain == 0.0
+    assert gate.estimates[(0, "draft-head", False)].period == 16
+    # the n-grams cost microseconds: they draft from the first round, their estimate starting from the prior
+    assert drafted["n-grams"][:2] == [1, 2]
+    assert "probe rounds" in DrafterGate(crowd=2).why(0, "draft-head")
+    # a probe that finds tokens worth its time: the drafter drafts every round from there
+    gate2 = DrafterGate(GateParams(decay=0.5, probe_every=4))
+    gate2.crowd = 2
+    gate2.note_round(0.020, 2)
+    went = []
+    for i in range(1, 9):
+        if gate2.pays(0, "draft-head"):
+            went.append(i)
+            gate2.note_cost(0, "draft-head", 0.004)
+            gate2.note_gain(0, "draft-head", 2)  # 20 ms of tokens for 4 ms
+        gate2.note_round(0.020, 2)
+    assert went == [4, 5, 6, 7, 8]
 
 
 def test_the_gate_charges_a_drafter_the_forward_rows_its_nodes_took():
