@@ -36,6 +36,8 @@ class RoundPair:
     draft_ms: float  # time in the drafters, all slots
     verify_ms: float  # the forward and the walk
     plain_verify_ms: float  # the plain round's forward
+    other_ms: float  # the rest of the round: planning, the budget, events, text
+    plain_other_ms: float  # the same in the plain round
 
 
 def kind_of_round(events) -> str:
@@ -116,11 +118,14 @@ def main(argv: list[str] | None = None) -> int:
                     pair[spec] = (dt, events)
                 if len(pair) == 2:
                     (dt_s, ev_s), (dt_p, ev_p) = pair[True], pair[False]
+                    draft_ms = sum(e.t_draft_ms for e in ev_s)
+                    verify_ms = max((e.t_verify_ms for e in ev_s), default=0.0)
+                    plain_verify_ms = max((e.t_verify_ms for e in ev_p), default=0.0)
                     by_kind.setdefault(kind_of_round(ev_s), []).append(RoundPair(
                         dt_s / dt_p, max((e.batch_rows for e in ev_s), default=0),
                         sum(len(e.emitted) for e in ev_s), sum(len(e.emitted) for e in ev_p),
-                        sum(e.t_draft_ms for e in ev_s), max((e.t_verify_ms for e in ev_s), default=0.0),
-                        max((e.t_verify_ms for e in ev_p), default=0.0)))
+                        draft_ms, verify_ms, plain_verify_ms, dt_s * 1e3 - draft_ms - verify_ms,
+                        dt_p * 1e3 - sum(e.t_draft_ms for e in ev_p) - plain_verify_ms))
             for engine in engines.values():
                 for seq in range(len(ids)):
                     engine.release(seq)
@@ -139,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rounds that {kind}: {len(pairs)}, mean cost {mean('cost'):.3f}x the plain round beside it; "
               f"{mean('rows'):.1f} rows, {mean('tokens'):.2f} tokens against {mean('plain_tokens'):.2f}; "
               f"drafting {mean('draft_ms'):.1f} ms, forward and walk {mean('verify_ms'):.1f} ms against "
-              f"{mean('plain_verify_ms'):.1f}")
+              f"{mean('plain_verify_ms'):.1f}; the rest {mean('other_ms'):.2f} ms against {mean('plain_other_ms'):.2f}")
     return 0
 
 
