@@ -106,8 +106,7 @@ class DrafterGate:
         if ref is not None and ref is not e:  # the answer's own estimate starts from the earlier answers'
             e.gain, e.cost, e.period, e.n, ref = ref.gain, ref.cost, ref.period, 1, e
         if ref is None and self.crowd > 1 and not cheap:  # nobody measured this many slots: start on the probes
-            e.probing = self.n_rounds % (e.period or self.params.probe_every) == 0
-            return e.probing
+            return self._probe(e)
         if ref is None or self.seconds_per_token is None:
             return True
         if ref.gain * self.seconds_per_token > ref.cost:
@@ -115,6 +114,10 @@ class DrafterGate:
         # a model drafter drafts for all its slots in one batched call that costs about the same for one slot
         # as for four: slots probing on rounds of their own would each pay a whole call. The intervals are
         # probe_every times powers of 2, so a slot's probe rounds include those of every slot probing less often
+        return self._probe(e)
+
+    def _probe(self, e: _Estimate) -> bool:
+        """Whether this round is one of the estimate's probe rounds (its drafting is then a probe)."""
         e.probing = self.n_rounds % (e.period or self.params.probe_every) == 0
         return e.probing
 

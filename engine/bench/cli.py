@@ -155,21 +155,17 @@ def print_summary(rows: list[dict]) -> None:
               f"{r['mean_acc_len']:>7.2f} {r['draft_accept_rate']:>5.2f} "
               f"{r['verify_cost_c']:>5.2f} {r['lossless_ok']}")
     by_cfg: dict[tuple[str, str], list[float]] = {}
+    per_forward: dict[tuple[str, str], list[int]] = {}  # (config, kind) -> [decoded tokens, decode rounds]
     for r in rows:
         if (r["spec_decode"] == "on" or is_other(r)) and not r.get("synthetic_accept"):
             name = r["spec_types"] + (f" (N={r['concurrency']}, ctx={r['ctx_len']}, k={r['n_max']})"
                                       if sweeping else "")
             for kind in {"all", r["prompt_kind"]} - {""}:
                 by_cfg.setdefault((name, kind), []).append(float(r["speedup"] or 0))
-    per_forward: dict[tuple[str, str], list[int]] = {}  # (config, kind) -> [decoded tokens, decode rounds]
-    for r in rows:
-        if r["spec_decode"] == "on" and not is_other(r) and r.get("tokens_per_forward") not in (None, ""):
-            name = r["spec_types"] + (f" (N={r['concurrency']}, ctx={r['ctx_len']}, k={r['n_max']})"
-                                      if sweeping else "")
-            for kind in {"all", r["prompt_kind"]} - {""}:
-                acc = per_forward.setdefault((name, kind), [0, 0])
-                acc[0] += max(0, int(r["n_gen"]) - 1)
-                acc[1] += int(r["n_rounds"])
+                if not is_other(r) and r.get("tokens_per_forward") not in (None, ""):
+                    acc = per_forward.setdefault((name, kind), [0, 0])
+                    acc[0] += max(0, int(r["n_gen"]) - 1)
+                    acc[1] += int(r["n_rounds"])
     for (name, kind), xs in by_cfg.items():
         line = f"geomean speedup {name} [{kind}]: {geomean(xs):.3f}x over our plain decoding ({len(xs)} prompts)"
         n_tok, n_fwd = per_forward.get((name, kind), (0, 0))
