@@ -328,7 +328,8 @@ def _fair_take(trees, ranked, n_base: int, cost: CostModel, balance: dict[int, f
         c_n = cost.c(n_base + n)
         tau = c_n / c_base - 1.0
         bound = (n_base + prefix[n]) / c_n
-        if bound <= best_value * 1.001 and bound < (n_base + prefix[n - 1]) / cost.c(n_base + n - 1):
+        # (from the second node: the first row also pays a drafted round's fixed cost, CostModel.step_fit)
+        if n > 1 and bound <= best_value * 1.001 and bound < (n_base + prefix[n - 1]) / cost.c(n_base + n - 1):
             break  # past its peak the bound only falls (prefix concave, c increasing): no larger set does better
         if tau > 1e-12 and tau > lowest_bare and not credited:
             break  # a slot without a tree would fall behind, the more so in a larger forward

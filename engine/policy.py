@@ -47,6 +47,50 @@ class CostModel:
     # times k sequences of one row against one sequence of k rows (0: unknown). A slot that leaves the batch
     # takes that with it, as well as its row (RoundCost.seq_share)
     seq_seconds: float = 0.0
+    # what draft rows cost in service against what this curve said they would. Each round that verified drafts
+    # gives x, the seconds the curve gave its draft rows, and y, the seconds the round took beyond a plain round
+    # of its base rows (its forward's extra rows, and its work after the forward beyond a plain round's:
+    # building rows, the walk, dropping the branches, the drafters' catch-up). y = fixed + factor * x by least
+    # squares over decayed sums, from a prior of one round that met the curve exactly. Four copying slots on a
+    # 2-core Xeon verified 12 rows in rounds of 1.9x a plain round where the curve said 1.5x (it times one
+    # sequence's chain at its fastest of 7, and a round does more than its forward); one open slot's drafted
+    # rounds spent 0.5 ms more than its plain ones after the forward. RoundCost.c adds both to every round's rows
+    step_sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # decayed n, sum x, sum y, sum xx, sum xy
+    step_prior: tuple[float, float] = (0.5e-3, 3e-3)  # x of the prior's two rounds (y = x), seconds
+    step_decay: float = 0.97  # per observed round, the weight left to the rounds before it
+    # per slot, the seconds a round spends after its forward when it verified no draft (decaying average): what a
+    # drafted round's work after the forward is measured against
+    after_plain: float = 0.0
+    n_after_plain: int = 0
+
+    def step_fit(self) -> tuple[float, float]:
+        """(fixed seconds of a round that verifies drafts, factor on the curve's seconds for its rows); the factor
+        within [0.5, 4], the fixed part at least 0."""
+        n, sx, sy, sxx, sxy = self.step_sums
+        w = 0.5  # each of the prior's rounds: one round in all, so a few observed ones outweigh it
+        for x in self.step_prior:
+            n, sx, sy, sxx, sxy = n + w, sx + w * x, sy + w * x, sxx + w * x * x, sxy + w * x * x
+        var = n * sxx - sx * sx
+        factor = (n * sxy - sx * sy) / var if var > 0 else 1.0
+        factor = min(4.0, max(0.5, factor))
+        return max(0.0, (sy - factor * sx) / n), factor
+
+    def observe_step(self, predicted: float, actual: float) -> None:
+        """A round that verified draft rows: the seconds the curve gave them, the seconds they took."""
+        d = self.step_decay
+        sums = [1.0, predicted, actual, predicted * predicted, predicted * actual]
+        self.step_sums = [d * old + new for old, new in zip(self.step_sums, sums)]
+
+    def observe_after_plain(self, seconds_per_slot: float) -> None:
+        weight = max(1 - self.decay, 1 / (self.n_after_plain + 1))
+        self.after_plain = (1 - weight) * self.after_plain + weight * seconds_per_slot
+        self.n_after_plain += 1
+
+    def base_seconds(self, n_rows: int) -> float:
+        """A forward of n_rows as the engine has timed it in service (3 forwards suffice: the curve's fastest-of-7
+        timings would make every row beyond look dearer), else as the curve says."""
+        avg, n_seen = self.seen.get(n_rows, (0.0, 0))
+        return avg if n_seen >= 3 and avg > 0 else self._t(n_rows)
 
     def observe(self, n_rows: int, seconds: float) -> None:
         """A forward of n_rows ran in `seconds`."""
@@ -103,20 +147,33 @@ class CostModel:
 @dataclass
 class RoundCost:
     """c(n) for one round: rows beyond the round's base rows cost the curve's step less the attention they do
-    not do, where the slots' contexts are shorter than the calibration's prefix. A forward of 4 slots with 150
-    cells each timed 1.025x / 1.039x / 1.084x of its 4 rows at 5 / 6 / 8 rows, where the curve of one sequence
-    after 256 cells said 1.043x / 1.085x / 1.21x (AVX2, float32, the layers in one C call): the budget refused
-    rows that paid. Only the step is corrected: the base rows' cost is what the forwards in service measured."""
+    not do (at most half the step), where the slots' contexts are shorter than the calibration's prefix, times
+    what draft rows were measured to cost in service against that, plus a drafted round's fixed cost
+    (CostModel.step_fit). A forward of 4 slots with 150 cells each timed 1.025x / 1.039x / 1.084x of its 4 rows
+    at 5 / 6 / 8 rows, where the curve of one sequence after 256 cells said 1.043x / 1.085x / 1.21x (AVX2,
+    float32, the layers in one C call): the budget refused rows that paid. Only the step is corrected: the base rows' cost is what the forwards in service measured."""
 
     curve: CostModel
     n_base: int  # rows the forward has anyway
     saved: float  # per row beyond them: the attention not done, in forwards of one row
 
     def c(self, n_rows: int) -> float:
-        base = self.curve.c(self.n_base)
         if n_rows <= self.n_base:
             return self.curve.c(n_rows)
-        return max(base, self.curve.c(n_rows) - (n_rows - self.n_base) * self.saved)
+        fixed, factor = self.curve.step_fit()
+        t1 = self.curve._t(1)
+        return self.curve.c(self.n_base) + factor * self.step(n_rows) + (fixed / t1 if t1 > 0 else 0.0)
+
+    def step(self, n_rows: int) -> float:
+        """What the rows beyond the base rows add by the curve, in forwards of one row (no step factor)."""
+        base = self.curve.c(self.n_base)
+        step = self.curve.c(n_rows) - base
+        # at most half the step: the attention saved is timed as the difference of two timings, which moved
+        # between 4e-7 and 2.2e-6 s a cell from one calibration to the next on a shared machine
+        return max(0.0, step - min((n_rows - self.n_base) * self.saved, 0.5 * step))
+
+    def step_seconds(self, n_rows: int) -> float:
+        return self.step(n_rows) * self.curve._t(1)
 
     def seq_share(self) -> float:
         """The share of a forward of the base rows that one of its sequences costs: its row, and what a sequence

@@ -129,6 +129,7 @@ class Round:
         if not rows:
             return events
         in_batch = [s for s in slots if s.seq in rows]
+        t_forward = time.perf_counter()
         try:
             res = self._forward(batch, in_batch)
         except Exception as e:  # it failed twice: these generations end, the engine serves the next round
@@ -143,14 +144,13 @@ class Round:
         self.chain.gate.row_seconds = res.seconds * (1 - 1 / curve_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
         drafted = budget is not None or any(r.tree_max > 0 and r.n_max > 0 and self.chain.uses_policy(r.seq)
                                             for r in requests.values())
-        cost_ratio = (self.slot_budget.cost_ratio(budget, in_batch, curve_ratio, res.seconds + t_draft / 1e3)
-                      if drafted else 1.0)
-        # before this round's tokens: what the budget saw
-        left = {s.seq: s.n_remaining for s in in_batch} if budget is not None else {}
         out_index = {row: i for i, row in enumerate(batch.output_rows())}
         kept_rows: list[int] = []  # the rows whose cells stay: a tree's drafters hear only its kept path
         for slot in in_batch:
-            logits = res.logits[[out_index[i] for i in rows[slot.seq]]]
+            at = [out_index[i] for i in rows[slot.seq]]
+            # a slot's rows are consecutive: a view, where a copy of a tree's logits took 0.1 ms a slot
+            contiguous = at == list(range(at[0], at[0] + len(at)))
+            logits = res.logits[at[0]:at[0] + len(at)] if contiguous else res.logits[at]
             try:
                 if slot.replay is not None:
                     events.append(self._replay_round(slot, logits, res.seconds * 1e3, len(batch)))
@@ -171,15 +171,18 @@ class Round:
                 events.append(failure(slot.seq, "verification", e))
         if batch.has_tree():
             self.chain.process(*sub_batch(batch, res, sorted(kept_rows)))
-        if budget is not None and self.budget_state.fair and budget.cost is not None:
-            self.slot_budget.credit_leavers(events, left, budget.cost.seq_share())
+        whole = time.perf_counter() - t0
+        ratios: dict[int, float] = {}  # ghosts beside a slot -> the round's cost in plain rounds
         n_emitted = 0
         for ev in events:
             if isinstance(ev, RoundEvent):
                 ev.n_seqs = len(in_batch)
                 n_emitted += len(ev.emitted)
-                if drafted:
-                    self.budget_state.settle(ev.seq, len(ev.emitted), cost_ratio)
+                ghosts = self.slot_budget.ghosts_of(ev.seq)
+                if drafted or ghosts:
+                    if ghosts not in ratios:
+                        ratios[ghosts] = self.slot_budget.cost_ratio(budget, in_batch, whole, ghosts)
+                    self.budget_state.settle(ev.seq, len(ev.emitted), ratios[ghosts])
                     ev.balance = self.budget_state.balance[ev.seq]
                 if budget is not None and ev.seq in requests:  # a replay slot drafted nothing
                     ev.budget_why = budget.why
@@ -196,8 +199,29 @@ class Round:
                 if skipped:
                     parts = ([ev.budget_why] if ev.budget_why else []) + ["not drafted: " + s for s in skipped]
                     ev.budget_why = "; ".join(parts)
+        self.slot_budget.next_round()
+        for slot in in_batch:
+            if slot.state == "done":
+                self.slot_budget.leave(slot.seq, [s.seq for s in in_batch])
+        self._observe_cost(budget, batch, in_batch, res.seconds, time.perf_counter() - t_forward - res.seconds)
         self.chain.gate.note_round(time.perf_counter() - t0, n_emitted)
         return events
+
+    def _observe_cost(self, budget, batch: Batch, in_batch: list[Slot], forward: float, after: float) -> None:
+        """What the round's draft rows cost against what the budget's curve said (CostModel.step_fit): the
+        forward beyond a forward of its base rows, and the work after the forward beyond a plain round's."""
+        if self.chain.policy is None:
+            return
+        cost = self.chain.policy.cost
+        if len(batch) == len(in_batch):  # one row a slot: a plain round
+            cost.observe_after_plain(after / len(in_batch))
+            return
+        if budget is None or budget.cost is None or len(batch) <= budget.n_base:
+            return
+        extra = forward - cost.base_seconds(budget.n_base)
+        if cost.n_after_plain >= 3:  # unknown, the work after the forward is left out rather than guessed
+            extra += max(0.0, after - len(in_batch) * cost.after_plain)
+        cost.observe_step(budget.cost.step_seconds(len(batch)), extra)
 
     def _draft(self, requests: list[DraftRequest], failed: dict[int, ErrorEvent]) -> dict[int, str | None]:
         """The chain drafts for every request at once; if that raises, each request drafts alone so the one at

@@ -3,8 +3,8 @@ forward (engine/budget.py), and what the round cost each slot against plain deco
 
 Before drafting, slots whose every node the fair budget would refuse do not draft (`veto`). After drafting,
 `plan` hands the slots' trees to the budget and keeps what it chose. After the forward each drafted round is
-charged to every slot's balance at its measured cost (`cost_ratio`), and a slot that gained tokens credits the
-slots it will leave behind (`credit_leavers`).
+charged to every slot's balance at its measured cost (`cost_ratio`), against a plain round that still holds
+the slots that left ahead of plain decoding (`leave`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Collection
 from engine.budget import Budget, BudgetState, leaves_first, plan as budget_plan
 from engine.drafters.base import DraftRequest
 from engine.drafters.chain import DrafterChain
-from engine.events import RoundEvent
 from engine.slot import Slot
 
 
@@ -22,6 +21,12 @@ class SlotBudget:
     def __init__(self, chain: DrafterChain):
         self.chain = chain  # its length policy's cost curve, its drafters (which need a model), its gate
         self.state = BudgetState()  # balances, refusals and rests of every slot
+        # [rounds, seqs]: a slot that finished ahead of plain decoding by `rounds` plain rounds, which plain
+        # decoding would still run beside the slots `seqs` it left: their balances are measured against a plain
+        # round with it (SlotBudget.cost_ratio). What a copying slot's early exit gives the slots beside it,
+        # counted when it happens: credited when the copying slot gained its tokens, it went also to slots whose
+        # answers ended before it would have left (four copy answers, three ended by their end-of-text token)
+        self.ghosts: list[list] = []
 
     def veto(self, slots: list[Slot], sizes: dict[int, tuple[int, int]]) -> tuple[set[int], str]:
         """The budgeted tree slots that need not draft this round, and why: beside a slot that drafts nothing this
@@ -88,33 +93,44 @@ class SlotBudget:
         cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
         return self.chain.policy.cost.for_cells(n_base, cells)
 
-    def cost_ratio(self, budget, in_batch: list[Slot], curve_ratio: float, seconds: float) -> float:
-        """A drafted round's cost in plain forwards of its base rows, what each slot's balance is charged: its
-        forward and drafting time over the average forward of that many rows, where the engine has timed
-        enough of those (plain rounds beside the drafted ones), else the cost curve's ratio. The curve comes
-        from a calibration that moves by 10% between runs on a shared machine: one that put 6 rows at 1.05x of
-        4 let four open slots verify trees whose rounds took 1.37x, and balances charged by the curve never
-        showed it; nor did they show drafting time spent on nodes the budget then refused."""
+    def cost_ratio(self, budget, in_batch: list[Slot], whole: float, ghosts: int = 0) -> float:
+        """A drafted round's cost in plain rounds of its base rows, what each slot's balance is charged: `whole`,
+        the round's time from its drafting to its events, over a plain round's. That is the forward of the base
+        rows as timed in service, or calibrated until 3 were (CostModel.base_seconds), and each slot's work
+        after a plain forward (CostModel.after_plain) once 3 plain rounds timed it (none before: a dearer
+        charge, not a kinder one); with `ghosts` more slots in that plain round where slots beside this one left
+        ahead of plain decoding (`leave`).
+
+        Charged by the curve, whose calibration moves by 10% between runs on a shared machine, four open slots
+        once verified trees whose rounds took 1.37x where the curve said 1.05x, and the balances never showed
+        it, nor drafting time spent on nodes the budget then refused. Charged forward and drafting only, the
+        slots beside a copying one stood above plain decoding by their balances and ran at 0.87x to 0.99x of it
+        by the clock: a tree round's walk and bookkeeping took 1.5 ms against a plain round's 0.8."""
         n_base = budget.n_base if budget is not None else base_rows(in_batch)
         cost = self.chain.policy.cost
-        avg, n_seen = cost.seen.get(n_base, (0.0, 0))
-        return seconds / avg if n_seen >= cost.min_seen and avg > 0 else curve_ratio
+        after = cost.after_plain if cost.n_after_plain >= 3 else 0.0
+        return whole / (cost.base_seconds(n_base + ghosts) + (len(in_batch) + ghosts) * after)
 
-    def credit_leavers(self, events, left: dict[int, int], share: float) -> None:
-        """Each token a slot gained beyond plain decoding's one is a forward earlier that it leaves the batch, and
-        every slot that wants more tokens than it runs that forward without it: `share` of a forward (its row and
-        what a sequence costs beyond one, RoundCost.seq_share) goes to their balances. What the budget counted
-        on when it let the leaving slot's rows in (budget.py, `_fair_take`)."""
-        gained = {ev.seq: len(ev.emitted) - 1 for ev in events if isinstance(ev, RoundEvent) and ev.seq in left}
-        if share <= 0 or not any(gained.values()):
-            return
-        balance = self.state.balance
-        before = leaves_first(left, list(gained))
-        for seq in gained:
-            early = sum(gained[k] for k in before[seq])
-            if early > 0:
-                balance[seq] = balance.get(seq, 0.0) + share * early
+    def leave(self, seq: int, beside: list[int]) -> None:
+        """A slot whose generation ended, `beside` the slots of its last forward: ahead of plain decoding by its
+        balance, it would still be in a plain batch for that many rounds, each costing the slots beside it
+        their share of a dearer forward (`ghosts`)."""
+        lead = int(round(max(0.0, self.state.balance.get(seq, 0.0))))
+        others = frozenset(beside) - {seq}
+        if lead > 0 and others:
+            self.ghosts.append([lead, others])
 
+    def begin(self, seq: int) -> None:
+        """A new generation in the slot: it never shared a forward with the slots that left before it."""
+        self.state.begin(seq)
+        self.ghosts = [[n, beside - {seq}] for n, beside in self.ghosts if beside - {seq}]
+
+    def ghosts_of(self, seq: int) -> int:
+        """Slots that left ahead of plain decoding and would still share a plain forward with this one."""
+        return sum(seq in beside for _, beside in self.ghosts)
+
+    def next_round(self) -> None:
+        self.ghosts = [[n - 1, beside] for n, beside in self.ghosts if n > 1]
 
 def base_rows(slots: list[Slot]) -> int:
     """Rows the forward has without drafts: each slot's sampled token, or the tokens its replay re-runs."""

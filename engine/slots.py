@@ -224,7 +224,7 @@ class Engine:
             coin_seed = params.sampling.seed ^ 0x5BD1E995 ^ (seq * 0x9E3779B1)
             slot.coins = torch.Generator().manual_seed(coin_seed & 0xFFFFFFFF)
         self.slots[seq] = slot
-        self.round.budget_state.begin(seq)
+        self.round.slot_budget.begin(seq)
         self.chain.begin(seq, slot.prompt, params.spec.types, adaptive=params.spec.adaptive)
         for name in params.spec.types:  # model drafters sample at the slot's temperature, from its seed
             self.pool[name].retune(seq, params.sampling.temp, params.sampling.seed)

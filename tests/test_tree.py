@@ -542,28 +542,6 @@ def test_beside_other_slots_a_round_drafted_for_nothing_counts_as_refused(engine
             state.forget(seq)
 
 
-def test_a_drafted_rounds_cost_is_measured_against_the_plain_forwards_timed(engine):
-    """Each slot's balance is charged a drafted round's forward and drafting time over the average forward of
-    its base rows, once enough of those were timed; before, the cost curve's ratio."""
-    from types import SimpleNamespace
-
-    from engine.policy import CostModel
-
-    policy = engine.chain.policy
-    calibrated = policy.cost
-    policy.cost = CostModel(sizes=[1, 2, 32], seconds=[0.01, 0.01, 0.32], min_seen=3)
-    slots = [SimpleNamespace(seq=seq, replay=None, tokens=[1]) for seq in range(4)]
-    try:
-        assert engine.round.slot_budget.cost_ratio(None, slots, 1.2, 0.05) == 1.2  # no plain forward of 4 rows timed yet
-        for _ in range(3):
-            policy.cost.observe(4, 0.04)
-        assert engine.round.slot_budget.cost_ratio(None, slots, 1.2, 0.05) == pytest.approx(1.25)
-        replaying = slots[:3] + [SimpleNamespace(seq=3, replay=SimpleNamespace(tokens=[7, 8, 9]), tokens=[1])]
-        assert engine.round.slot_budget.cost_ratio(None, replaying, 1.2, 0.05) == 1.2  # 6 base rows: none timed
-    finally:
-        policy.cost = calibrated
-
-
 def test_a_slot_that_leaves_early_pays_the_slots_it_leaves_for_its_rows():
     """Beside an open slot with no tree and no balance, a copying slot that wants fewer tokens gets its sure
     chain where a sequence costs more of a forward than a row: each token it gains is a forward earlier that the
@@ -583,22 +561,6 @@ def test_a_slot_that_leaves_early_pays_the_slots_it_leaves_for_its_rows():
     assert offer(0.1, None) == []  # nothing known about who leaves first: the open slot's balance alone
     assert offer(0.1, {0: 50, 1: 10}) == []  # the open slot leaves first: the copying slot's gain is not its own
     assert offer(0.0, {0: 10, 1: 50}) == []  # a sequence costs a row: a 95% node gives back 95% of its row
-
-
-def test_the_tokens_a_slot_gains_are_credited_to_the_slots_that_want_more():
-    from engine.events import RoundEvent
-    from engine.slot_budget import SlotBudget
-
-    budget = SlotBudget(chain=None)
-
-    def event(seq, n):
-        return RoundEvent(seq=seq, round=1, kind="spec", drafter=None, pos_sampled=0, p0=1, emitted=[7] * n)
-
-    # slot 0 gained 5 tokens and slot 2 one; slot 1 wants the most, slot 2 more than slot 0
-    budget.credit_leavers([event(0, 6), event(1, 1), event(2, 2)], {0: 20, 1: 90, 2: 60}, 0.05)
-    assert budget.state.balance == pytest.approx({1: 0.05 * 6, 2: 0.05 * 5})
-    budget.credit_leavers([event(0, 1), event(1, 1)], {0: 20, 1: 90}, 0.05)  # nobody gained: nothing moves
-    assert budget.state.balance[1] == pytest.approx(0.3)
 
 
 def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
