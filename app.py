@@ -33,6 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "timed kernel is faster, else float32 read from the blocks; for others it times a forward "
                         "in both and keeps bfloat16 where this CPU computes it natively and it is faster; plain "
                         "and speculative runs share it")
+    p.add_argument("--budget", choices=["fair", "goodput"], default="fair",
+                   help="the draft rows of a round shared by several sessions: fair (default) keeps every answer "
+                        "at plain decoding's speed or better; goodput lets an answer that copies take rows that "
+                        "slow the others when the batch as a whole emits more tokens per second")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow models whose code lives in their repository (off by default)")
     p.add_argument("--allow-model-load", action="store_true",
@@ -58,7 +62,7 @@ def load_state(args: argparse.Namespace):
     from ui.state import AppOptions, AppState
 
     options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code,
-                         n_rs=args.n_rs, queue_max=args.queue, dtype=args.dtype,
+                         n_rs=args.n_rs, queue_max=args.queue, dtype=args.dtype, budget=args.budget,
                          allow_model_load=args.allow_model_load or is_loopback(args.host))
 
     def loader(name: str):

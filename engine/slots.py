@@ -44,7 +44,7 @@ def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int, n_rs: in
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
                  n_seq_max: int = 4, calibrate: bool = True, drafter_params: dict | None = None,
-                 n_draft: int = 16, n_rs: int = 0):
+                 n_draft: int = 16, n_rs: int = 0, fair: bool = True):
         if draft is not None:
             check_vocab_compatible(target, draft)
         if n_seq_max < 1:
@@ -73,6 +73,9 @@ class Engine:
         self.eos = target.eos_ids()
         self._grammar_tokenizer = None  # llguidance's view of the target's tokenizer, built at the first grammar
         self.round = Round(self.ctx, self.chain, self.probe, self.limits, self.n_pos_max, self.eos, target.decode)
+        # fair: no slot's answer may come slower than plain decoding would give it; False: the batch's goodput
+        # alone chooses the draft rows (engine/budget.py)
+        self.round.budget_state.fair = fair
 
     # ---- set-up ----------------------------------------------------------------------------------------------
 

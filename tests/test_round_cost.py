@@ -149,3 +149,31 @@ def test_a_slot_that_left_ahead_of_plain_decoding_stays_in_the_plain_round_the_o
         assert sb.ghosts_of(1) == 0
     finally:
         policy.cost = calibrated
+
+
+def test_the_budget_option_reaches_the_engine_from_the_app_and_the_bench(tiny_target, bench_prompts):
+    """`--budget goodput` turns the fair budget off (the batch's goodput alone chooses the rows); fair by default.
+    A copying slot's sure chain beside a slot with nothing to draft and no balance: refused when fair, kept with
+    goodput alone, where the forward's rows pay for the batch."""
+    import sys
+    from pathlib import Path
+
+    from engine.bench import cli
+    from engine.bench.run import BenchConfig
+    from ui.loader import make_runtime
+    from ui.state import AppOptions
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import app
+
+    for flag, fair in (([], True), (["--budget", "goodput"], False)):
+        options = AppOptions(n_ctx=256, parallel=2, budget=app.parse_args(flag).budget)
+        assert make_runtime(tiny_target, None, options).engine.round.budget_state.fair is fair
+        a = cli.parse_args(["--prompts", str(bench_prompts)] + flag)
+        engine = BenchConfig.from_args(a, n_max=8, parallel=2, ctx_len=0).build(tiny_target, None)
+        assert engine.round.budget_state.fair is fair
+        sure = DraftTree()
+        sure.add_chain([5, 6, 7, 8], "x", scores=[0.95, 0.9, 0.85, 0.8])
+        state = BudgetState(probe_every=100, fair=fair)
+        kept = plan({0: sure}, 2, _curve().for_cells(2, 0), state, bare=[1]).kept[0]
+        assert kept == ([] if fair else [0, 1, 2, 3])

@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rollback", choices=["auto", "checkpoint"], default="auto")
     ap.add_argument("--n-rs", type=int, default=0,
                     help="recurrent targets: undo rejected tails of up to N tokens from kept states (RS)")
+    ap.add_argument("--budget", choices=["fair", "goodput"], default="fair",
+                    help="with --parallel > 1: fair (default) keeps every answer at plain decoding's speed or better; "
+                         "goodput lets the batch's tokens per second alone choose the draft rows")
     ap.add_argument("--compare", default=None, metavar="hf,llama.cpp",
                     help="also run other implementations on the same prompt ids: hf (transformers' generate and "
                          "prompt lookup on a stock float32 copy), llama.cpp (the same GGUF through llama-cpp-python, "
