@@ -81,6 +81,10 @@ class CostModel:
         sums = [1.0, predicted, actual, predicted * predicted, predicted * actual]
         self.step_sums = [d * old + new for old, new in zip(self.step_sums, sums)]
 
+    def after_plain_seconds(self) -> float | None:
+        """A slot's work after a plain forward, once 3 plain rounds timed it; None before."""
+        return self.after_plain if self.n_after_plain >= 3 else None
+
     def observe_after_plain(self, seconds_per_slot: float) -> None:
         weight = max(1 - self.decay, 1 / (self.n_after_plain + 1))
         self.after_plain = (1 - weight) * self.after_plain + weight * seconds_per_slot
@@ -110,7 +114,8 @@ class CostModel:
         """This curve for a forward of n_base rows plus draft rows that each see `cells` cells on average."""
         base = self._t(1)
         saved = self.cell_seconds * max(0.0, self.calibrated_cells - cells) / base if base > 0 else 0.0
-        return RoundCost(self, n_base, saved)
+        fixed, factor = self.step_fit()
+        return RoundCost(self, n_base, saved, fixed / base if base > 0 else 0.0, factor)
 
     def _t(self, n: int) -> float:
         if self._table is None:
@@ -151,18 +156,19 @@ class RoundCost:
     what draft rows were measured to cost in service against that, plus a drafted round's fixed cost
     (CostModel.step_fit). A forward of 4 slots with 150 cells each timed 1.025x / 1.039x / 1.084x of its 4 rows
     at 5 / 6 / 8 rows, where the curve of one sequence after 256 cells said 1.043x / 1.085x / 1.21x (AVX2,
-    float32, the layers in one C call): the budget refused rows that paid. Only the step is corrected: the base rows' cost is what the forwards in service measured."""
+    float32, the layers in one C call): the budget refused rows that paid. Only the step is corrected: the base
+    rows' cost is what the forwards in service measured."""
 
     curve: CostModel
     n_base: int  # rows the forward has anyway
     saved: float  # per row beyond them: the attention not done, in forwards of one row
+    fixed: float = 0.0  # a drafted round's fixed cost, in forwards of one row (CostModel.step_fit)
+    factor: float = 1.0  # draft rows' cost in service over the curve's step (CostModel.step_fit)
 
     def c(self, n_rows: int) -> float:
         if n_rows <= self.n_base:
             return self.curve.c(n_rows)
-        fixed, factor = self.curve.step_fit()
-        t1 = self.curve._t(1)
-        return self.curve.c(self.n_base) + factor * self.step(n_rows) + (fixed / t1 if t1 > 0 else 0.0)
+        return self.curve.c(self.n_base) + self.factor * self.step(n_rows) + self.fixed
 
     def step(self, n_rows: int) -> float:
         """What the rows beyond the base rows add by the curve, in forwards of one row (no step factor)."""

@@ -219,8 +219,9 @@ class Round:
         if budget is None or budget.cost is None or len(batch) <= budget.n_base:
             return
         extra = forward - cost.base_seconds(budget.n_base)
-        if cost.n_after_plain >= 3:  # unknown, the work after the forward is left out rather than guessed
-            extra += max(0.0, after - len(in_batch) * cost.after_plain)
+        plain_after = cost.after_plain_seconds()
+        if plain_after is not None:  # unknown, the work after the forward is left out rather than guessed
+            extra += max(0.0, after - len(in_batch) * plain_after)
         cost.observe_step(budget.cost.step_seconds(len(batch)), extra)
 
     def _draft(self, requests: list[DraftRequest], failed: dict[int, ErrorEvent]) -> dict[int, str | None]:

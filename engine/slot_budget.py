@@ -21,12 +21,12 @@ class SlotBudget:
     def __init__(self, chain: DrafterChain):
         self.chain = chain  # its length policy's cost curve, its drafters (which need a model), its gate
         self.state = BudgetState()  # balances, refusals and rests of every slot
-        # [rounds, seqs]: a slot that finished ahead of plain decoding by `rounds` plain rounds, which plain
+        # (rounds, seqs): a slot that finished ahead of plain decoding by `rounds` plain rounds, which plain
         # decoding would still run beside the slots `seqs` it left: their balances are measured against a plain
         # round with it (SlotBudget.cost_ratio). What a copying slot's early exit gives the slots beside it,
         # counted when it happens: credited when the copying slot gained its tokens, it went also to slots whose
         # answers ended before it would have left (four copy answers, three ended by their end-of-text token)
-        self.ghosts: list[list] = []
+        self.ghosts: list[tuple[int, frozenset[int]]] = []
 
     def veto(self, slots: list[Slot], sizes: dict[int, tuple[int, int]]) -> tuple[set[int], str]:
         """The budgeted tree slots that need not draft this round, and why: beside a slot that drafts nothing this
@@ -108,7 +108,7 @@ class SlotBudget:
         by the clock: a tree round's walk and bookkeeping took 1.5 ms against a plain round's 0.8."""
         n_base = budget.n_base if budget is not None else base_rows(in_batch)
         cost = self.chain.policy.cost
-        after = cost.after_plain if cost.n_after_plain >= 3 else 0.0
+        after = cost.after_plain_seconds() or 0.0
         return whole / (cost.base_seconds(n_base + ghosts) + (len(in_batch) + ghosts) * after)
 
     def leave(self, seq: int, beside: list[int]) -> None:
@@ -118,19 +118,20 @@ class SlotBudget:
         lead = int(round(max(0.0, self.state.balance.get(seq, 0.0))))
         others = frozenset(beside) - {seq}
         if lead > 0 and others:
-            self.ghosts.append([lead, others])
+            self.ghosts.append((lead, others))
 
     def begin(self, seq: int) -> None:
         """A new generation in the slot: it never shared a forward with the slots that left before it."""
         self.state.begin(seq)
-        self.ghosts = [[n, beside - {seq}] for n, beside in self.ghosts if beside - {seq}]
+        self.ghosts = [(n, beside - {seq}) for n, beside in self.ghosts if beside - {seq}]
 
     def ghosts_of(self, seq: int) -> int:
         """Slots that left ahead of plain decoding and would still share a plain forward with this one."""
         return sum(seq in beside for _, beside in self.ghosts)
 
     def next_round(self) -> None:
-        self.ghosts = [[n - 1, beside] for n, beside in self.ghosts if n > 1]
+        self.ghosts = [(n - 1, beside) for n, beside in self.ghosts if n > 1]
+
 
 def base_rows(slots: list[Slot]) -> int:
     """Rows the forward has without drafts: each slot's sampled token, or the tokens its replay re-runs."""
