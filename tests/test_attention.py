@@ -73,6 +73,25 @@ def test_16_wide_vectors_give_the_bits_of_8_wide_ones(heads, kv_heads):
     assert torch.equal(wide, narrow.rows(_layout(rows)).attend(q, k, v, 0.125))
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (16, 4), (4, 4), (4, 2)])
+def test_rows_attending_in_groups_give_the_bits_of_rows_attending_alone(heads, kv_heads):
+    # rows sharing their first cells (a slot's draft tree, a prompt's rows) load each key once for the group;
+    # every row must still get the bits it gets alone, whatever the group it fell in
+    g = torch.Generator().manual_seed(heads * kv_heads)
+    k, v = torch.randn(1, kv_heads, 700, 64, generator=g) * 3, torch.randn(1, kv_heads, 700, 64, generator=g)
+    perm = torch.randperm(700, generator=g).tolist()
+    a, b, c, d = perm[600:604]
+    tree = [perm[:333] + path for path in ([a], [b], [a, c], [b, d], [a, c, d], [])]  # a prefix, then ancestors
+    prompt = [perm[:r] for r in range(100, 109)]  # row r sees the r cells before it
+    rows = tree + [perm[:40], [], list(range(17)), perm[:30] + [1, 2]] + prompt + [[5]]
+    q = torch.randn(len(rows), heads, 64, generator=g)
+    alone = RowAttention(torch.device("cpu"), torch.float32, defines=("ROW_AT_A_TIME",))
+    grouped = _kernel().rows(_layout(rows)).attend(q, k, v, 0.125)
+    assert torch.equal(grouped, alone.rows(_layout(rows)).attend(q, k, v, 0.125))
+    for r in (0, 5, 9, 12, 19):
+        assert torch.equal(grouped[r], _kernel().rows(_layout([rows[r]])).attend(q[r:r + 1], k, v, 0.125)[0])
+
+
 def test_layout_lists_each_rows_cells_in_position_order():
     mask = torch.full((1, 1, 3, 5), float("-inf"))
     mask[0, 0, 0, [0, 1]] = 0

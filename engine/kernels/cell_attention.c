@@ -1,4 +1,4 @@
-/* Attention of each row over its own cells, one row at a time, in a fixed order of arithmetic.
+/* Attention of each row over its own cells, in a fixed order of arithmetic (attention_row.h).
  *
  * A row's output is a function of its query and of the K/V of the cells it sees, listed in position order,
  * and of nothing else: not of the other rows of the batch, not of how many cells the cache holds, not of where
@@ -6,281 +6,212 @@
  * prompt prefilled at once and plain decoding one row at a time all give the same bits for the same position.
  * BLAS and torch's SDPA choose kernels and blockings by shape, which breaks that (engine/attention.py).
  *
- * Per (row, key head): scores s_i = scale * q . k_i over the row's cells (the H / H_kv query heads sharing the
- * key head in one pass), m = max s, e_i = exp(s_i - m), out = (sum_i e_i v_i) / (sum_i e_i); dot products in
- * 16 fixed lanes reduced pairwise, sum_i e_i in 8 lanes (cell i in lane i mod 8) reduced pairwise, each
- * element of sum_i e_i v_i over the cells in list order. The loops below are shaped for speed (4 cells' dot
- * products interleaved, and for 64-wide heads their reduction done with AVX2 shuffles and the weighted sums
- * kept in registers), never at the cost of that order: the same additions for any row in any batch.
+ * With 16-wide vectors and 64-wide heads the rows go by groups: up to 4 consecutive rows whose cell lists
+ * start with the same cells (a slot's draft rows over its committed prefix, a prompt's rows) share each key's
+ * and value's load from memory, which a row at a time read once per row. A row's arithmetic is unchanged: 16
+ * cells' dot products are reduced together by shuffles (reduce16) in exactly the pairwise order of
+ * attention_row.h, and each row's weighted sums still add its cells in list order (over the shared cells, then
+ * its own). -DROW_AT_A_TIME builds the kernel without groups, to compare the two.
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
+#include "attention_row.h"
 
-/* exp(x) for x <= 0 (scores minus their max): 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p the degree-6
- * Taylor polynomial (relative error under 2e-7); written without calls so the loop vectorizes, and the same
- * code for every element so a score's exp never depends on where it sits in the loop. */
-static inline float exp_neg(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  /* round to nearest */
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union { float f; int32_t i; } scale = {.i = ((int32_t)n + 127) << 23};
-    return p * scale.f;
+#if defined(WIDE) && !defined(ROW_AT_A_TIME)
+#define GROUPS 1
+#define MAX_GROUP 4    /* rows a task takes together: one slot's 16 draft rows are still 4 tasks per key head */
+#define MIN_SHARED 32  /* cells a row must share with the group's first to join it */
+
+/* The pairwise reduction (w = 8, 4, 2, 1) of 16 cells' 16 lanes, a[c] lane j, for the 16 at once: each step
+ * adds the same two partial sums dot4_64_g and reduce4 add. Lane 4k + m of the last step holds cell 4m + k. */
+static inline __attribute__((always_inline)) __m512 reduce16(const __m512 *a) {
+    __m512 w[8], x[4], y[2];
+    for (int p = 0; p < 8; p++)  /* w = 8: per cell pair, [lanes 0..7 + lanes 8..15 of cell 2p | of cell 2p+1] */
+        w[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int p = 0; p < 4; p++)  /* w = 4: one 128-bit block per cell 4p .. 4p+3, its lanes 0..3 */
+        x[p] = _mm512_add_ps(_mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(w[2 * p], w[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int p = 0; p < 2; p++)  /* w = 2: block k holds lanes 0, 1 of cells 8p + k and 8p + 4 + k */
+        y[p] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * p], x[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(x[2 * p], x[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* w = 1: block k holds cells k, 4 + k, 8 + k, 12 + k */
+    return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-static float dot(const float *a, const float *b, int d) {
-    float lane[16] = {0};
-    int i = 0;
-    for (; i + 16 <= d; i += 16)
-        for (int j = 0; j < 16; j++) lane[j] += a[i + j] * b[i + j];
-    float tail = 0.0f;
-    for (; i < d; i++) tail += a[i] * b[i];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++) lane[j] += lane[j + w];
-    return lane[0] + tail;
+/* out[c] = scale * (q . k_c + 0) for 16 cells (64-wide head): dot4_64_g's lanes and adds, in cell order */
+static inline __attribute__((always_inline)) void scores16(const float *qv, const float *const *kc, float scale,
+                                                           float *out) {
+    const __m512 q0 = _mm512_loadu_ps(qv), q1 = _mm512_loadu_ps(qv + 16);
+    const __m512 q2 = _mm512_loadu_ps(qv + 32), q3 = _mm512_loadu_ps(qv + 48);
+    __m512 a[16];
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; c++) {
+        a[c] = _mm512_fmadd_ps(q0, _mm512_loadu_ps(kc[c]), _mm512_setzero_ps());
+        a[c] = _mm512_fmadd_ps(q1, _mm512_loadu_ps(kc[c] + 16), a[c]);
+        a[c] = _mm512_fmadd_ps(q2, _mm512_loadu_ps(kc[c] + 32), a[c]);
+        a[c] = _mm512_fmadd_ps(q3, _mm512_loadu_ps(kc[c] + 48), a[c]);
+    }
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512 d = _mm512_permutexvar_ps(order, reduce16(a));
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_add_ps(d, _mm512_setzero_ps()), _mm512_set1_ps(scale)));
 }
 
-/* VW floats, loaded from any address: GCC's vector extension, one zmm with AVX512F, else 8 (one ymm on AVX2, two
- * xmm elsewhere). -DBLOCK8 keeps 8 on an AVX512 CPU, to compare the two. */
-#if defined(__AVX512F__) && !defined(BLOCK8)
-#define VW 16
-#define WIDE 1
-#else
-#define VW 8
-#endif
-typedef float vw __attribute__((vector_size(VW * 4), aligned(4)));
+/* One row of a group over one key head: its G query vectors, its cells, its scratch and outputs */
+typedef struct {
+    const float *q;        /* G * 64 */
+    const int64_t *cells;  /* n cells in position order */
+    int64_t n;
+    float *s;              /* G * (n + 1): scores then exps, then the G sums */
+    float *o;              /* G * 64 */
+} RowJob;
 
-/* sum_i e_i v_i for head_dim 64 and G query heads, 32 dimensions at a time (16 for 4 heads; all 64 with 16-wide
- * vectors, whose 32 registers hold 4 heads' sums) so that the sums stay in registers (a 4 x 64 array of them
- * spilled to the stack at every cell): each element still adds e_i v_i over the cells in list order, one fused
- * multiply-add per cell, as the general loop does */
-static inline __attribute__((always_inline)) void weigh64_g(const float *restrict vb, const int64_t *restrict cells,
-                                                            int64_t n, const int G, const float *restrict s,
-                                                            float *restrict o) {
-    const int W = VW == 16 || G <= 3 ? 4 : 2;  /* vectors per head and pass: G x W sums in registers */
-    for (int d0 = 0; d0 < 64; d0 += VW * W) {
-        vw a[4][4] = {{0}};
-        for (int64_t i = 0; i < n; i++) {
-            const vw *vc = (const vw *)(vb + cells[i] * 64 + d0);
-            vw x[4];
-            for (int w = 0; w < W; w++) x[w] = vc[w];
-            for (int g = 0; g < G; g++) {
-                const float e = s[g * n + i];
-                for (int w = 0; w < W; w++) a[g][w] += e * x[w];
-            }
-        }
+/* o (+)= sum_{i in [i0, i1)} e_i v_{cells[i]} for R rows (their cells[i0 .. i1) the same) and G heads: each v
+ * loaded once for the R * G sums, all 64 dimensions in registers; `more` continues the sums already in o */
+static inline __attribute__((always_inline)) void weigh_rows_g(const float *restrict vb, const int64_t *cells,
+                                                               int64_t i0, int64_t i1, const int R, const int G,
+                                                               const RowJob *rows, int more) {
+    __m512 a[2][4][4];
+    for (int r = 0; r < R; r++)
         for (int g = 0; g < G; g++)
-            for (int w = 0; w < W; w++) *(vw *)(o + g * 64 + d0 + VW * w) = a[g][w];
+            for (int w = 0; w < 4; w++)
+                a[r][g][w] = more ? _mm512_loadu_ps(rows[r].o + g * 64 + 16 * w) : _mm512_setzero_ps();
+    for (int64_t i = i0; i < i1; i++) {
+        const float *vc = vb + cells[i] * 64;
+        __m512 x[4];
+        for (int w = 0; w < 4; w++) x[w] = _mm512_loadu_ps(vc + 16 * w);
+        for (int r = 0; r < R; r++)
+            for (int g = 0; g < G; g++) {
+                const __m512 e = _mm512_set1_ps(rows[r].s[g * rows[r].n + i]);
+                for (int w = 0; w < 4; w++) a[r][g][w] = _mm512_fmadd_ps(e, x[w], a[r][g][w]);
+            }
+    }
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++)
+            for (int w = 0; w < 4; w++) _mm512_storeu_ps(rows[r].o + g * 64 + 16 * w, a[r][g][w]);
+}
+
+static void weigh_rows(const float *vb, const int64_t *cells, int64_t i0, int64_t i1, int R, int G,
+                       const RowJob *rows, int more) {
+    switch (R * 4 + G) {  /* two rows' sums fill the 32 registers up to 3 heads */
+    case 4 + 1: weigh_rows_g(vb, cells, i0, i1, 1, 1, rows, more); break;
+    case 4 + 2: weigh_rows_g(vb, cells, i0, i1, 1, 2, rows, more); break;
+    case 4 + 3: weigh_rows_g(vb, cells, i0, i1, 1, 3, rows, more); break;
+    case 4 + 4: weigh_rows_g(vb, cells, i0, i1, 1, 4, rows, more); break;
+    case 8 + 1: weigh_rows_g(vb, cells, i0, i1, 2, 1, rows, more); break;
+    case 8 + 2: weigh_rows_g(vb, cells, i0, i1, 2, 2, rows, more); break;
+    default: weigh_rows_g(vb, cells, i0, i1, 2, 3, rows, more); break;
     }
 }
 
-static void weigh64(const float *restrict vb, const int64_t *restrict cells, int64_t n, int group,
-                    const float *restrict s, float *restrict o) {
-    switch (group) {
-    case 1: weigh64_g(vb, cells, n, 1, s, o); break;
-    case 2: weigh64_g(vb, cells, n, 2, s, o); break;
-    case 3: weigh64_g(vb, cells, n, 3, s, o); break;
-    default: weigh64_g(vb, cells, n, 4, s, o); break;
-    }
-}
-
-/* q . k for 4 cells at once: each is the arithmetic of dot(), interleaved so the four run side by side */
-static void dot4(const float *a, const float *k0, const float *k1, const float *k2, const float *k3, int d,
-                 float *out) {
-    float l0[16] = {0}, l1[16] = {0}, l2[16] = {0}, l3[16] = {0};
-    int i = 0;
-    for (; i + 16 <= d; i += 16)
-        for (int j = 0; j < 16; j++) {
-            const float x = a[i + j];
-            l0[j] += x * k0[i + j];
-            l1[j] += x * k1[i + j];
-            l2[j] += x * k2[i + j];
-            l3[j] += x * k3[i + j];
-        }
-    float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
-    for (; i < d; i++) {
-        t0 += a[i] * k0[i];
-        t1 += a[i] * k1[i];
-        t2 += a[i] * k2[i];
-        t3 += a[i] * k3[i];
-    }
-    for (int w = 8; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++) {
-            l0[j] += l0[j + w];
-            l1[j] += l1[j + w];
-            l2[j] += l2[j + w];
-            l3[j] += l3[j + w];
-        }
-    out[0] = l0[0] + t0;
-    out[1] = l1[0] + t1;
-    out[2] = l2[0] + t2;
-    out[3] = l3[0] + t3;
-}
-
-#ifdef __AVX2__
-/* dot4's pairwise reduction for w = 4, 2, 1 of four cells whose lanes 0..7 already hold lane j + lane j + 8
- * (the w = 8 step), done for the four at once with shuffles instead of one lane at a time */
-static inline void reduce4(const __m256 r0, const __m256 r1, const __m256 r2, const __m256 r3, float *out) {
-    /* w = 4: [cell 0 lanes 0..3 | cell 1 lanes 0..3], and cells 2, 3 */
-    const __m256 s01 = _mm256_add_ps(_mm256_permute2f128_ps(r0, r1, 0x20), _mm256_permute2f128_ps(r0, r1, 0x31));
-    const __m256 s23 = _mm256_add_ps(_mm256_permute2f128_ps(r2, r3, 0x20), _mm256_permute2f128_ps(r2, r3, 0x31));
-    /* w = 2: per 128-bit half [c lanes 0, 1 | c' lanes 0, 1] with c from s01, c' from s23 */
-    const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
-    /* w = 1: low half holds cells 0 and 2, high half cells 1 and 3 */
-    const __m256 u = _mm256_add_ps(_mm256_shuffle_ps(t, t, _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm256_shuffle_ps(t, t, _MM_SHUFFLE(3, 1, 3, 1)));
-    float v[8];
-    _mm256_storeu_ps(v, u);
-    out[0] = v[0] + 0.0f;  /* + the tail dot4 adds (none at 64) */
-    out[1] = v[4] + 0.0f;
-    out[2] = v[1] + 0.0f;
-    out[3] = v[5] + 0.0f;
-}
-
-/* dot4 for head_dim 64 with AVX2 and FMA: the same 16 lanes (two ymm per cell), each lane's products added in
- * the same k order, and the same pairwise reduction: every addition of dot4 in the same order, on the same
- * operands, so the same bits. */
-static inline void dot4_64(const float *a, const float *k0, const float *k1, const float *k2, const float *k3,
-                           float *out) {
-    __m256 l0 = _mm256_setzero_ps(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
-    for (int i = 0; i < 64; i += 16) {
-        const __m256 xl = _mm256_loadu_ps(a + i), xh = _mm256_loadu_ps(a + i + 8);
-        l0 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k0 + i), l0);
-        h0 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k0 + i + 8), h0);
-        l1 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k1 + i), l1);
-        h1 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k1 + i + 8), h1);
-        l2 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k2 + i), l2);
-        h2 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k2 + i + 8), h2);
-        l3 = _mm256_fmadd_ps(xl, _mm256_loadu_ps(k3 + i), l3);
-        h3 = _mm256_fmadd_ps(xh, _mm256_loadu_ps(k3 + i + 8), h3);
-    }
-    reduce4(_mm256_add_ps(l0, h0), _mm256_add_ps(l1, h1), _mm256_add_ps(l2, h2), _mm256_add_ps(l3, h3), out);
-}
-#endif
-
-#ifdef WIDE
-/* dot4_64 for G query heads at once with AVX512F: a cell's 16 lanes are one zmm, the same products added in the
- * same k order, and each key vector is loaded once for the G heads instead of once per head. The w = 8 step
- * adds the zmm's halves; the rest is dot4_64's. out[g * 4 + c]: head g, cell c. */
-static inline __attribute__((always_inline)) void dot4_64_g(const float *a, const int G, const float *k0,
-                                                            const float *k1, const float *k2, const float *k3,
-                                                            float *out) {
-    __m512 l[4][4];
-    for (int g = 0; g < G; g++)
-        for (int c = 0; c < 4; c++) l[g][c] = _mm512_setzero_ps();
-    for (int i = 0; i < 64; i += 16) {
-        const __m512 y0 = _mm512_loadu_ps(k0 + i), y1 = _mm512_loadu_ps(k1 + i);
-        const __m512 y2 = _mm512_loadu_ps(k2 + i), y3 = _mm512_loadu_ps(k3 + i);
-        for (int g = 0; g < G; g++) {
-            const __m512 x = _mm512_loadu_ps(a + g * 64 + i);
-            l[g][0] = _mm512_fmadd_ps(x, y0, l[g][0]);
-            l[g][1] = _mm512_fmadd_ps(x, y1, l[g][1]);
-            l[g][2] = _mm512_fmadd_ps(x, y2, l[g][2]);
-            l[g][3] = _mm512_fmadd_ps(x, y3, l[g][3]);
-        }
-    }
-#define HALVES(z) _mm256_add_ps(_mm512_castps512_ps256(z), \
-                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1)))
-    for (int g = 0; g < G; g++)
-        reduce4(HALVES(l[g][0]), HALVES(l[g][1]), HALVES(l[g][2]), HALVES(l[g][3]), out + g * 4);
-#undef HALVES
-}
-
-static void dot4_64_heads(const float *a, int group, const float *k0, const float *k1, const float *k2,
-                          const float *k3, float *out) {
-    switch (group) {
-    case 1: dot4_64_g(a, 1, k0, k1, k2, k3, out); break;
-    case 2: dot4_64_g(a, 2, k0, k1, k2, k3, out); break;
-    case 3: dot4_64_g(a, 3, k0, k1, k2, k3, out); break;
-    default: dot4_64_g(a, 4, k0, k1, k2, k3, out); break;
-    }
-}
-#endif
-
-/* One row, one key head: its `group` query heads qr over the n cells listed in `cells`; s: scratch of
- * group * (n + 1) floats; o: group * head_dim outputs. */
-static void one_task(const float *qr, const float *kb, const float *vb, const int64_t *cells, int64_t n,
-                     int group, int head_dim, float scale, float *s, float *o) {
+/* A group's rows over one key head; their first `shared` cells are the same. */
+static void group_task(RowJob *rows, int nr, int64_t shared, const float *kb, const float *vb, int G,
+                       float scale) {
+    const int64_t *lead = rows[0].cells;
+    const float *kc[16];
     int64_t i = 0;
-    float four[4];
-    for (; i + 4 <= n; i += 4) {
-        const float *c0 = kb + cells[i] * head_dim, *c1 = kb + cells[i + 1] * head_dim;
-        const float *c2 = kb + cells[i + 2] * head_dim, *c3 = kb + cells[i + 3] * head_dim;
-#ifdef WIDE
-        if (head_dim == 64 && group <= 4) {
-            float by_head[16];
-            dot4_64_heads(qr, group, c0, c1, c2, c3, by_head);
-            for (int g = 0; g < group; g++)
-                for (int j = 0; j < 4; j++) s[g * n + i + j] = by_head[g * 4 + j] * scale;
-            continue;
-        }
-#endif
-        for (int g = 0; g < group; g++) {
-#ifdef __AVX2__
-            if (head_dim == 64) dot4_64(qr + g * head_dim, c0, c1, c2, c3, four);
-            else
-#endif
-            dot4(qr + g * head_dim, c0, c1, c2, c3, head_dim, four);
-            for (int j = 0; j < 4; j++) s[g * n + i + j] = four[j] * scale;
-        }
+    for (; i + 16 <= shared; i += 16) {  /* 16 keys loaded for all the group's query vectors */
+        for (int c = 0; c < 16; c++) kc[c] = kb + lead[i + c] * 64;
+        for (int r = 0; r < nr; r++)
+            for (int g = 0; g < G; g++) scores16(rows[r].q + g * 64, kc, scale, rows[r].s + g * rows[r].n + i);
     }
-    for (; i < n; i++) {
-        const float *kc = kb + cells[i] * head_dim;
-        for (int g = 0; g < group; g++) s[g * n + i] = dot(qr + g * head_dim, kc, head_dim) * scale;
-    }
-    float *total = s + (int64_t)group * n;  /* per query head: the sum of its e_i */
-    for (int g = 0; g < group; g++) {
-        float *sg = s + g * n;
-        /* the max is the same whatever the order of comparison (a tie of -0 and +0 gives the same exps): 8
-         * lanes; the sum's order is fixed: lane i mod 8 over the cells in order, then pairwise, then the tail */
-        float mx[8], lane[8] = {0}, m = sg[0], tail = 0.0f;
-        for (int j = 0; j < 8; j++) mx[j] = sg[0];
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8)
-            for (int j = 0; j < 8; j++) mx[j] = sg[i + j] > mx[j] ? sg[i + j] : mx[j];
-        for (int j = 0; j < 8; j++) m = mx[j] > m ? mx[j] : m;
-        for (; i < n; i++) m = sg[i] > m ? sg[i] : m;
-        for (i = 0; i + 8 <= n; i += 8)
-            for (int j = 0; j < 8; j++) {
-                const float e = exp_neg(sg[i + j] - m);
-                sg[i + j] = e;
-                lane[j] += e;
-            }
-        for (; i < n; i++) {
-            sg[i] = exp_neg(sg[i] - m);
-            tail += sg[i];
+    for (int r = 0; r < nr; r++) {  /* each row's cells past those: by 16, then by 4 and one at a time */
+        RowJob *w = rows + r;
+        int64_t j = i;
+        for (; j + 16 <= w->n; j += 16) {
+            for (int c = 0; c < 16; c++) kc[c] = kb + w->cells[j + c] * 64;
+            for (int g = 0; g < G; g++) scores16(w->q + g * 64, kc, scale, w->s + g * w->n + j);
         }
-        for (int w = 4; w >= 1; w /= 2)
-            for (int j = 0; j < w; j++) lane[j] += lane[j + w];
-        total[g] = lane[0] + tail;
+        scores_from(w->q, kb, w->cells, j, w->n, w->n, G, 64, scale, w->s);
+        softmax_heads(w->s, w->n, G, w->s + (int64_t)G * w->n);
     }
-    if (head_dim == 64 && group <= 4) {
-        weigh64(vb, cells, n, group, s, o);
-    } else {
-        for (int64_t i = 0; i < (int64_t)group * head_dim; i++) o[i] = 0.0f;
-        for (int64_t i = 0; i < n; i++) {
-            const float *vc = vb + cells[i] * head_dim;
-            for (int g = 0; g < group; g++) {
-                const float e = s[g * n + i];
-                float *og = o + (int64_t)g * head_dim;
-                for (int d = 0; d < head_dim; d++) og[d] += e * vc[d];
-            }
-        }
+    const int R = G <= 3 ? 2 : 1;
+    int r = 0;
+    for (; r + R <= nr; r += R) weigh_rows(vb, lead, 0, shared, R, G, rows + r, 0);
+    for (; r < nr; r++) weigh_rows(vb, lead, 0, shared, 1, G, rows + r, 0);
+    for (r = 0; r < nr; r++) {
+        RowJob *w = rows + r;
+        if (w->n > shared) weigh_rows(vb, w->cells, shared, w->n, 1, G, w, 1);
+        const float *total = w->s + (int64_t)G * w->n;
+        for (int g = 0; g < G; g++)
+            for (int d = 0; d < 64; d++) w->o[g * 64 + d] /= total[g];
     }
-    for (int g = 0; g < group; g++)
-        for (int d = 0; d < head_dim; d++) o[(int64_t)g * head_dim + d] /= total[g];
 }
+
+/* Consecutive rows into groups: start[gi] .. start[gi + 1], sharing their first shared[gi] cells. A row joins
+ * while it shares MIN_SHARED cells with the group's first row and all but 64 of them. Returns the count. */
+static int64_t make_groups(const int64_t *row_ptr, const int64_t *cells, int64_t n_rows, int64_t *start,
+                           int64_t *shared) {
+    int64_t ng = 0;
+    for (int64_t r = 0; r < n_rows;) {
+        const int64_t *lead = cells + row_ptr[r], n_lead = row_ptr[r + 1] - row_ptr[r];
+        int64_t common = n_lead, e = r + 1;
+        for (; e < n_rows && e - r < MAX_GROUP; e++) {
+            const int64_t *c = cells + row_ptr[e], n = row_ptr[e + 1] - row_ptr[e];
+            const int64_t m = n < n_lead ? n : n_lead;
+            int64_t cp = 0;
+            while (cp < m && c[cp] == lead[cp]) cp++;
+            if (cp < MIN_SHARED || cp + 64 < n_lead) break;
+            common = cp < common ? cp : common;
+        }
+        start[ng] = r;
+        shared[ng++] = common;
+        r = e;
+    }
+    start[ng] = n_rows;
+    return ng;
+}
+
+static int grouped_attention(const float *q, const float *k, const float *v, int64_t head_stride,
+                             const int64_t *row_ptr, const int64_t *cells, float *out, int64_t n_rows, int n_heads,
+                             int n_kv_heads, float scale) {
+    const int G = n_heads / n_kv_heads;
+    int64_t *start = malloc(sizeof(int64_t) * (n_rows + 1)), *shared = malloc(sizeof(int64_t) * (n_rows + 1));
+    if (!start || !shared) {
+        free(start), free(shared);
+        return -1;
+    }
+    const int64_t ng = make_groups(row_ptr, cells, n_rows, start, shared);
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *s = NULL;
+        int64_t cap = 0;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < ng * n_kv_heads; task++) {
+            const int64_t gi = task / n_kv_heads, r0 = start[gi], nr = start[gi + 1] - r0;
+            const int kh = (int)(task % n_kv_heads);
+            const int64_t need = (int64_t)G * (row_ptr[r0 + nr] - row_ptr[r0] + nr);
+            if (cap < need) {
+                free(s);
+                cap = need;
+                s = malloc(sizeof(float) * cap);
+            }
+            if (!s) {
+                cap = 0;
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
+            RowJob rows[MAX_GROUP];
+            float *at = s;
+            for (int64_t j = 0; j < nr; j++) {
+                const int64_t r = r0 + j, n = row_ptr[r + 1] - row_ptr[r];
+                const int64_t o = (r * n_heads + (int64_t)kh * G) * 64;
+                rows[j] = (RowJob){q + o, cells + row_ptr[r], n, at, out + o};
+                at += G * (n + 1);
+            }
+            if (rows[0].n <= 0) {  /* a row that sees nothing (alone in its group): zeros */
+                for (int64_t i = 0; i < (int64_t)G * 64; i++) rows[0].o[i] = 0.0f;
+                continue;
+            }
+            group_task(rows, (int)nr, shared[gi], k + kh * head_stride, v + kh * head_stride, G, scale);
+        }
+        free(s);
+    }
+    free(start), free(shared);
+    return failed ? -1 : 0;
+}
+#endif
 
 /* q [n_rows, n_heads, head_dim]; k, v: key head h at k + h * head_stride, cell c at + c * head_dim;
  * row r sees cells[row_ptr[r] .. row_ptr[r + 1]) in position order; out [n_rows, n_heads, head_dim].
@@ -289,6 +220,10 @@ int cell_attention(const float *q, const float *k, const float *v, int64_t head_
                    const int64_t *cells, float *out, int64_t n_rows, int n_heads, int n_kv_heads, int head_dim,
                    float scale) {
     const int group = n_heads / n_kv_heads;
+#ifdef GROUPS
+    if (head_dim == 64 && group <= 4)
+        return grouped_attention(q, k, v, head_stride, row_ptr, cells, out, n_rows, n_heads, n_kv_heads, scale);
+#endif
     int failed = 0;
 #pragma omp parallel
     {
