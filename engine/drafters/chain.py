@@ -213,18 +213,20 @@ class DrafterChain:
 
         if r.tree is None:
             r.tree = DraftTree()
-        nodes: list[int] = []
+        deepest = 0
         if r.result_tree is not None:
             nodes = r.tree.add_tree(r.result_tree, name, limit=r.tree_max)
+            deepest = max((r.tree.depth(n) for n in nodes), default=0)
         else:
             for tokens, share in [(r.result, r.result_share)] + r.result_alts:
                 chain = tokens[:r.n_max]
                 if len(chain) >= max(r.n_min, 1):
                     scores = [share * a for a in self.path_scores(r.seq, name, len(chain))]
-                    nodes += r.tree.add_chain(chain, name, limit=r.tree_max, scores=scores)
+                    # a chain under the root: its i-th node is at depth i + 1
+                    deepest = max(deepest, len(r.tree.add_chain(chain, name, limit=r.tree_max, scores=scores)))
         r.result, r.result_q, r.result_p, r.result_tree = [], None, None, None
         r.result_alts, r.result_share = [], 1.0
-        return max((r.tree.depth(n) for n in nodes), default=0)
+        return deepest
 
     def path_scores(self, seq: int, name: str, k: int) -> list[float]:
         """The chance that each position of a k-token chain from this drafter is reached: its acceptance rates
