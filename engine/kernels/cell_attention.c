@@ -162,15 +162,9 @@ static int64_t make_groups(const int64_t *row_ptr, const int64_t *cells, int64_t
 }
 
 static int grouped_attention(const float *q, const float *k, const float *v, int64_t head_stride,
-                             const int64_t *row_ptr, const int64_t *cells, float *out, int64_t n_rows, int n_heads,
-                             int n_kv_heads, float scale) {
+                             const int64_t *row_ptr, const int64_t *cells, float *out, int n_heads, int n_kv_heads,
+                             float scale, const int64_t *start, const int64_t *shared, int64_t ng) {
     const int G = n_heads / n_kv_heads;
-    int64_t *start = malloc(sizeof(int64_t) * (n_rows + 1)), *shared = malloc(sizeof(int64_t) * (n_rows + 1));
-    if (!start || !shared) {
-        free(start), free(shared);
-        return -1;
-    }
-    const int64_t ng = make_groups(row_ptr, cells, n_rows, start, shared);
     int failed = 0;
 #pragma omp parallel
     {
@@ -208,21 +202,54 @@ static int grouped_attention(const float *q, const float *k, const float *v, int
         }
         free(s);
     }
-    free(start), free(shared);
     return failed ? -1 : 0;
 }
 #endif
 
+/* A forward's rows by groups (start[gi] .. start[gi + 1], sharing their first shared[gi] cells), made once for
+ * all its layers: every layer sees the same cells. n = 0: rows one at a time (no groups in this build, or a
+ * head shape the groups do not take). */
+typedef struct {
+    int64_t *start, *shared;
+    int64_t n;
+} RowGroups;
+
+/* Returns 0, or -1 where memory for the groups could not be had. */
+static int row_groups(RowGroups *g, const int64_t *row_ptr, const int64_t *cells, int64_t n_rows, int n_heads,
+                      int n_kv_heads, int head_dim) {
+    *g = (RowGroups){NULL, NULL, 0};
+#ifdef GROUPS
+    if (head_dim != 64 || n_heads / n_kv_heads > 4)
+        return 0;
+    g->start = malloc(sizeof(int64_t) * (n_rows + 1));
+    g->shared = malloc(sizeof(int64_t) * (n_rows + 1));
+    if (!g->start || !g->shared)
+        return -1;
+    g->n = make_groups(row_ptr, cells, n_rows, g->start, g->shared);
+#else
+    (void)row_ptr, (void)cells, (void)n_rows, (void)n_heads, (void)n_kv_heads, (void)head_dim;
+#endif
+    return 0;
+}
+
+static void row_groups_free(RowGroups *g) {
+    free(g->start), free(g->shared);
+    *g = (RowGroups){NULL, NULL, 0};
+}
+
 /* q [n_rows, n_heads, head_dim]; k, v: key head h at k + h * head_stride, cell c at + c * head_dim;
- * row r sees cells[row_ptr[r] .. row_ptr[r + 1]) in position order; out [n_rows, n_heads, head_dim].
- * Returns 0, or -1 if scratch memory could not be had. */
-int cell_attention(const float *q, const float *k, const float *v, int64_t head_stride, const int64_t *row_ptr,
-                   const int64_t *cells, float *out, int64_t n_rows, int n_heads, int n_kv_heads, int head_dim,
-                   float scale) {
+ * row r sees cells[row_ptr[r] .. row_ptr[r + 1]) in position order; out [n_rows, n_heads, head_dim];
+ * groups: row_groups() of this layout. Returns 0, or -1 if scratch memory could not be had. */
+static int attend_rows(const float *q, const float *k, const float *v, int64_t head_stride, const int64_t *row_ptr,
+                       const int64_t *cells, float *out, int64_t n_rows, int n_heads, int n_kv_heads, int head_dim,
+                       float scale, const RowGroups *groups) {
     const int group = n_heads / n_kv_heads;
 #ifdef GROUPS
-    if (head_dim == 64 && group <= 4)
-        return grouped_attention(q, k, v, head_stride, row_ptr, cells, out, n_rows, n_heads, n_kv_heads, scale);
+    if (groups->n > 0)
+        return grouped_attention(q, k, v, head_stride, row_ptr, cells, out, n_heads, n_kv_heads, scale,
+                                 groups->start, groups->shared, groups->n);
+#else
+    (void)groups;
 #endif
     int failed = 0;
 #pragma omp parallel
@@ -254,5 +281,17 @@ int cell_attention(const float *q, const float *k, const float *v, int64_t head_
         }
         free(s);
     }
+    return failed ? -1 : 0;
+}
+
+/* attend_rows for one call (engine/attention.py): the groups made for it alone */
+int cell_attention(const float *q, const float *k, const float *v, int64_t head_stride, const int64_t *row_ptr,
+                   const int64_t *cells, float *out, int64_t n_rows, int n_heads, int n_kv_heads, int head_dim,
+                   float scale) {
+    RowGroups groups;
+    int failed = row_groups(&groups, row_ptr, cells, n_rows, n_heads, n_kv_heads, head_dim) ||
+                 attend_rows(q, k, v, head_stride, row_ptr, cells, out, n_rows, n_heads, n_kv_heads, head_dim, scale,
+                             &groups);
+    row_groups_free(&groups);
     return failed ? -1 : 0;
 }

@@ -46,7 +46,9 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const 
     float *h = malloc(sizeof(float) * t * d), *q = malloc(sizeof(float) * t * nq);
     float *k = malloc(sizeof(float) * t * nkv), *v = malloc(sizeof(float) * t * nkv);
     float *a = malloc(sizeof(float) * t * nq), *g = malloc(sizeof(float) * t * mlp);
-    int failed = !(h && q && k && v && a && g) || hd > 512;
+    RowGroups groups = {NULL, NULL, 0};  /* the same cells in every layer: the rows' groups made once */
+    int failed = !(h && q && k && v && a && g) || hd > 512 ||
+                 row_groups(&groups, row_ptr, cells, t, n_heads, n_kv_heads, hd);
     for (int l = 0; l < n_layers && !failed; l++) {
         const void *const *wl = w + 7 * l;
         const int *kl = kinds + 7 * l;
@@ -65,7 +67,8 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const 
                 memcpy(vc[l] + at, v + r * nkv + (int64_t)kh * hd, sizeof(float) * hd);
             }
         }
-        if (cell_attention(q, kc[l], vc[l], n_cells * hd, row_ptr, cells, a, t, n_heads, n_kv_heads, hd, scaling)) {
+        if (attend_rows(q, kc[l], vc[l], n_cells * hd, row_ptr, cells, a, t, n_heads, n_kv_heads, hd, scaling,
+                        &groups)) {
             failed = 1;
             break;
         }
@@ -84,5 +87,6 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const 
             for (int64_t r = 0; r < t; r++) memcpy(hidden + (r * n_hidden + keep[l]) * d, x + r * d, sizeof(float) * d);
     }
     free(h), free(q), free(k), free(v), free(a), free(g);
+    row_groups_free(&groups);
     return failed ? -1 : 0;
 }
