@@ -76,6 +76,46 @@ def cell_layout(mask: torch.Tensor, cell_pos: torch.Tensor | None = None) -> Cel
     return CellLayout(torch.from_numpy(row_ptr), torch.from_numpy(np.ascontiguousarray(cells, dtype=np.int64)))
 
 
+def batch_layout(cell_pos: torch.Tensor, cell_seq: torch.Tensor, n_live: int, batch, cells: torch.Tensor,
+                 window: int | None = None) -> CellLayout:
+    """The layout `cell_layout` reads from a forward's mask, read from the batch instead (CellCache.prepare
+    builds that mask; CellCache.claim does the rest): a chain row sees its sequence's cells at positions up to
+    its own (and within `window`); a tree row sees those its forward did not write, and its ancestors' cells and
+    its own. cells: the cell of each batch row. Each row is then one slice of its sequence's cells in position
+    order, with no [T, n_live] step: the mask and its reading cost 0.4 ms of a 10 ms forward of four slots."""
+    pos_all = cell_pos[:n_live].numpy()
+    cells_np = cells.numpy()
+    written = np.zeros(n_live, dtype=bool)
+    written[cells_np] = True
+    lineage: list[list[int]] = []  # per row: its ancestors' rows and its own, parents first
+    for t, parent in enumerate(batch.parent):
+        lineage.append((lineage[parent] if parent is not None else []) + [t])
+    own: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+    seq_all = cell_seq[:n_live].numpy()
+    for s in dict.fromkeys(batch.seq):
+        idx = np.flatnonzero(seq_all[:, s])  # ascending: ties of position stay in cell order, as cell_layout's
+        idx = idx[np.argsort(pos_all[idx], kind="stable")]
+        idx = idx[pos_all[idx] >= 0]
+        kept = ~written[idx]
+        own[s] = (idx, pos_all[idx], idx[kept], pos_all[idx[kept]])
+    parts, row_ptr = [], np.zeros(len(batch) + 1, dtype=np.int64)
+    for t, (s, p, parent) in enumerate(zip(batch.seq, batch.pos, batch.parent)):
+        idx, pos, old_idx, old_pos = own[s]
+        if parent is not None:
+            idx, pos = old_idx, old_pos
+        lo = int(np.searchsorted(pos, p - window, side="right")) if window is not None else 0
+        row = idx[lo:int(np.searchsorted(pos, p, side="right"))]
+        if parent is not None:
+            mine = cells_np[lineage[t]]
+            row = np.concatenate([row, mine])
+            if len(row) > len(mine) and pos_all[mine].min() <= pos_all[row[len(row) - len(mine) - 1]]:
+                row = row[np.lexsort((row, pos_all[row]))]
+        parts.append(row)
+        row_ptr[t + 1] = row_ptr[t] + len(row)
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return CellLayout(torch.from_numpy(row_ptr), torch.from_numpy(np.ascontiguousarray(flat, dtype=np.int64)))
+
+
 class RowAttention:
     """The attention implementation of one context: the C kernel where it applies, SDPA per row otherwise."""
 

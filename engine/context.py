@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import RowAttention, cell_layout, use_cell_attention
+from engine.attention import RowAttention, batch_layout, cell_layout, use_cell_attention
 from engine.batch import Batch, check_batch
 from engine.lean import LeanForward, lean_reason
 from engine.memory import CellCache
@@ -63,15 +63,21 @@ class ModelContext:
         """One forward over the batch. Cells are claimed for every row; logits come back for output rows."""
         check_batch(batch, self.n_outputs_max)
         t0 = time.perf_counter()
-        mask = self.cache.prepare(batch)
+        cache = self.cache
+        # the lean forward reads only which cells each row sees: no mask is built for it
+        mask = cache.prepare(batch) if self.lean is None else None
+        cells = cache.claim(batch) if mask is None else None
         try:
             input_ids = torch.tensor([batch.tokens], dtype=torch.long, device=self.device)
             position_ids = torch.tensor([batch.pos], dtype=torch.long, device=self.device)
             rows = torch.tensor(batch.output_rows(), dtype=torch.long, device=self.device)
             extra = {}
-            if self.per_seq_attention or self.lean is not None:
+            if mask is None:
+                extra["cell_rows"] = self.attention.rows(batch_layout(
+                    cache.cell_pos, cache.cell_seq, cache.n_live, batch, cells, cache.sliding_window))
+            elif self.per_seq_attention:
                 n_live = mask.shape[-1]
-                extra["cell_rows"] = self.attention.rows(cell_layout(mask, self.cache.cell_pos[:n_live]))
+                extra["cell_rows"] = self.attention.rows(cell_layout(mask, cache.cell_pos[:n_live]))
             if self.lean is not None:
                 logits, hidden = self.lean(input_ids[0], position_ids[0], self.cache, extra["cell_rows"], rows,
                                            self.hidden_layers)

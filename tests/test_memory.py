@@ -144,3 +144,55 @@ def test_random_appends_and_removals_match_plain_forward(ops, data):
     last = data.draw(st.integers(4, 63))
     got = append(ctx, 0, [last], len(kept))
     assert torch.allclose(got, plain_last_logits(kept + [last]), atol=1e-4)
+
+
+@pytest.mark.parametrize("by_seq,window", [(True, None), (False, None), (True, 6), (False, 4)])
+def test_batch_layout_is_the_layout_the_mask_gives(by_seq, window):
+    """The lean forward reads which cells each row sees from the batch (attention.batch_layout), with no mask;
+    it must list exactly the cells, in the order, that reading the mask gives: over shared prefixes, removed
+    ranges, chains and draft trees with siblings, and a sliding window."""
+    from engine.attention import batch_layout, cell_layout
+    from engine.memory import CellCache
+
+    g = torch.Generator().manual_seed(7 + int(by_seq) + (window or 0))
+
+    def draw(n: int) -> int:
+        return int(torch.randint(n, (1,), generator=g))
+
+    for trial in range(40):
+        cache = CellCache(1, 1, 4, n_cells=96, n_seq_max=3, sliding_window=window, by_seq=by_seq)
+        lens = [0, 0, 0]
+        b = Batch()
+        for i in range(3 + draw(8)):
+            b.add(i, i, 0, False)
+        cache.prepare(b)
+        lens[0] = len(b)
+        if draw(2):  # seq 1 shares seq 0's prefix, stored once
+            cache.seq_cp(0, 1, 0, lens[0])
+            lens[1] = lens[0]
+        for seq in (1, 2):
+            b = Batch()
+            for i in range(1 + draw(6)):
+                b.add(i, lens[seq] + i, seq, False)
+            cache.prepare(b)
+            lens[seq] += len(b)
+        if draw(2):  # a rejected tail removed
+            cut = max(1, lens[2] - 1 - draw(3))
+            cache.seq_rm(2, cut, -1)
+            lens[2] = cut
+        b = Batch()
+        for seq in range(3):
+            root = b.add(1, lens[seq], seq, True)
+            if draw(3) == 0:  # a chain of several rows
+                for d in range(1, 1 + draw(3)):
+                    b.add(2, lens[seq] + d, seq, True)
+                continue
+            frontier = [(root, lens[seq])]
+            for _ in range(draw(7)):  # a tree: children, siblings among them
+                parent, pos = frontier[draw(len(frontier))]
+                frontier.append((b.add(3 + draw(5), pos + 1, seq, True, parent=parent), pos + 1))
+        mask = cache.prepare(b)
+        want = cell_layout(mask, cache.cell_pos[: mask.shape[-1]])
+        got = batch_layout(cache.cell_pos, cache.cell_seq, cache.n_live, b, cache.last_cells, window)
+        assert torch.equal(got.row_ptr, want.row_ptr), trial
+        assert torch.equal(got.cells, want.cells), trial
