@@ -55,7 +55,8 @@ class CellCache(Cache):
         return int((self.cell_pos >= 0).sum())
 
     def _refresh_live(self) -> None:
-        used = torch.nonzero(self.cell_pos >= 0)
+        # cells past n_live are free, so only [0, n_live) can hold the last used one
+        used = np.flatnonzero(self.cell_pos[: self.n_live].numpy() >= 0)
         self.n_live = int(used[-1]) + 1 if len(used) else 0
 
     def _check_seq(self, seq: int) -> None:
@@ -94,8 +95,9 @@ class CellCache(Cache):
     def rm_cells(self, cells: torch.Tensor) -> None:
         """Free these cells whatever they hold: the branches of a draft tree the target did not take, which share
         positions with the path it took and so cannot be named by a position range."""
-        self.cell_seq[cells] = False
-        self.cell_pos[cells] = -1
+        at = cells.numpy() if isinstance(cells, torch.Tensor) else np.asarray(cells, dtype=np.int64)
+        self.cell_seq.numpy()[at] = False
+        self.cell_pos.numpy()[at] = -1
         self._refresh_live()
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
@@ -227,16 +229,18 @@ class CellCache(Cache):
         """Move each of these cells (a kept tree path) to its home cell when that is free, so the sequence stays
         one run of cells (read as a slice, with no gather)."""
         src, dst = [], []
+        cell_pos, cell_seq = self.cell_pos.numpy(), self.cell_seq.numpy()  # views: numpy's scalar steps are cheap
         for c in cells:
-            pos = int(self.cell_pos[c])
-            seqs = torch.nonzero(self.cell_seq[c]).flatten()
+            pos = int(cell_pos[c])
+            seqs = np.flatnonzero(cell_seq[c])
             if pos < 0 or len(seqs) != 1:
                 continue
             home = int(self.home(int(seqs[0]), pos))
-            if home == c or home >= self.n_cells or int(self.cell_pos[home]) >= 0:
+            if home == c or home >= self.n_cells or int(cell_pos[home]) >= 0:
                 continue
-            self.cell_pos[home], self.cell_seq[home] = pos, self.cell_seq[c]
-            self.cell_pos[c], self.cell_seq[c] = -1, False
+            cell_pos[home], cell_seq[home] = pos, cell_seq[c]
+            cell_pos[c], cell_seq[c] = -1, False
+            self.n_live = max(self.n_live, home + 1)  # a branch freed above it may have lowered n_live
             src.append(c)
             dst.append(home)
         if src:  # every destination was free and no source is one: one copy per layer moves them all

@@ -196,3 +196,27 @@ def test_batch_layout_is_the_layout_the_mask_gives(by_seq, window):
         got = batch_layout(cache.cell_pos, cache.cell_seq, cache.n_live, b, cache.last_cells, window)
         assert torch.equal(got.row_ptr, want.row_ptr), trial
         assert torch.equal(got.cells, want.cells), trial
+
+
+def test_a_kept_branch_moved_home_stays_in_the_live_range():
+    """A tree's second child takes a spare cell (its home is its sibling's); when the target keeps it and rejects
+    the sibling, the sibling's cell is freed and the kept node moves home. That home may lie past what is left
+    live after the branch is freed: the live range must still cover it, or attention would not see the node."""
+    from engine.memory import CellCache
+
+    cache = CellCache(1, 1, 4, n_cells=32, n_seq_max=2, by_seq=True)
+    b = Batch()
+    for i in range(3):
+        b.add(i, i, 1, False)
+    cache.prepare(b)  # seq 1's region starts at cell 16
+    tree = Batch()
+    root = tree.add(7, 3, 1, True)
+    tree.add(8, 4, 1, True, parent=root)  # the first child takes the home cell of position 4
+    tree.add(9, 4, 1, True, parent=root)  # its sibling a spare cell below (seq 0's free region)
+    cache.prepare(tree)
+    root_cell, first, second = cache.last_cells.tolist()
+    assert second < first == cache.home(1, 4)
+    cache.rm_cells(torch.tensor([first]))
+    cache.settle([root_cell, second])
+    assert cache.seq_cells(1).tolist() == [16, 17, 18, root_cell, first]
+    assert cache.n_live == first + 1
