@@ -95,9 +95,8 @@ class CellCache(Cache):
     def rm_cells(self, cells: torch.Tensor) -> None:
         """Free these cells whatever they hold: the branches of a draft tree the target did not take, which share
         positions with the path it took and so cannot be named by a position range."""
-        at = cells.numpy() if isinstance(cells, torch.Tensor) else np.asarray(cells, dtype=np.int64)
-        self.cell_seq.numpy()[at] = False
-        self.cell_pos.numpy()[at] = -1
+        self.cell_seq.numpy()[cells.numpy()] = False
+        self.cell_pos.numpy()[cells.numpy()] = -1
         self._refresh_live()
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
