@@ -17,7 +17,13 @@ def _llama_config():
 
 @pytest.fixture
 def native_bf16(monkeypatch):
-    # the choice is timed on any CPU that claims native bfloat16; emulated bfloat16 times as well as native
+    # the choice is timed on any CPU that claims native bfloat16; emulated bfloat16 times as well as native,
+    # but oneDNN packs bfloat16 linears only with AVX-512 BW/VL/DQ or AVX-NE-CONVERT
+    from engine.kernels.build import cpu_flags
+
+    flags = set(cpu_flags())
+    if not ({"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags):
+        pytest.skip("oneDNN cannot pack bfloat16 linears on this CPU (no avx512bw/vl/dq, no avx_ne_convert)")
     monkeypatch.setattr(dtype_mod, "native_bf16_flag", lambda: "avx512_bf16")
 
 
@@ -55,3 +61,20 @@ def test_a_model_too_large_to_build_twice_has_one_layers_linears_timed(native_bf
     monkeypatch.setattr(dtype_mod, "WHOLE_FORWARD_MAX_BYTES", dtype_mod.float32_bytes(cfg) - 1)
     choice = dtype_mod.choose_dtype("auto", cfg, "cpu")
     assert "a layer's linears" in choice.reason
+
+
+@pytest.mark.parametrize("bf16_ms, kept", [(0.90, "bfloat16"), (0.96, "float32"), (1.30, "float32")])
+def test_auto_keeps_bfloat16_only_when_its_forward_is_faster_by_the_margin(monkeypatch, bf16_ms, kept):
+    # the decision alone, on any CPU: the timings are given, float32's is 1 ms
+    monkeypatch.setattr(dtype_mod, "native_bf16_flag", lambda: "avx512_bf16")
+    monkeypatch.setattr(dtype_mod, "time_forward", lambda cfg, dt: bf16_ms if dt == "bfloat16" else 1.0)
+    choice = dtype_mod.choose_dtype("auto", _llama_config(), "cpu")
+    assert choice.dtype == kept and choice.layer_ms == {"float32": 1.0, "bfloat16": bf16_ms}
+    assert "a forward" in choice.reason
+
+
+def test_auto_without_native_bfloat16_takes_float32_untimed(monkeypatch):
+    monkeypatch.setattr(dtype_mod, "native_bf16_flag", lambda: None)
+    monkeypatch.setattr(dtype_mod, "time_forward", lambda cfg, dt: pytest.fail("timed without native bfloat16"))
+    choice = dtype_mod.choose_dtype("auto", _llama_config(), "cpu")
+    assert choice.dtype == "float32" and "no native bfloat16" in choice.reason and not choice.layer_ms
