@@ -13,8 +13,8 @@ code) or its float32 weights would take over 2 GiB, one layer's linears are time
 
 A GGUF whose Q4_1 / Q8_0 blocks are its weights exactly (engine/quant.py) is read from its blocks, in one of
 two arithmetics: "float32" widens each weight to the float32 value the loader made of it (the float32 model's
-bits), "int8" rounds each row's inputs to 8 bits per group of 32 and sums the products in integers on VNNI
-(llama.cpp's CPU arithmetic: different bits, 2 to 3 times fewer instructions for a verification batch). "auto"
+bits), "int8" rounds each row's inputs to 8 bits per group of 32 and sums the products in integers on VNNI or
+in AVX2's byte pairs (llama.cpp's CPU arithmetic: different bits, fewer instructions for a verification batch). "auto"
 takes int8 where a layer's linears at 1, 4 and 16 rows run faster in it.
 
 Plain and speculative decoding run on the same loaded model, so they always share the dtype and the lossless
@@ -195,7 +195,7 @@ def _blocks_choice(requested: str, config, device: str, blocks: str) -> DtypeCho
     why = ("no GGUF with Q4_1 / Q8_0 blocks" if not blocks else f"on {device}" if device != "cpu"
            else dot_reason())
     if why:
-        return DtypeChoice("float32", f"{requested}: {exact}; int8 needs VNNI and a GGUF's blocks ({why})")
+        return DtypeChoice("float32", f"{requested}: {exact}; int8 needs AVX2 and a GGUF's blocks ({why})")
     if requested == "int8":
         return DtypeChoice("int8", f"int8 as asked (its {blocks} blocks times 8-bit inputs)")
     ms = time_kernels(_layer_shapes(config))

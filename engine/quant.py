@@ -168,7 +168,7 @@ def _targets(model: nn.Module) -> dict[str, tuple[nn.Linear, int]]:
 
 def load_kernels(defines: tuple[str, ...] = ()) -> tuple[dict[str, object], int, str]:
     """({kind: multiply}, outputs per block, "") from the built library, or ({}, 0, why not). Kinds "q4_1" and
-    "q8_0" read the blocks as float32 (small_gemm_q.c); "q4_1_dot" and "q8_0_dot", where the CPU has VNNI,
+    "q8_0" read the blocks as float32 (small_gemm_q.c); "q4_1_dot" and "q8_0_dot" (VNNI, or AVX2's byte pairs)
     multiply them by 8-bit inputs in integers (small_gemm_qdot.c). defines: -D options of the build
     (("BLOCK8",): AVX2's 8-wide layout on an AVX512 CPU)."""
     from engine.kernels.build import build, cpu_flags
@@ -200,7 +200,7 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool =
         return 0, f"{model.config.model_type}: only the Llama family's GGUF names are mapped"
     fns, nb, why = load_kernels()
     if not fns or (dot and "q4_1_dot" not in fns):
-        return 0, why or "the integer kernel does not run on this CPU (no VNNI)"
+        return 0, why or "the integer kernel does not run on this CPU"
     from engine.prepack import _tied_elsewhere, install
 
     stored = read_gguf(path)

@@ -16,17 +16,11 @@ from torch import nn
 from engine.gemm import SmallGemm
 from engine.quant import GROUP, QuantWeight, load_kernels, pack, pack_dot
 
-DOT_FLAGS = ("avx512_vnni", "avx_vnni")  # /proc/cpuinfo flags of CPUs with VNNI's byte dot products
-
-
 def dot_reason() -> str:
-    """"" where the integer kernels run on this CPU, else why not."""
-    from engine.kernels.build import cpu_flags
-
-    if not any(f in cpu_flags() for f in DOT_FLAGS):
-        return "the CPU has no VNNI (avx512_vnni or avx_vnni)"
+    """"" where the integer kernels run on this CPU (VNNI's byte dot products, or AVX2's byte pairs), else why
+    not."""
     fns, _, why = load_kernels()
-    return why or ("" if "q4_1_dot" in fns else "the kernel was built without VNNI")
+    return why or ("" if "q4_1_dot" in fns else "the kernel was built without AVX2")
 
 
 def time_kernels(layer: list[tuple[int, int]], rows: tuple[int, ...] = (1, 4, 16), reps: int = 5) -> dict[str, float]:

@@ -24,7 +24,8 @@
  *   Q4_1 group: d [NB] f32, m [NB] f32, then 4 vectors of 4 NB bytes: vector p, byte 4 j + i holds q[4p + i][j]
  *               in its low nibble and q[16 + 4p + i][j] in its high one (24 NB bytes for 32 NB weights)
  *   Q8_0 group: d [NB] f32, then 8 vectors of 4 NB bytes: vector p, byte 4 j + i holds q[4p + i][j] + 128
- * Built where the CPU has AVX512-VNNI (16 outputs a vector) or AVX-VNNI (8); small_gemm_qdot_ok() says so.
+ * Built where the CPU has AVX512-VNNI (16 outputs a vector), AVX-VNNI (8) or AVX2 alone (8, in byte pairs, see
+ * QDOT_PAIRS); small_gemm_qdot_ok() says so.
  */
 #include "small_gemm_q.c"
 
@@ -58,8 +59,31 @@ typedef __m256i bvec;
 #define DPBUSD _mm256_dpbusd_epi32
 #endif
 #define BTOF _mm256_cvtepi32_ps
+#elif NB == 8 && defined(__AVX2__)
+/* AVX2 without VNNI: vpmaddubsw multiplies unsigned by signed bytes and adds neighbours into saturating 16-bit
+ * sums, so the products are kept small enough never to saturate, and the sums stay exact (llama.cpp's AVX2
+ * mul_sum_us8_pairs does the same). Q4_1: a pair is at most 15 * 127 * 2 = 3810, so a group's 8 vectors add
+ * up in 16 bits (at most 30480) before one vpmaddwd widens them. Q8_0: the stored bytes minus 128 are the
+ * signed quants w; |w| times x with w's sign (vpsignb) is at most 128 * 127 * 2 = 32512 a pair, widened at once.
+ * The integer dot of a group is the VNNI build's, so the outputs keep their bits. */
+#define QDOT_OK 1
+#define QDOT_PAIRS 1
+typedef __m256i bvec;
+#define BLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define BSET1_I8 _mm256_set1_epi8
+#define BSET1_I32 _mm256_set1_epi32
+#define BZERO _mm256_setzero_si256()
+#define BAND _mm256_and_si256
+#define BSRL4(a) _mm256_srli_epi16(a, 4)
+#define BSUB _mm256_sub_epi32
+#define BTOF _mm256_cvtepi32_ps
+#define PAIRS16(acc, u, s) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s))
+#define WIDEN16(a) _mm256_madd_epi16(a, _mm256_set1_epi16(1))
 #else
 #define QDOT_OK 0
+#endif
+#ifndef QDOT_PAIRS
+#define QDOT_PAIRS 0
 #endif
 
 int small_gemm_qdot_ok(void) { return QDOT_OK; }
@@ -173,17 +197,39 @@ static inline __attribute__((always_inline)) void qd_pass(const int q4, const qr
                 for (int r = 0; r < m; r++) {
                     const bvec xl = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
                     const bvec xh = BSET1_I32(quad(xq + r * k + k0 + 16 + 4 * p));
+#if QDOT_PAIRS
+                    for (int bb = 0; bb < B; bb++) isum[bb][r] = PAIRS16(PAIRS16(isum[bb][r], lo[bb], xl), hi[bb], xh);
+#else
                     for (int bb = 0; bb < B; bb++) isum[bb][r] = DPBUSD(DPBUSD(isum[bb][r], lo[bb], xl), hi[bb], xh);
+#endif
                 }
             }
+#if QDOT_PAIRS
+            for (int bb = 0; bb < B; bb++)
+                for (int r = 0; r < m; r++) isum[bb][r] = WIDEN16(isum[bb][r]);
+#endif
         } else {
             for (int p = 0; p < 8; p++) {
                 bvec w[4];
+#if QDOT_PAIRS
+                bvec aw[4];
+                for (int bb = 0; bb < B; bb++) {
+                    w[bb] = _mm256_xor_si256(BLOAD(g[bb] + NB * 4 + p * 4 * NB), BSET1_I8((char)0x80));
+                    aw[bb] = _mm256_abs_epi8(w[bb]);
+                }
+                for (int r = 0; r < m; r++) {
+                    const bvec xp = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
+                    for (int bb = 0; bb < B; bb++)
+                        isum[bb][r] = _mm256_add_epi32(
+                            isum[bb][r], WIDEN16(_mm256_maddubs_epi16(aw[bb], _mm256_sign_epi8(xp, w[bb]))));
+                }
+#else
                 for (int bb = 0; bb < B; bb++) w[bb] = BLOAD(g[bb] + NB * 4 + p * 4 * NB);
                 for (int r = 0; r < m; r++) {
                     const bvec xp = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
                     for (int bb = 0; bb < B; bb++) isum[bb][r] = DPBUSD(isum[bb][r], w[bb], xp);
                 }
+#endif
             }
         }
         for (int bb = 0; bb < B; bb++) {
@@ -192,7 +238,7 @@ static inline __attribute__((always_inline)) void qd_pass(const int q4, const qr
             for (int r = 0; r < m; r++) {
                 const int64_t at = (m0 + r) * G + gi;
                 bvec i = isum[bb][r];
-                if (!q4) i = BSUB(i, BSET1_I32(128 * xr->sum[at]));
+                if (!q4 && !QDOT_PAIRS) i = BSUB(i, BSET1_I32(128 * xr->sum[at]));
                 acc[bb][r] = VFMA(BTOF(i), VMUL(dw, VSET1(xr->d[at])), acc[bb][r]);
                 if (q4) acc[bb][r] = VFMA(mw, VSET1(xr->s[at]), acc[bb][r]);
             }
