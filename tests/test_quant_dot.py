@@ -65,6 +65,28 @@ def test_the_integer_kernel_computes_llama_cpps_sums(kind):
     assert np.abs(ours - exact).max() > 1e-4 * np.abs(exact).max()
 
 
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_the_integer_sums_hold_at_the_extreme_quants(kind):
+    # every weight and input at the end of its range: a group's products are as large as they get, which is
+    # where 16-bit partial sums (AVX2's byte pairs) would saturate or wrap
+    n, k = 2 * NB, 64
+    d = np.full((n, k // quant.GROUP), 0.01, np.float32)
+    if kind == "q4_1":
+        w = quant.QuantWeight(kind, np.full((n, k), 15, np.uint8), d, -8 * d)
+    else:
+        q = np.full((n, k), -128, np.int8)
+        q[NB:] = 127
+        w = quant.QuantWeight(kind, q, d, None)
+    x = torch.ones(4, k)
+    x[1] = -1.0
+    x[2, ::2] = -1.0  # alternating signs: pairs of opposite products
+    x[3, :32] = -1.0
+    ours = _kernel(kind, w)(x).double().numpy()
+    ref = _llama_cpp(w, x.numpy())
+    assert np.abs(ours - ref).max() <= 1e-5 * np.abs(ref).max()
+    assert np.abs(ref[0]).min() > 0.1  # the first row's sums are large: 64 * 127 * 15 (Q4_1), 64 * 127 * 128
+
+
 @pytest.mark.parametrize("defines", LAYOUTS)
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
 def test_the_integer_kernel_gives_a_row_its_bits_in_any_batch_and_width(kind, defines):
