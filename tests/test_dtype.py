@@ -21,7 +21,7 @@ def native_bf16(monkeypatch):
     # but oneDNN packs bfloat16 linears only with AVX-512 BW/VL/DQ or AVX-NE-CONVERT
     from engine.kernels.build import cpu_flags
 
-    flags = set(cpu_flags())
+    flags = cpu_flags()
     if not ({"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags):
         pytest.skip("oneDNN cannot pack bfloat16 linears on this CPU (no avx512bw/vl/dq, no avx_ne_convert)")
     monkeypatch.setattr(dtype_mod, "native_bf16_flag", lambda: "avx512_bf16")

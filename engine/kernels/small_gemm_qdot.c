@@ -43,7 +43,7 @@ typedef __m512i bvec;
 #define BSUB _mm512_sub_epi32
 #define DPBUSD _mm512_dpbusd_epi32
 #define BTOF _mm512_cvtepi32_ps
-#elif NB == 8 && (defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
+#elif NB == 8 && defined(__AVX2__)
 #define QDOT_OK 1
 typedef __m256i bvec;
 #define BLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
@@ -53,32 +53,22 @@ typedef __m256i bvec;
 #define BAND _mm256_and_si256
 #define BSRL4(a) _mm256_srli_epi16(a, 4)
 #define BSUB _mm256_sub_epi32
+#define BTOF _mm256_cvtepi32_ps
 #if defined(__AVXVNNI__)
 #define DPBUSD _mm256_dpbusd_avx_epi32
-#else
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define DPBUSD _mm256_dpbusd_epi32
-#endif
-#define BTOF _mm256_cvtepi32_ps
-#elif NB == 8 && defined(__AVX2__)
+#else
 /* AVX2 without VNNI: vpmaddubsw multiplies unsigned by signed bytes and adds neighbours into saturating 16-bit
  * sums, so the products are kept small enough never to saturate, and the sums stay exact (llama.cpp's AVX2
  * mul_sum_us8_pairs does the same). Q4_1: a pair is at most 15 * 127 * 2 = 3810, so a group's 8 vectors add
  * up in 16 bits (at most 30480) before one vpmaddwd widens them. Q8_0: the stored bytes minus 128 are the
  * signed quants w; |w| times x with w's sign (vpsignb) is at most 128 * 127 * 2 = 32512 a pair, widened at once.
  * The integer dot of a group is the VNNI build's, so the outputs keep their bits. */
-#define QDOT_OK 1
 #define QDOT_PAIRS 1
-typedef __m256i bvec;
-#define BLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
-#define BSET1_I8 _mm256_set1_epi8
-#define BSET1_I32 _mm256_set1_epi32
-#define BZERO _mm256_setzero_si256()
-#define BAND _mm256_and_si256
-#define BSRL4(a) _mm256_srli_epi16(a, 4)
-#define BSUB _mm256_sub_epi32
-#define BTOF _mm256_cvtepi32_ps
 #define PAIRS16(acc, u, s) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s))
 #define WIDEN16(a) _mm256_madd_epi16(a, _mm256_set1_epi16(1))
+#endif
 #else
 #define QDOT_OK 0
 #endif
