@@ -49,6 +49,20 @@ class CellLayout:
     def row(self, r: int) -> torch.Tensor:
         return self.cells[int(self.row_ptr[r]):int(self.row_ptr[r + 1])]
 
+    def check(self, n_rows: int, n_cells: int) -> None:
+        """Raises ValueError unless this layout fits `n_rows` query rows over a cache of `n_cells` cells: a C
+        kernel reads every index it is given, so a row pointer or a cell out of range must stop here."""
+        ptr, cells = self.row_ptr, self.cells
+        if ptr.dtype != torch.int64 or cells.dtype != torch.int64 or not ptr.is_contiguous() \
+                or not cells.is_contiguous():
+            raise ValueError("cell layout: row pointers and cells must be contiguous int64")
+        if self.n_rows != n_rows:
+            raise ValueError(f"cell layout of {self.n_rows} rows for {n_rows} query rows")
+        if int(ptr[0]) != 0 or int(ptr[-1]) != cells.numel() or bool((ptr[1:] < ptr[:-1]).any()):
+            raise ValueError("cell layout: row pointers do not run from 0 to the cells' count")
+        if cells.numel() and (int(cells.min()) < 0 or int(cells.max()) >= n_cells):
+            raise ValueError(f"cell layout: a cell outside the cache's {n_cells}")
+
     def one_run_per_row(self) -> bool:
         """True if every row's cells are one increasing run of the cache (read as a slice, no gather)."""
         step = self.cells[1:] - self.cells[:-1]
@@ -169,6 +183,12 @@ class CellRows:
         t, h, d = q.shape
         out = torch.empty_like(q)
         lay = self.layout
+        if k.dim() != 4 or k.shape[0] != 1 or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:
+            raise ValueError(f"cell attention: queries {tuple(q.shape)} over keys {tuple(k.shape)}, values "
+                             f"{tuple(v.shape)}")
+        lay.check(t, k.shape[2])
+        if t == 0:
+            return out.to(query.dtype)
         failed = self.impl.kernel(q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(1), lay.row_ptr.data_ptr(),
                                   lay.cells.data_ptr(), out.data_ptr(), t, h, k.shape[1], d, float(scaling))
         if failed:

@@ -132,13 +132,25 @@ class SmallGemm:
         return cls(fn, packed, k, n, w.dtype, spec.act or w.dtype)
 
     def __call__(self, x: torch.Tensor, post: str = "none", other: torch.Tensor | None = None) -> torch.Tensor:
-        """x [..., K] -> [..., N]; post "swish", or "add" / "mul" with other [..., N]."""
+        """x [..., K] -> [..., N]; post "swish", or "add" / "mul" with other [..., N].
+
+        The C kernels take what this checks and nothing else: a width or an epilogue operand of another shape
+        would read past its buffer, and no rows at all (a prefill chunk with no output row) is answered here."""
+        if x.shape[-1] != self.k:
+            raise ValueError(f"{self.label} kernel: inputs of width {x.shape[-1]}, the weight takes {self.k}")
+        if post not in POST or (other is None) != (post in ("none", "swish")):
+            raise ValueError(f"{self.label} kernel: epilogue {post!r} with{'out' if other is None else ''} an operand")
         x2 = x.reshape(-1, self.k).to(self.act).contiguous()
         m = x2.shape[0]
         y = torch.empty(m, self.n, dtype=self.act)
         o = None
         if other is not None:
+            if other.numel() != m * self.n:
+                raise ValueError(f"{self.label} kernel: an operand of {tuple(other.shape)} for {m} x {self.n} "
+                                 "outputs")
             o = other.reshape(-1, self.n).to(self.act).contiguous()
+        if m == 0:
+            return y.reshape(*x.shape[:-1], self.n)
         if self.fn(x2.data_ptr(), self.weight.data_ptr(), y.data_ptr(), None if o is None else o.data_ptr(), m,
                    self.k, self.n, POST[post]):
             raise MemoryError(f"{self.label} kernel: no memory for its quantised rows")

@@ -37,6 +37,7 @@ class FusedLayers:
         self.n_heads = first.q[0].n // self.head_dim
         self.n_kv_heads = first.k[0].n // self.head_dim
         self.mlp = first.gate[0].n
+        self.d = first.q[0].k  # the residual stream's width
         self.scaling = first.scaling
         self.eps = lean.eps
         self._weights = [getattr(layer, name)[0].weight for layer in lean.layers for name in _NAMES]
@@ -87,6 +88,16 @@ class FusedLayers:
         t, d = x.shape
         cells = cache.last_cells.contiguous()
         lay = cell_rows.layout
+        n_cells = cache.k[0].shape[2]
+        if d != self.d or cos.shape != (t, self.head_dim) or sin.shape != cos.shape or cells.numel() != t \
+                or not x.is_contiguous() or x.dtype != torch.float32:
+            raise ValueError(f"fused layers: rows {tuple(x.shape)} with rotary {tuple(cos.shape)} into "
+                             f"{cells.numel()} cells")
+        lay.check(t, n_cells)
+        if t == 0:
+            return x, (torch.empty(0, len(inner) * d) if inner else None)
+        if cells.dtype != torch.int64 or int(cells.min()) < 0 or int(cells.max()) >= n_cells:
+            raise ValueError(f"fused layers: a row written outside the cache's {n_cells} cells")
         hidden = torch.empty(t, len(inner) * d) if inner else None
         keep = self._keep.get(tuple(inner))
         if keep is None:  # made once per set of layers: a drafter asks for the same ones every forward

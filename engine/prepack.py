@@ -49,10 +49,17 @@ def _unrows(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out[:, :n].reshape(*x.shape[:-1], out.shape[-1])
 
 
-def _check(module: nn.Linear) -> None:
+def _check(module: nn.Linear, x: torch.Tensor) -> torch.Tensor | None:
+    """Raises for a call the packed layout cannot take; the output itself where there are no rows (a prefill
+    chunk with no output row): neither oneDNN nor our kernels are asked to multiply nothing."""
     if torch.is_grad_enabled():
         raise RuntimeError("a prepacked linear is for inference only: load the model with prepack=False to train "
                            "through it")
+    if x.shape[-1] != module.in_features:
+        raise ValueError(f"a linear of {module.in_features} inputs given rows of {x.shape[-1]}")
+    if x.numel() == 0:
+        return x.new_empty(*x.shape[:-1], module.out_features)
+    return None
 
 
 def packed_linear(w, bias: torch.Tensor | None, x3: torch.Tensor, post: str = "none",
@@ -68,19 +75,27 @@ def packed_linear(w, bias: torch.Tensor | None, x3: torch.Tensor, post: str = "n
 
 def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """module(x) through the packed weight."""
-    _check(module)
+    empty = _check(module, x)
+    if empty is not None:
+        return empty
     return _unrows(packed_linear(module._packed_weight, module.bias, _rows3(x)), x)
 
 
 def linear_silu(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """silu(module(x)) in one call (oneDNN's eltwise post-op)."""
-    _check(module)
+    empty = _check(module, x)
+    if empty is not None:
+        return empty
     return _unrows(packed_linear(module._packed_weight, module.bias, _rows3(x), "swish"), x)
 
 
 def linear_then(module: nn.Linear, x: torch.Tensor, other: torch.Tensor, op: str) -> torch.Tensor:
     """module(x) `op` other, op "add" or "mul", in one call (oneDNN's binary post-op)."""
-    _check(module)
+    empty = _check(module, x)
+    if empty is not None:
+        return empty
+    if other.shape[:-1] != x.shape[:-1] or other.shape[-1] != module.out_features:
+        raise ValueError(f"a linear's {op} operand of {tuple(other.shape)} for rows {tuple(x.shape)}")
     return _unrows(packed_linear(module._packed_weight, module.bias, _rows3(x), op, _rows3(other)), x)
 
 

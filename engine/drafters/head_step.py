@@ -37,6 +37,13 @@ def _f32(x: torch.Tensor) -> torch.Tensor:
     return x.float().contiguous()
 
 
+def _rows(x: torch.Tensor, width: int, what: str) -> int:
+    """x's rows, after checking it is [n, width]: the C pieces read n * width values from its pointer."""
+    if x.dim() != 2 or x.shape[1] != width:
+        raise ValueError(f"head step: {what} of shape {tuple(x.shape)}, expected [n, {width}]")
+    return x.shape[0]
+
+
 class HeadStep:
     def __init__(self, lib, head, linears: dict[str, SmallGemm]):
         self.fns = {}
@@ -74,8 +81,10 @@ class HeadStep:
     def fuse(self, feats: torch.Tensor) -> torch.Tensor:
         """Target hidden states [n, layers * hidden] -> fused feature [n, hidden]."""
         x = _f32(feats)
-        out = torch.empty(x.shape[0], self.d)
         w = self.w["fc"]
+        out = torch.empty(_rows(x, w.k, "features"), self.d)
+        if out.shape[0] == 0:
+            return out
         self._call("head_fuse", x.data_ptr(), x.shape[0], w.k, self.vec["mu"].data_ptr(),
                    self.vec["sigma"].data_ptr(), w.weight.data_ptr(), self.d, out.data_ptr())
         return out
@@ -84,11 +93,16 @@ class HeadStep:
         """Layer input from features [n, hidden] and tokens [n] through the fused "qkv" or "kv" linear, rotary
         embedding applied to q's and k's heads -> [n, heads, head_dim] (q, k, v or k, v heads in order)."""
         x, e = _f32(feat), _f32(self.head.embed[tokens])
+        n = _rows(x, self.d, "features")
         cos, sin = self.head._rope_at(pos)
         cos, sin = _f32(cos.reshape(-1, self.hd)), _f32(sin.reshape(-1, self.hd))
+        if _rows(e, self.d, "token embeddings") != n or cos.shape[0] != n or sin.shape[0] != n:
+            raise ValueError(f"head step: {n} features for {e.shape[0]} tokens at {cos.shape[0]} positions")
         w = self.w[which]
         n_rope = self.n_kv + (self.n_heads if which == "qkv" else 0)
-        y = torch.empty(x.shape[0], w.n)
+        y = torch.empty(n, w.n)
+        if n == 0:
+            return y.view(0, -1, self.hd)
         self._call("head_qkv", x.data_ptr(), e.data_ptr(), x.shape[0], self.d, self.vec["emb"].data_ptr(),
                    self.vec["feat"].data_ptr(), self.eps, w.weight.data_ptr(), w.n, n_rope, self.hd, cos.data_ptr(),
                    sin.data_ptr(), y.data_ptr())
@@ -97,8 +111,13 @@ class HeadStep:
     def finish(self, feat: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual stream after the attention output [n, heads * head_dim] and the MLP: the feature g."""
         f, a = _f32(feat), _f32(attn)
-        out = torch.empty(f.shape[0], self.d)
         gu = self.w["gate_up"]
+        n = _rows(f, self.d, "features")
+        if _rows(a, self.w["o"].k, "attention outputs") != n:
+            raise ValueError(f"head step: {n} features for {a.shape[0]} attention rows")
+        out = torch.empty(n, self.d)
+        if n == 0:
+            return out
         self._call("head_finish", f.data_ptr(), a.data_ptr(), f.shape[0], self.d, a.shape[1], gu.n // 2,
                    self.w["o"].weight.data_ptr(), self.vec["post"].data_ptr(), gu.weight.data_ptr(),
                    self.w["down"].weight.data_ptr(), self.eps, out.data_ptr())
@@ -108,7 +127,9 @@ class HeadStep:
         """Draft-vocabulary logits [n, draft_vocab]."""
         x = _f32(g)
         lm = self.w["lm"]
-        out = torch.empty(x.shape[0], lm.n)
+        out = torch.empty(_rows(x, self.d, "features"), lm.n)
+        if out.shape[0] == 0:
+            return out
         self._call("head_logits", x.data_ptr(), x.shape[0], self.d, self.vec["norm"].data_ptr(), self.eps,
                    lm.weight.data_ptr(), lm.n, out.data_ptr())
         return out
