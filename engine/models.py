@@ -94,7 +94,23 @@ def pick_device(device: str | None) -> str:
 
 
 def _converted_dir(path: Path) -> Path:
-    return cache_dir() / (path.stem + "-f32")
+    """The converted copy of this very file: two GGUFs of the same name (every `model.Q4_1.gguf`) must not share
+    one, so the name carries a fingerprint of the file's place, size, time and first and last MiB."""
+    return cache_dir() / f"{path.stem}-{gguf_fingerprint(path)}-f32"
+
+
+def gguf_fingerprint(path: Path, edge: int = 1 << 20) -> str:
+    """16 hex digits that change when the file at `path` is replaced, rewritten or is another file; reading
+    its ends only, where a whole hash of a large model would cost seconds at every load."""
+    import hashlib
+
+    st = path.stat()
+    h = hashlib.sha256(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(edge))
+        f.seek(max(0, st.st_size - edge))
+        h.update(f.read(edge))
+    return h.hexdigest()[:16]
 
 
 def _gguf_config(path: Path):

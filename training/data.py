@@ -14,6 +14,7 @@ token ids and probabilities. Everything lands in one torch file under the cache 
 from __future__ import annotations
 
 import gzip
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,10 +204,16 @@ def build(target, params: DataParams, held_out: list[Path]) -> dict:
 def load_or_build(path: Path, target, params: DataParams, held_out: list[Path]) -> dict:
     """The cached data at `path`, made first when missing or made with other parameters (written atomically)."""
     if path.is_file():
-        data = torch.load(path, weights_only=False)
+        # tensors, numbers and strings only: a cache file is data, and pickle would run whatever code it names
+        try:
+            data = torch.load(path, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+            print(f"{path} is not a data file this version reads ({type(e).__name__}): making it again")
+            data = {}
         if data.get("params") == params.__dict__:
             return data
-        print(f"{path} was made with other data parameters: making it again")
+        if data:
+            print(f"{path} was made with other data parameters: making it again")
     data = build(target, params, held_out)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

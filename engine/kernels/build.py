@@ -1,9 +1,12 @@
 """Compile the engine's C kernels for this host and load them with ctypes.
 
 A kernel is built once per source, compiler and CPU (it is compiled with -march=native) into a cache directory
-(`$SPECPLAY_CACHE`, else `~/.cache/specplay`; the temporary folder where that cannot be written), in a second
-or so, and loaded from there afterwards. Without a C compiler, or if the build fails, the caller gets None and
-the reason, and uses its torch path instead.
+(`$SPECPLAY_CACHE/kernels`, else `~/.cache/specplay/kernels`), in a second or so, and loaded from there
+afterwards. A library is code this process runs, so the cache is trusted only when it is private: a directory of
+this user's with mode 0700 inside one nobody else can rename it out of, holding files of ours that nobody else
+can write. Anything else (a shared or read-only cache) gets a build in a fresh private directory of this
+process's own. Without a C compiler, or if the build fails, the caller gets None and the reason, and uses its
+torch path instead.
 
 OpenMP: torch ships its own libgomp.so.1 and loads it first, so the kernel's `libgomp.so.1` resolves to that
 same runtime and its parallel loops share torch's threads instead of starting a second pool.
@@ -16,6 +19,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -28,17 +32,36 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SPECPLAY_CACHE") or Path.home() / ".cache" / "specplay") / "kernels"
 
 
-def _writable_dir() -> Path:
-    """The cache directory, or one under the system's temporary folder where the cache cannot be written: a
-    read-only cache must not make one load of a model run other kernels (other bits) than the next."""
-    for where in (cache_dir(), Path(tempfile.gettempdir()) / f"specplay-kernels-{os.getuid()}"):
-        try:
-            where.mkdir(parents=True, exist_ok=True)
-            if os.access(where, os.W_OK):
-                return where
-        except OSError:
-            continue
-    return cache_dir()
+def private(where: Path) -> bool:
+    """Whether `where` is a directory only this user can write: owned by us, no group or other bits (0700), and
+    not a link. A library loaded from anywhere else could have been planted there by another local user."""
+    try:
+        st = os.lstat(where)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        return False
+    try:
+        up = os.stat(where.parent)
+    except OSError:
+        return False
+    # a parent others may write (without the sticky bit of /tmp) lets them swap our directory for theirs
+    others_write = up.st_mode & 0o022 and not up.st_mode & stat.S_ISVTX
+    return up.st_uid in (os.getuid(), 0) and not others_write
+
+
+def _make_private(where: Path) -> bool:
+    """Create `where` (and its parents) for this user with mode 0700, or tighten one of ours that nobody else
+    could write into; True if it is private afterwards."""
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(where)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+            os.chmod(where, 0o700)  # 0755 from an older version: readable by others, written only by us
+    except OSError:
+        return False
+    return private(where)
 
 
 def cpu_flags() -> set[str]:
@@ -50,6 +73,18 @@ def cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
+
+
+def _ours(library: Path) -> bool:
+    """Whether `library` exists as a plain file of ours that nobody else can write (else it is built again)."""
+    try:
+        st = os.lstat(library)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        os.unlink(library)
+        return False
+    return True
 
 
 def _compiler() -> str | None:
@@ -77,18 +112,29 @@ def build(name: str, defines: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None,
     flags = [*FLAGS, *(f"-D{d}" for d in defines)]
     key = hashlib.sha256("\0".join([_source_text(source), version, " ".join(flags),
                                     " ".join(sorted(cpu_flags()))]).encode())
-    target = _writable_dir() / f"{name}-{key.hexdigest()[:16]}.so"
-    if not target.exists():
-        try:
+    file_name = f"{name}-{key.hexdigest()[:16]}.so"
+    where = cache_dir()
+    if _make_private(where) and os.access(where, os.W_OK):
+        return _build_at(where / file_name, cc, flags, source)
+    # the cache is not ours alone, or cannot be written: a build of this process's own, in a fresh directory
+    # (mkdtemp: an unpredictable name, mode 0700) removed once the library is loaded (its mapping stays)
+    with tempfile.TemporaryDirectory(prefix="specplay-kernels-") as fresh:
+        return _build_at(Path(fresh) / file_name, cc, flags, source)
+
+
+def _build_at(target: Path, cc: str, flags: list[str], source: Path) -> tuple[ctypes.CDLL | None, str]:
+    try:
+        if not _ours(target):
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 out = Path(tmp) / target.name
                 done = subprocess.run([cc, *flags, "-o", str(out), str(source), "-lm"], capture_output=True,
                                       text=True, timeout=300)
                 if done.returncode != 0:
                     return None, f"{cc} could not build {source.name}: {done.stderr.strip()[-300:]}"
+                os.chmod(out, 0o700)
                 os.replace(out, target)  # atomic: a concurrent build leaves one whole file
-        except (OSError, subprocess.SubprocessError) as e:
-            return None, f"building {source.name} failed: {e}"
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"building {source.name} failed: {e}"
     try:
         return ctypes.CDLL(str(target)), str(target)
     except OSError as e:
