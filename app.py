@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import sys
 
 
@@ -37,15 +38,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the draft rows of a round shared by several sessions: fair (default) keeps every answer "
                         "at plain decoding's speed or better; goodput lets an answer that copies take rows that "
                         "slow the others when the batch as a whole emits more tokens per second")
+    p.add_argument("--threads", type=int, default=None,
+                   help="forwards on this many threads; default: all cores, fewer while another busy process "
+                        "holds some of them (the status line says how many)")
     p.add_argument("--trust-remote-code", action="store_true",
-                   help="allow models whose code lives in their repository (off by default)")
+                   help="allow --target and --draft models whose code lives in their repository (off by "
+                        "default); a model loaded from the page never runs such code")
+    p.add_argument("--share", action="store_true",
+                   help="also serve a public gradio.live link (GRADIO_SHARE=1 asks the same); the app is then "
+                        "reachable from other hosts, as with a --host that is not loopback")
     p.add_argument("--allow-model-load", action="store_true",
-                   help="let visitors load other models from the page when --host is not loopback (on loopback "
-                        "it is always allowed); off by default so one visitor cannot swap the model under a class")
+                   help="let visitors load other models from the page when the app is reachable from another host "
+                        "(--host not loopback, or --share); on loopback alone it is always allowed; off by default "
+                        "so one visitor cannot swap the model under a class")
     args = p.parse_args(argv)
-    if args.parallel < 1 or args.n_rs < 0 or args.n_ctx < 1 or args.queue < 0:
-        p.error("--parallel and --n-ctx must be >= 1, --n-rs and --queue >= 0")  # the engine checks the slots fit
+    if args.parallel < 1 or args.n_rs < 0 or args.n_ctx < 1 or args.queue < 0 or (args.threads or 1) < 1:
+        # the engine checks the slots fit the cache
+        p.error("--parallel, --n-ctx and --threads must be >= 1, --n-rs and --queue >= 0")
+    args.share = args.share or share_from_environment()
     return args
+
+
+def share_from_environment() -> bool:
+    """Gradio makes a public link when GRADIO_SHARE is set true; the app decides it here, once, and passes it."""
+    return os.environ.get("GRADIO_SHARE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def is_loopback(host: str) -> bool:
@@ -53,6 +69,11 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def model_load_allowed(args: argparse.Namespace) -> bool:
+    """Visitors may load models when only this machine reaches the page, or when the host says so."""
+    return args.allow_model_load or (is_loopback(args.host) and not args.share)
 
 
 def load_state(args: argparse.Namespace):
@@ -63,14 +84,18 @@ def load_state(args: argparse.Namespace):
 
     options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code,
                          n_rs=args.n_rs, queue_max=args.queue, dtype=args.dtype, budget=args.budget,
-                         allow_model_load=args.allow_model_load or is_loopback(args.host))
+                         threads=args.threads,
+                         allow_model_load=model_load_allowed(args))
 
-    def loader(name: str):
+    def start_loader(name: str):  # the host's own choice on the command line: their flag applies
         return load_model(name, trust_remote_code=options.trust_remote_code, dtype=options.dtype)
 
-    target = loader(args.target)
-    draft = loader(args.draft) if args.draft and args.draft.lower() != "none" else None
-    return AppState(runtime=make_runtime(target, draft, options), options=options, loader=loader)
+    def page_loader(name: str):  # a name typed by a visitor: its repository's code never runs
+        return load_model(name, trust_remote_code=False, dtype=options.dtype)
+
+    target = start_loader(args.target)
+    draft = start_loader(args.draft) if args.draft and args.draft.lower() != "none" else None
+    return AppState(runtime=make_runtime(target, draft, options), options=options, loader=page_loader)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ready: {state.runtime.describe()}", flush=True)
     demo = build(state)
     demo.queue(default_concurrency_limit=None)
-    demo.launch(server_name=args.host, server_port=args.port, **launch_options())
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share,
+                **launch_options(state.options))
     return 0
 
 

@@ -56,6 +56,9 @@ def native_bf16_flag() -> str | None:
     return next((f for f in NATIVE_FLAGS if f in flags), None)
 
 
+TIMING_ROUNDS = 3  # timings of each arithmetic, interleaved, behind every `auto` choice
+
+
 def _layer_shapes(config) -> list[tuple[int, int]]:
     """(out, in) of one decoder layer's linears: q, k, v, o, gate, up, down."""
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -152,10 +155,20 @@ def _timings(config) -> tuple[dict[str, float], str]:
     layer's linears."""
     try:
         if float32_bytes(config) <= WHOLE_FORWARD_MAX_BYTES:
-            return {dt: time_forward(config, dt) for dt in ("float32", "bfloat16")}, "a forward"
+            return interleaved(lambda dt: time_forward(config, dt), ("float32", "bfloat16")), "a forward"
     except (ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError):
         pass
-    return {dt: time_layer(config, dt) for dt in ("float32", "bfloat16")}, "a layer's linears"
+    return interleaved(lambda dt: time_layer(config, dt), ("float32", "bfloat16")), "a layer's linears"
+
+
+def interleaved(time_one, names: tuple[str, ...], rounds: int = TIMING_ROUNDS) -> dict[str, float]:
+    """The fastest of `rounds` timings of each name, taken in turn (A B, B A, A B, ...): another busy process
+    then slows some timings of both instead of every timing of one, and a busy second cannot decide."""
+    best = {name: float("inf") for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            best[name] = min(best[name], time_one(name))
+    return best
 
 
 def choose_dtype(requested: str, config, device: str, blocks: str = "") -> DtypeChoice:

@@ -47,6 +47,9 @@ class RoundEvent:
     # tokens this generation got beyond what plain decoding would have given it in the same forward time, after
     # this round (BudgetState.balance); None where no budget ran
     balance: float | None = None
+    # the final event of a constrained answer: whether its emitted tokens are a whole output of the grammar, by
+    # the slot's llguidance matcher (an answer cut by the token limit or Stop may not be); None elsewhere
+    format_complete: bool | None = None
 
     @property
     def accepted(self) -> list[int]:

@@ -15,7 +15,8 @@ offered as free drafts by the `grammar` drafter (engine/drafters/grammar.py) thr
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -30,17 +31,47 @@ def _one_line(msg: str) -> str:
     return " ".join(words[:1] + [ln for ln in words[1:] if ln.startswith("error:")]) or msg.strip()
 
 
+MAX_GRAMMAR_CHARS = 200_000  # a grammar's text at most: compiling costs about 30 ms per KB of JSON schema
+MAX_SCHEMA_DEPTH = 64  # objects and arrays nested in a JSON schema at most: llguidance crashes far past its own limit
+COMPILE_TIMEOUT_S = 20.0  # prepare() gives up waiting for a compilation after this long
+
+
+def _depth(value) -> int:
+    """How deep a parsed JSON value nests, walked with an explicit stack."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            todo += [(x, d + 1) for x in (v.values() if isinstance(v, dict) else v)]
+    return deepest
+
+
 @dataclass
 class GrammarSpec:
     kind: str  # "json_schema" | "json" (any JSON object, `text` unused) | "regex" | "lark" | "gbnf" (llama.cpp's)
     text: str = ""  # the JSON schema as JSON text, the regex, or the Lark grammar
+    # what compiling gave, kept so that a message compiles once whoever asks (the engine, its comparison run):
+    # llguidance's grammar string, and a matcher at the start for the tokenizer of `tokenizer_id`
+    compiled: str | None = field(default=None, repr=False, compare=False)
+    template: object = field(default=None, repr=False, compare=False)
+    tokenizer_id: int = field(default=0, repr=False, compare=False)
 
     def compile(self) -> str:
-        """The llguidance grammar string. Raises ValueError for an unknown kind or a schema that is not JSON."""
+        """The llguidance grammar string. Raises ValueError for an unknown kind, a grammar over the size or
+        nesting limits, or a schema that is not JSON."""
+        if self.compiled is None:
+            self.compiled = self._compile()
+        return self.compiled
+
+    def _compile(self) -> str:
         from llguidance import LLMatcher
 
         if self.kind not in KINDS:
             raise ValueError(f"grammar kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if len(self.text) > MAX_GRAMMAR_CHARS:
+            raise ValueError(f"the {self.label} is {len(self.text):,} characters; at most {MAX_GRAMMAR_CHARS:,} "
+                             "are compiled here")
         # compact JSON (no free whitespace): with free whitespace nothing is forced after '{' or ',' (a space
         # could come first), so the grammar drafter would have nothing to offer, and small models are known to
         # loop on newlines inside a JSON object
@@ -52,8 +83,13 @@ class GrammarSpec:
                 schema = json.loads(self.text)
             except json.JSONDecodeError as e:
                 raise ValueError(f"the JSON schema is not valid JSON: {e}") from None
+            except RecursionError:
+                raise ValueError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels") from None
             if not isinstance(schema, (dict, bool)):
                 raise ValueError(f"a JSON schema is an object or a boolean, got {type(schema).__name__}")
+            if _depth(schema) > MAX_SCHEMA_DEPTH:
+                raise ValueError(f"the JSON schema nests {_depth(schema)} levels deep; at most {MAX_SCHEMA_DEPTH} "
+                                 "are compiled here")
             return LLMatcher.grammar_from_json_schema(schema, defaults=options)
         if self.kind == "regex":
             return LLMatcher.grammar_from_regex(self.text)
@@ -62,28 +98,65 @@ class GrammarSpec:
 
             try:
                 return LLMatcher.grammar_from_lark(gbnf_to_lark(self.text))
+            except RecursionError:
+                raise ValueError("invalid GBNF grammar: nested too deeply") from None
             except Exception as e:  # the converter raises its own parse errors, of no common type
                 raise ValueError(f"invalid GBNF grammar: {_one_line(str(e)) or type(e).__name__}") from None
         return LLMatcher.grammar_from_lark(self.text)
 
+    @property
+    def label(self) -> str:
+        return {"json_schema": "JSON schema", "json": "JSON grammar", "regex": "regex",
+                "lark": "Lark grammar", "gbnf": "GBNF grammar"}.get(self.kind, "grammar")
+
     def validate(self, tokenizer=None) -> None:
-        """Compile the grammar; with the target's LLTokenizer also check some token can start it. Raises
-        ValueError with a one-line message."""
+        """Compile the grammar; with the target's LLTokenizer also build its starting matcher (kept) and check
+        some token can start it. Raises ValueError with a one-line message."""
         from llguidance import LLMatcher
 
-        label = {"json_schema": "JSON schema", "json": "JSON grammar", "regex": "regex",
-                 "lark": "Lark grammar", "gbnf": "GBNF grammar"}.get(self.kind, "grammar")
+        if self.template is not None and (tokenizer is None or self.tokenizer_id == id(tokenizer)):
+            return  # prepared: compiled, matched against a tokenizer (this one) and checked once already
         grammar = self.compile()
         msg = LLMatcher.validate_grammar(grammar, tokenizer)
         if msg and not msg.startswith("WARNING"):
-            raise ValueError(f"invalid {label}: {_one_line(msg)}")
+            raise ValueError(f"invalid {self.label}: {_one_line(msg)}")
         if tokenizer is None:
             return
-        g = Grammar.start(self, tokenizer)
+        matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"invalid {self.label}: {_one_line(matcher.get_error())}")
+        g = Grammar(matcher.deep_copy(), tokenizer.vocab_size, frozenset(int(t) for t in tokenizer.eos_tokens))
         try:
             g.allowed(tokenizer.vocab_size)  # the matcher finds a grammar that matches nothing only here
         except RuntimeError:
-            raise ValueError(f"invalid {label}: no token of this model can start it (it matches nothing)") from None
+            raise ValueError(f"invalid {self.label}: no token of this model can start it (it matches nothing)") \
+                from None
+        self.template, self.tokenizer_id = matcher, id(tokenizer)
+
+    def prepare(self, tokenizer, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
+        """validate(tokenizer) on a thread of its own, waiting at most timeout_s: the caller's thread (a web
+        request) pays for the compilation, never the engine's, and a grammar that compiles for longer is
+        refused. llguidance releases the interpreter while it builds a matcher, so other threads go on."""
+        done: list[BaseException | None] = []
+
+        def work() -> None:
+            try:
+                self.validate(tokenizer)
+                done.append(None)
+            except Exception as e:  # handed to the caller below
+                done.append(e)
+
+        worker = threading.Thread(target=work, name="grammar-compile", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        if not done:
+            raise ValueError(f"the {self.label} took over {timeout_s:.0f} s to compile: simplify it")
+        if done[0] is not None:
+            raise done[0]
+
+    def share_from(self, other: "GrammarSpec") -> None:
+        """Take what `other`, the same grammar, compiled (its template is only ever copied, never advanced)."""
+        self.compiled, self.template, self.tokenizer_id = other.compiled, other.template, other.tokenizer_id
 
 
 class Grammar:
@@ -96,15 +169,13 @@ class Grammar:
         # rollback over a rejected end would undo the token before it instead (and leave the end forbidden)
         self.eos = eos
         self.ended = ended  # an end was taken: nothing after it is ever given out
+        self.n_consumed = 0  # tokens taken (the end included) and not rolled back: the slot's emitted ones and more
 
     @classmethod
     def start(cls, spec: GrammarSpec, tokenizer) -> "Grammar":
-        from llguidance import LLMatcher
-
-        matcher = LLMatcher(tokenizer, spec.compile(), log_level=0)
-        if matcher.is_error():
-            raise ValueError(f"invalid grammar: {_one_line(matcher.get_error())}")
-        return cls(matcher, tokenizer.vocab_size, frozenset(int(t) for t in tokenizer.eos_tokens))
+        """A matcher at the grammar's start: a copy of the spec's template (built once, by validate)."""
+        spec.validate(tokenizer)
+        return cls(spec.template.deep_copy(), tokenizer.vocab_size, frozenset(int(t) for t in tokenizer.eos_tokens))
 
     def _check(self) -> None:
         if self.matcher.is_error():
@@ -144,9 +215,11 @@ class Grammar:
             if not self.matcher.is_accepting():
                 raise RuntimeError("the grammar refused the end of sequence: the output is not complete")
             self.ended = True
+            self.n_consumed += 1
             return
         if not self.matcher.consume_token(int(tok)):
             raise RuntimeError(f"the grammar refused token {tok}: {_one_line(self.matcher.get_error())}")
+        self.n_consumed += 1
 
     def consume_all(self, tokens: list[int]) -> None:
         for tok in tokens:
@@ -154,10 +227,20 @@ class Grammar:
 
     def rollback(self, n: int) -> None:
         """Forget the last n consumed tokens (a rejected draft tail)."""
+        self.n_consumed -= max(n, 0)
         if n > 0 and self.ended:
             self.ended, n = False, n - 1
         if n > 0 and not self.matcher.rollback(n):
             raise RuntimeError(f"the grammar could not roll back {n} tokens: {self.matcher.get_error()}")
+
+    def complete_after(self, n_emitted: int) -> bool:
+        """Whether the first `n_emitted` tokens this grammar took form a whole output of it: the verdict on an
+        answer cut at the token limit (which may stop inside tokens the grammar took already), from
+        llguidance's own matcher, so a user's pattern never runs through another regex engine."""
+        probe = self.clone()
+        if probe.n_consumed > n_emitted:
+            probe.rollback(probe.n_consumed - n_emitted)
+        return probe.is_accepting()
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces next, whatever the model says (may be empty)."""
@@ -182,11 +265,13 @@ class Grammar:
         return self.ended or bool(self.matcher.is_accepting())
 
     def clone(self) -> "Grammar":
-        return Grammar(self.matcher.deep_copy(), self.n_vocab, self.eos, self.ended)
+        twin = Grammar(self.matcher.deep_copy(), self.n_vocab, self.eos, self.ended)
+        twin.n_consumed = self.n_consumed
+        return twin
 
     def copy_from(self, other: "Grammar") -> None:
         """Restore this grammar to `other`'s state (checkpoint restore); `other` stays usable."""
-        self.matcher, self.ended = other.matcher.deep_copy(), other.ended
+        self.matcher, self.ended, self.n_consumed = other.matcher.deep_copy(), other.ended, other.n_consumed
 
     def view(self) -> "GrammarView":
         return GrammarView(self)

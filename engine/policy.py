@@ -104,6 +104,10 @@ class CostModel:
         if n + 1 >= self.min_seen:
             self._table = None
 
+    def quiet(self, n_rows: int) -> float:
+        """Seconds of a forward of n_rows as the calibration timed it (its fastest, on the machine at start)."""
+        return self._at(n_rows)
+
     def c(self, n_rows: int) -> float:
         """Cost of a forward of n_rows relative to one row (linear interpolation; past the last size the last
         segment's slope goes on: rows are never free just because nobody timed that many)."""
@@ -164,6 +168,10 @@ class RoundCost:
     saved: float  # per row beyond them: the attention not done, in forwards of one row
     fixed: float = 0.0  # a drafted round's fixed cost, in forwards of one row (CostModel.step_fit)
     factor: float = 1.0  # draft rows' cost in service over the curve's step (CostModel.step_fit)
+
+    def quiet(self, n_rows: int) -> float:
+        """Seconds of a forward of n_rows as the calibration timed it (its fastest, on the machine at start)."""
+        return self._at(n_rows)
 
     def c(self, n_rows: int) -> float:
         if n_rows <= self.n_base:

@@ -25,8 +25,8 @@ def dot_reason() -> str:
 
 def time_kernels(layer: list[tuple[int, int]], rows: tuple[int, ...] = (1, 4, 16), reps: int = 5) -> dict[str, float]:
     """ms of one decoder layer's linears, (outputs, inputs) each, as Q4_1 blocks at each of `rows`, summed, by
-    kernel ("q4_1": float32 arithmetic, "q4_1_dot": integers): the fastest of `reps`, the weights random, since
-    a kernel takes as long on any values."""
+    kernel ("q4_1": float32 arithmetic, "q4_1_dot": integers): the fastest of 2 * `reps` timings taken in turn,
+    the weights random, since a kernel takes as long on any values."""
     fns, nb, _ = load_kernels()
     rng = np.random.default_rng(0)
     shapes = [(o, i) for o, i in layer if o % nb == 0 and i % GROUP == 0]
@@ -35,22 +35,22 @@ def time_kernels(layer: list[tuple[int, int]], rows: tuple[int, ...] = (1, 4, 16
         q = rng.integers(0, 16, (o, i), dtype=np.uint8)
         d = np.full((o, i // GROUP), 1e-3, np.float32)
         weights.append(QuantWeight("q4_1", q, d, -8 * d))
-    out = {}
-    for kind in ("q4_1", "q4_1_dot"):
-        if kind not in fns:
-            continue
-        packed = [(pack_dot if kind.endswith("_dot") else pack)(w, nb) for w in weights]
-        inputs = {(r, i): torch.randn(r, i) for r in rows for _, i in shapes}
-        outputs = {(r, o): torch.empty(r, o) for r in rows for o, _ in shapes}
-        best = float("inf")
-        for _ in range(reps + 1):
+    kinds = [kind for kind in ("q4_1", "q4_1_dot") if kind in fns]
+    packed = {kind: [(pack_dot if kind.endswith("_dot") else pack)(w, nb) for w in weights] for kind in kinds}
+    inputs = {(r, i): torch.randn(r, i) for r in rows for _, i in shapes}
+    outputs = {(r, o): torch.empty(r, o) for r in rows for o, _ in shapes}
+    best = {kind: float("inf") for kind in kinds}
+    # the kinds in turn within every repetition (the first warms up): a busy second on another process's part
+    # slows a timing of each, not all timings of one
+    for rep in range(2 * reps + 1):
+        for kind in (kinds if rep % 2 == 0 else kinds[::-1]):
             t0 = time.perf_counter()
             for r in rows:
-                for (o, i), w in zip(shapes, packed):
+                for (o, i), w in zip(shapes, packed[kind]):
                     fns[kind](inputs[r, i].data_ptr(), w.data_ptr(), outputs[r, o].data_ptr(), None, r, i, o, 0)
-            best = min(best, time.perf_counter() - t0)
-        out[kind] = best * 1000
-    return out
+            if rep > 0:
+                best[kind] = min(best[kind], time.perf_counter() - t0)
+    return {kind: seconds * 1000 for kind, seconds in best.items()}
 
 
 def quantize_q8_0(weight: np.ndarray) -> QuantWeight:

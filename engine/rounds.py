@@ -40,6 +40,7 @@ class Round:
         # the one budget over the slots' trees: which slots draft, which nodes go in, each slot's balance
         self.slot_budget = SlotBudget(chain)
         self.budget_state = self.slot_budget.state
+        self.last_forward: tuple[int, float] | None = None  # (rows, seconds) of the latest round's forward
 
     def emit(self, slot: Slot, tokens: list[int], ev: RoundEvent) -> RoundEvent:
         return slot.emit(tokens, ev, self.eos, self.detokenize)
@@ -136,6 +137,7 @@ class Round:
             return events + [failure(s.seq, "the forward", e) for s in in_batch]
         if self.chain.policy is not None:
             self.chain.policy.cost.observe(len(batch), res.seconds)
+        self.last_forward = (len(batch), res.seconds)  # for the engine's thread count (engine/threads.py)
         # the forward's cost in plain forwards by the cost curve, and what a draft row cost this round (the
         # drafters' gate, gate.py): the share of the forward beyond the base rows, per row
         curve_ratio = (budget.cost.c(len(batch)) / budget.cost.c(budget.n_base)

@@ -8,6 +8,7 @@ sample-and-match verification consume the stream identically and give the same t
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,9 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     return logits.numpy().argmax(axis=-1).reshape(-1).tolist()
 
 
+SEED_LIMIT = 2 ** 63  # seeds below it stay below 2^64 after the drafters' XOR with their own mix, as manual_seed needs
+
+
 @dataclass
 class SamplerParams:
     temp: float = 0.0  # 0 = greedy (argmax); > 0 divides the logits
@@ -31,14 +35,18 @@ class SamplerParams:
     seed: int = 0  # seed of this sampler's own torch.Generator
 
     def validate(self) -> None:
-        if self.temp < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temp}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        # comparisons alone let NaN through (every one of them is False), and a NaN temperature makes every
+        # probability NaN: each bound is written so that NaN fails it
+        if not 0.0 <= self.temp < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temp}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p < 1.0:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT:
+            raise ValueError(f"seed must be an integer in [0, 2^63), got {self.seed}")
 
 
 class Sampler:
@@ -46,7 +54,7 @@ class Sampler:
         params.validate()
         self.params = params
         self.generator = torch.Generator(device="cpu")
-        self.generator.manual_seed(int(params.seed) & 0xFFFFFFFFFFFFFFFF)
+        self.generator.manual_seed(params.seed)
         self.n_draws = 0  # uniform numbers drawn so far, for tests and the UI
 
     @property

@@ -22,12 +22,14 @@ import itertools
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from engine.events import ErrorEvent, RoundEvent, WaitEvent
+from engine.grammar import GrammarSpec
 from engine.params import GenParams
 from engine.slot import Slot
 from engine.slots import Engine
@@ -36,6 +38,10 @@ QUEUE_MAX = 64  # requests that may wait for a slot (llama-server has no bound; 
 IDLE_WAIT_S = 1.0  # how long the thread sleeps on an empty command queue when nothing generates
 REPLY_TIMEOUT_S = 120.0  # a caller gives up on a command the engine thread has not answered by then
 STEP_IDLE_S = 60.0  # a step-mode generation idle this long gives its slot to a waiting request
+# a step-mode generation nobody has stepped for this long is ended: its client has gone (an API client leaves no
+# unload event), and its slot or parked cells would otherwise be held for good
+STEP_ABANDON_S = 900.0
+GRAMMARS_KEPT = 16  # compiled grammars a scheduler keeps for the next request that brings the same one
 
 
 def stopped_without_a_slot() -> RoundEvent:
@@ -68,6 +74,7 @@ class _Request:
     place: int = 0  # the place in line last told to the caller (0: not told yet)
     parked: Slot | None = None  # a step-mode slot coming back: resumed, not started
     step_pending: bool = False  # step mode: the user asked for a round while it waited; run it on admission
+    group: list["_Request"] | None = None  # requests submitted together: admitted together or not at all
 
 
 @dataclass
@@ -78,27 +85,31 @@ class _Command:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, queue_max: int = QUEUE_MAX, step_idle_s: float = STEP_IDLE_S):
+    def __init__(self, engine: Engine, queue_max: int = QUEUE_MAX, step_idle_s: float = STEP_IDLE_S,
+                 abandon_s: float = STEP_ABANDON_S):
         self.engine = engine  # read by callers only for what never changes (its context sizes, its probe)
         self.queue_max = queue_max
         self.step_idle_s = step_idle_s
+        self.abandon_s = abandon_s
         self.commands: queue.Queue[_Command] = queue.Queue()
         self.ids = itertools.count(1)
         self.waiting: deque[_Request] = deque()  # FIFO of requests without a slot (engine thread only)
         self.running: dict[int, Generation] = {}  # seq -> its generation (engine thread only)
         self.parked: dict[int, tuple[Generation, Slot]] = {}  # id -> an idle step-mode generation without a slot
         self.closed = False
+        self._grammars: OrderedDict[tuple[str, str], GrammarSpec] = OrderedDict()  # compiled, latest used last
+        self._grammars_lock = threading.Lock()  # callers compile on their own threads
         self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self.thread.start()
 
     # ---- the callers' side: post a command, maybe wait for its answer --------------------------------------
 
-    def _ask(self, kind: str, args: Any = None, timeout: float = REPLY_TIMEOUT_S) -> Any:
+    def _ask(self, kind: str, args: Any = None, timeout: float | None = None) -> Any:
         if self.closed:
             raise RuntimeError("the engine has shut down (a new model was loaded)")
         reply: Future = Future()
         self.commands.put(_Command(kind, args, reply))
-        return reply.result(timeout=timeout)
+        return reply.result(timeout=REPLY_TIMEOUT_S if timeout is None else timeout)
 
     def submit(self, prompt: list[int], params: GenParams, manual: bool = False) -> Generation:
         """Queue a generation. Raises ValueError (bad input, nothing queued) or QueueFull."""
@@ -106,9 +117,39 @@ class Scheduler:
 
     def submit_group(self, requests: list[tuple[list[int], GenParams]], manual: bool = False) -> list[Generation]:
         """Several generations admitted together or not at all (a benchmark's N slots start in one round)."""
+        for _, params in requests:
+            if params.grammar is not None:
+                self._prepare(params.grammar)
         gens = [Generation(id=next(self.ids), manual=manual) for _ in requests]
         batch = [_Request(g, list(p), params) for g, (p, params) in zip(gens, requests)]
-        return self._ask("submit", batch)
+        for r in batch:
+            r.group = batch if len(batch) > 1 else None
+        try:
+            return self._ask("submit", batch)
+        except FutureTimeout:
+            # the engine thread may still take the submit later: nobody would read or stop that generation
+            for g in gens:
+                self.cancel(g.id)
+            raise QueueFull(f"the engine did not take the request within {REPLY_TIMEOUT_S:.0f} s; try again "
+                            "in a minute") from None
+
+    def _prepare(self, spec: GrammarSpec) -> None:
+        """Compile a request's grammar on the caller's thread, within its time limit, once for every request
+        that brings the same grammar (a message and its plain comparison, a class given one schema): the
+        engine thread then only copies the matcher. Raises ValueError with the reason."""
+        key = (spec.kind, spec.text)
+        with self._grammars_lock:
+            known = self._grammars.get(key)
+            if known is not None:
+                self._grammars.move_to_end(key)
+        if known is None:
+            spec.prepare(self.engine.grammar_tokenizer())
+            with self._grammars_lock:
+                self._grammars[key] = spec
+                while len(self._grammars) > GRAMMARS_KEPT:
+                    self._grammars.popitem(last=False)
+        else:
+            spec.share_from(known)
 
     def stop(self, gen_id: int) -> None:
         """End a generation at the next round boundary (its done event says 'stopped'); leaves the queue too."""
@@ -176,11 +217,14 @@ class Scheduler:
     def _on_submit(self, batch: list[_Request]) -> list[Generation]:
         for r in batch:
             self.engine.check(r.prompt, r.params)
-        if len(self.waiting) + len(batch) > self.queue_max:
+        # the queue bounds those that would wait: with free slots and nobody ahead, a request starts at once
+        # (so a queue of 0 still serves whoever finds a slot free)
+        starts_now = not self.waiting and len(batch) <= len(self._free_seqs())
+        if not starts_now and len(self.waiting) + len(batch) > self.queue_max:
             raise QueueFull(f"all {self.engine.ctx.n_seq_max} slots are busy and {len(self.waiting)} requests "
                             f"are waiting (the queue holds {self.queue_max}); try again in a minute")
         self.waiting.extend(batch)
-        self._admit(group=batch)
+        self._admit()
         return [r.gen for r in batch]
 
     def _find(self, gen_id: int) -> tuple[int | None, _Request | None]:
@@ -225,13 +269,18 @@ class Scheduler:
         if seq is None:
             raise ValueError(f"generation {gen_id} has ended")
         self.running[seq].t_active = time.monotonic()
-        return len(self._step({seq}))
+        return len(self._step({seq}, whole_prefill=True))
 
     def _park_idle(self) -> None:
-        """Give the slot of a step-mode generation idle for step_idle_s to the head of the queue."""
+        """End step-mode generations idle for abandon_s; give the slot of one idle for step_idle_s to the head
+        of the queue."""
+        now = time.monotonic()
+        idle = [g for g in self.running.values() if g.manual] + [g for g, _ in self.parked.values()]
+        for gen in idle:
+            if now - gen.t_active > self.abandon_s:
+                self._on_stop(gen.id)  # its done event says "stopped", should anyone still read it
         if not self.waiting:
             return
-        now = time.monotonic()
         for seq, gen in list(self.running.items()):
             if gen.manual and now - gen.t_active > self.step_idle_s:
                 slot = self.engine.park(seq)
@@ -262,14 +311,18 @@ class Scheduler:
         free = [s for s in range(self.engine.ctx.n_seq_max) if s not in self.running]
         return sorted(free, key=lambda s: s in self.engine.parked)
 
-    def _admit(self, group: list[_Request] | None = None) -> None:
+    def _admit(self) -> None:
         """Give free slots to waiting requests in arrival order; a group is admitted whole or waits whole."""
         while self.waiting:
             head = self.waiting[0]
-            members = group if group is not None and head in group else [head]
+            members = [r for r in head.group if r in self.waiting] if head.group is not None else [head]
             free = self._free_seqs()
             if len(members) > len(free):
                 break
+            home = head.parked.seq if head.parked is not None else None
+            if home in free:  # a step-mode slot coming back takes its own sequence: its cells are still there
+                free.remove(home)
+                free.insert(0, home)
             if not self._fits(members, free):
                 break  # the running generations hold the cells it needs: it waits for them to end
             for r, seq in zip(members, free):
@@ -286,7 +339,7 @@ class Scheduler:
                 r.gen.t_active = time.monotonic()
                 self.running[seq] = r.gen
                 if r.step_pending:
-                    self._step({seq})
+                    self._step({seq}, whole_prefill=True)
         self._tell_places()
 
     def _fits(self, members: list[_Request], free: list[int]) -> bool:
@@ -307,9 +360,9 @@ class Scheduler:
                 r.place = place
                 r.gen.events.put(WaitEvent(position=place))
 
-    def _step(self, seqs: set[int]) -> list:
+    def _step(self, seqs: set[int], whole_prefill: bool = False) -> list:
         try:
-            events = self.engine.step(seqs)
+            events = self.engine.step(seqs, whole_prefill=True) if whole_prefill else self.engine.step(seqs)
         except Exception as e:  # any type: the thread must outlive a broken round
             events = [ErrorEvent(seq=seq, message=f"generation failed: {type(e).__name__}: {e}") for seq in seqs]
             for seq in seqs:

@@ -47,6 +47,8 @@ class Slot:
     notes: list[str] = field(default_factory=list)  # one line each, for the user: settings the engine adjusted
     refill: list[int] = field(default_factory=list)  # confirmed tokens a resumed slot must forward again
     grammar: Grammar | None = None  # the output's grammar state, through every emitted token (None: unconstrained)
+    prefill_rows: int = 0  # prompt tokens forwarded so far by the prefill, over its chunks
+    prefill_ms: float = 0.0  # time its chunks took
 
     @property
     def n_remaining(self) -> int:
@@ -57,6 +59,8 @@ class Slot:
         self.stop_reason = reason
         ev.done = True
         ev.stop_reason = reason
+        if self.grammar is not None:
+            ev.format_complete = self.grammar.complete_after(len(self.generated))
         return ev
 
     def end(self, reason: str) -> RoundEvent:

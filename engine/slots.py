@@ -28,9 +28,13 @@ from engine.prefix import common_prefix
 from engine.rounds import Round
 from engine.slot import Slot
 from engine.stateful import StatefulContext, has_own_state
+from engine.threads import ThreadGovernor
 from engine.sampling import Sampler
 
 N_BATCH = 512  # rows per forward: prompt chunks during prefill, and the cap on logits rows of a verification
+# a prompt chunk's rows while other slots are generating: one chunk runs between two of their rounds, so this
+# bounds how long a long prompt holds their streams (llama-server's n_ubatch interleaving, by alternation)
+N_BATCH_BESIDE = 128
 MIN_CELLS_PER_SLOT = 64  # a cache smaller than this per slot could not hold a useful chat in every slot
 
 
@@ -44,7 +48,9 @@ def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int, n_rs: in
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
                  n_seq_max: int = 4, calibrate: bool = True, drafter_params: dict | None = None,
-                 n_draft: int = 16, n_rs: int = 0, fair: bool = True):
+                 n_draft: int = 16, n_rs: int = 0, fair: bool = True, threads: int | None = None):
+        """threads: forwards on this many threads always; None: all of torch's, fewer while another process
+        holds cores (engine/threads.py; only with a calibrated cost curve to measure against)."""
         if draft is not None:
             check_vocab_compatible(target, draft)
         if n_seq_max < 1:
@@ -62,7 +68,12 @@ class Engine:
                                 n_rs=n_rs)
         self.n_pos_max = int(getattr(target.model.config, "max_position_embeddings", 0) or 0) or None
         self.probe: ProbeResult = probe_context(self.ctx)
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.threads = ThreadGovernor(n_max=threads or torch.get_num_threads(), fixed=threads is not None)
+        self._use_threads()
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
+        self.threads.fixed = self.threads.fixed or not (calibrate and self.probe.can_speculate)
         self.policy = DraftLengthPolicy(self.cost)
         # type name -> its params dataclass; ours by default (see chain.default_params), overridable per type
         self.drafter_params = {**default_params(), **(drafter_params or {})}
@@ -78,6 +89,19 @@ class Engine:
         self.round.budget_state.fair = fair
 
     # ---- set-up ----------------------------------------------------------------------------------------------
+
+    def _use_threads(self) -> None:
+        """Forwards on the governor's count: OpenMP's count is per calling thread, so it is set by the thread
+        that runs the rounds (the scheduler's), each step."""
+        if torch.get_num_threads() != self.threads.n_threads:
+            torch.set_num_threads(self.threads.n_threads)
+
+    def _govern_threads(self) -> None:
+        forward, self.round.last_forward = self.round.last_forward, None
+        if forward is not None:
+            rows, seconds = forward
+            if self.threads.observe(seconds, self.cost.quiet(rows), time.monotonic()) is not None:
+                self._use_threads()
 
     def calibrate(self, passes: int = 7) -> CostModel:
         """Time the forwards the length policy and the round's budget read (engine/calibrate.py)."""
@@ -127,6 +151,11 @@ class Engine:
                 return seq
         raise RuntimeError(f"all {self.ctx.n_seq_max} slots are busy")
 
+    @property
+    def prompt_limit(self) -> int:
+        """The most tokens a prompt and its answer may hold together: the cache, and the model's positions."""
+        return self.ctx.n_ctx if self.n_pos_max is None else min(self.ctx.n_ctx, self.n_pos_max)
+
     def check(self, prompt: list[int], params: GenParams) -> None:
         """Refuse a request that could never run, with the reason (ValueError); nothing changes."""
         params.validate()
@@ -140,7 +169,7 @@ class Engine:
                                 f" holding {type(next(t for t in prompt if not isinstance(t, int))).__name__}"))
         if min(prompt) < 0 or max(prompt) >= self.ctx.n_vocab:
             raise ValueError(f"prompt token ids must be in [0, {self.ctx.n_vocab}): got {min(prompt)}..{max(prompt)}")
-        limit = self.ctx.n_ctx if self.n_pos_max is None else min(self.ctx.n_ctx, self.n_pos_max)
+        limit = self.prompt_limit
         if len(prompt) + 1 > limit:
             raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {limit} tokens")
         if params.grammar is not None:
@@ -263,12 +292,15 @@ class Engine:
         if self.parked.get(seq) is slot and self.ctx.cache.seq_cells(seq).numel() == len(slot.tokens):
             del self.parked[seq]  # nobody took its cells: it carries on as if it had never left
         else:
-            for other, parked in list(self.parked.items()):
-                if parked is slot:  # its old cells now belong to nobody: the next start there clears them
-                    del self.parked[other]
+            old = [other for other, parked in self.parked.items() if parked is slot]
+            for other in old:
+                del self.parked[other]
             confirmed = list(slot.tokens)
-            kept = self._place(confirmed, seq, len(confirmed))
+            kept = self._place(confirmed, seq, len(confirmed))  # may copy its prefix from its old cells
             slot.tokens, slot.refill = confirmed[:kept], confirmed[kept:]
+            for other in old:  # then they belong to nobody: freed, not left for a later start to find
+                if other != seq and other not in self.slots:
+                    self.release(other)
             self.chain.begin(seq, confirmed, slot.params.spec.types, adaptive=slot.params.spec.adaptive)
             for name in slot.params.spec.types:
                 self.pool[name].retune(seq, slot.params.sampling.temp, slot.params.sampling.seed)
@@ -288,10 +320,15 @@ class Engine:
 
     # ---- the round --------------------------------------------------------------------------------------
 
-    def step(self, only: set[int] | None = None) -> list[RoundEvent | ErrorEvent]:
+    def step(self, only: set[int] | None = None, whole_prefill: bool = False) -> list[RoundEvent | ErrorEvent]:
         """One round for every active slot (or those in `only`); returns one event per slot that ran. A slot
-        whose prefill or round raised ends with an ErrorEvent and is released; the others go on."""
+        whose prefill or round raised ends with an ErrorEvent and is released; the others go on.
+
+        A prompt is prefilled one chunk a step (N_BATCH rows, N_BATCH_BESIDE while others generate), so the
+        other slots' rounds run between its chunks; its prefill event comes with the last chunk. whole_prefill:
+        all of it in this step (step mode, where each step is a click)."""
         events: list[RoundEvent | ErrorEvent] = []
+        self._use_threads()
         for slot in self.active(only):
             if slot.stop_requested:
                 if slot.replay is not None and slot.grammar is not None:
@@ -300,9 +337,14 @@ class Engine:
                     slot.grammar.consume_all(slot.replay.tokens[1:])
                 events.append(slot.end("stopped"))
         prefilled = set()
+        beside = any(s.state == "generating" for s in self.active(only))
         for slot in [s for s in self.active(only) if s.state == "prefill"]:
             try:
-                events.append(self._prefill(slot))
+                ev = self._prefill(slot, N_BATCH_BESIDE if beside and not whole_prefill else N_BATCH)
+                while ev is None and whole_prefill:
+                    ev = self._prefill(slot, N_BATCH)
+                if ev is not None:
+                    events.append(ev)
             except Exception as e:  # one prompt that breaks the model must not end the other chats
                 events.append(failure(slot.seq, "prefill", e))
             prefilled.add(slot.seq)
@@ -317,6 +359,7 @@ class Engine:
         if generating:
             self._make_room(generating)
             events.extend(self.round.run(generating))
+            self._govern_threads()
         for ev in events:
             if isinstance(ev, ErrorEvent):
                 self.release(ev.seq)
@@ -329,20 +372,27 @@ class Engine:
                 ev.seq_cells = len(self.slots[ev.seq].tokens)
         return events
 
-    def _prefill(self, slot: Slot) -> RoundEvent:
+    def _prefill(self, slot: Slot, n_rows: int) -> RoundEvent | None:
+        """Forward the prompt's next chunk of at most n_rows; the prefill's event once the last one ran (the
+        first answer token sampled from its logits), else None."""
         t0 = time.perf_counter()
         todo = slot.prompt[len(slot.tokens):]
-        logits = None
-        for start in range(0, len(todo), N_BATCH):
-            batch = Batch()
-            chunk = todo[start:start + N_BATCH]
-            for i, tok in enumerate(chunk):
-                batch.add(tok, len(slot.tokens) + i, slot.seq, start + i == len(todo) - 1)
-            res = self.ctx.decode(batch)
-            self.chain.process(batch, res)
-            logits = res.logits
-            slot.tokens.extend(chunk)
-        row = logits[-1] if slot.grammar is None else slot.grammar.mask(logits[-1])
+        if not todo:
+            raise RuntimeError("prefill with no prompt token left to forward")
+        chunk = todo[:n_rows]
+        last = len(chunk) == len(todo)
+        batch = Batch()
+        for i, tok in enumerate(chunk):
+            batch.add(tok, len(slot.tokens) + i, slot.seq, last and i == len(chunk) - 1)
+        res = self.ctx.decode(batch)
+        self.chain.process(batch, res)
+        slot.tokens.extend(chunk)
+        slot.prefill_rows += len(chunk)
+        slot.prefill_ms += (time.perf_counter() - t0) * 1e3
+        if not last:
+            return None
+        t0 = time.perf_counter()
+        row = res.logits[-1] if slot.grammar is None else slot.grammar.mask(res.logits[-1])
         tok = slot.sampler.sample(row)
         p = float(slot.sampler.probs(row)[tok])
         if slot.grammar is not None:
@@ -350,8 +400,8 @@ class Engine:
         slot.id_last = tok
         slot.state = "generating"
         ev = RoundEvent(seq=slot.seq, round=0, kind="prefill", drafter=None, pos_sampled=len(slot.tokens) - 1,
-                        p0=len(slot.tokens), bonus=tok, p_target=[p], batch_rows=len(todo),
-                        t_verify_ms=(time.perf_counter() - t0) * 1e3, notes=list(slot.notes))
+                        p0=len(slot.tokens), bonus=tok, p_target=[p], batch_rows=slot.prefill_rows,
+                        t_verify_ms=slot.prefill_ms + (time.perf_counter() - t0) * 1e3, notes=list(slot.notes))
         slot.round = 1
         return self.round.emit(slot, [tok], ev)
 

@@ -3,6 +3,7 @@ exactly what constrained plain decoding gives (the embedded model: the tiny test
 llguidance can read, and JSON needs real subword tokens)."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -321,3 +322,75 @@ def test_a_gbnf_grammar_constrains_plain_and_speculative_decoding_alike(engine, 
     assert text.startswith(("yes, because ", "no, because ")), text
     with pytest.raises(ValueError, match="GBNF"):
         GrammarSpec("gbnf", 'root ::= "unclosed').validate(engine.grammar_tokenizer())
+
+
+@pytest.mark.parametrize("types", [[], CHAIN])
+def test_the_answers_format_verdict_is_the_matchers_on_what_was_emitted(engine, embedded, types):
+    """The page's verdict on a regex answer comes from the slot's matcher (never Python's re): cut by the token
+    limit inside a round's kept tokens, it is the verdict of a fresh matcher fed exactly the emitted tokens."""
+    ids = embedded.encode_chat([{"role": "user", "content": "Describe the sea in one short sentence."}])
+    verdicts = []
+    for pattern in ("([a-z]+ ?)+\\.", "[A-Za-z ,']+"):
+        spec = GrammarSpec("regex", pattern)
+        for n in (1, 4, 9, 17):
+            p = GenParams(max_new_tokens=n, sampling=SamplerParams(temp=0.0),
+                          spec=SpecParams(types=list(types), adaptive=False), grammar=spec)
+            toks, events = run(engine, ids, p)
+            ref = Grammar.start(spec, engine.grammar_tokenizer())
+            ref.consume_all(toks)
+            assert events[-1].done and events[-1].format_complete == ref.is_accepting(), (pattern, n)
+            verdicts.append(events[-1].format_complete)
+    assert set(verdicts) == {True, False}
+
+
+def test_grammars_past_the_size_or_nesting_limits_are_refused_with_the_reason():
+    from engine.grammar import MAX_GRAMMAR_CHARS, MAX_SCHEMA_DEPTH
+
+    deep = {"type": "string"}
+    for _ in range(MAX_SCHEMA_DEPTH + 1):
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(ValueError, match=f"levels deep; at most {MAX_SCHEMA_DEPTH}"):
+        GrammarSpec("json_schema", json.dumps(deep)).validate()
+    # deeper than Python's own parser goes (llguidance crashed the process on such a schema)
+    text = '{"items": ' * 15000 + "{}" + "}" * 15000
+    with pytest.raises(ValueError, match="nests deeper than"):
+        GrammarSpec("json_schema", text).validate()
+    with pytest.raises(ValueError, match=f"at most {MAX_GRAMMAR_CHARS:,}"):
+        GrammarSpec("regex", "a" * (MAX_GRAMMAR_CHARS + 1)).validate()
+
+
+def test_a_grammar_compiles_once_per_message_on_the_callers_thread(embedded, monkeypatch):
+    """Scheduler.submit compiles on the caller's thread, within a time limit; the same grammar again (the
+    plain comparison of the same message) is not compiled again, and the engine thread only copies it."""
+    import threading
+
+    from engine.scheduler import Scheduler
+
+    compiled, threads = [], []
+    real = GrammarSpec._compile
+
+    def counting(self):
+        compiled.append(self.text)
+        threads.append(threading.current_thread().name)
+        return real(self)
+
+    monkeypatch.setattr(GrammarSpec, "_compile", counting)
+    sched = Scheduler(Engine(embedded, n_ctx=512, n_seq_max=1, calibrate=False))
+    try:
+        ids = embedded.encode_chat([{"role": "user", "content": "Pick a colour."}])
+        for types in (CHAIN, []):
+            p = GenParams(max_new_tokens=6, spec=SpecParams(types=list(types)),
+                          grammar=GrammarSpec("regex", "(red|green|blue)"))
+            gen = sched.submit(ids, p)
+            while not gen.events.get(timeout=60).done:
+                pass
+        assert compiled == ["(red|green|blue)"] and threads == ["grammar-compile"]
+
+        def slow(self, tokenizer=None):
+            time.sleep(2)
+
+        monkeypatch.setattr(GrammarSpec, "validate", slow)
+        with pytest.raises(ValueError, match="took over 0 s to compile"):
+            GrammarSpec("regex", "x").prepare(None, timeout_s=0.2)
+    finally:
+        sched.close()

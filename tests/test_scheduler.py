@@ -297,3 +297,85 @@ def test_an_idle_step_session_lends_its_slot_and_resumes_where_it_stopped(tiny_t
         assert not any(isinstance(e, ErrorEvent) for e in out)
     finally:
         s.close()
+
+
+def test_a_queue_of_none_still_serves_whoever_finds_a_slot_free(tiny_target, reference):
+    s = make(tiny_target, slots=1, queue_max=0)
+    try:
+        first = s.submit(PROMPTS[0], params(200))
+        with pytest.raises(QueueFull, match="queue holds 0"):
+            s.submit(PROMPTS[1], params(5))  # the one slot is taken and nobody may wait
+        s.stop(first.id)
+        drain(first)
+        assert emitted(drain(s.submit(PROMPTS[1], params(8)))) == reference(PROMPTS[1], 8)
+    finally:
+        s.close()
+
+
+def test_a_waiting_group_is_admitted_whole(tiny_target, reference):
+    """Two requests submitted together that wait behind a running one start in the same round, not one as
+    soon as a single slot frees."""
+    s = make(tiny_target, slots=2)
+    try:
+        blocker = s.submit(PROMPTS[0], params(40))
+        pair = s.submit_group([(PROMPTS[1], params(12)), (PROMPTS[2], params(12))])
+        outs = [drain(g) for g in pair]
+        drain(blocker)
+        firsts = [next(e for e in out if isinstance(e, RoundEvent)) for out in outs]
+        assert firsts[0].t_end == firsts[1].t_end, "both prefilled in the same engine step"
+        assert [emitted(o) for o in outs] == [reference(PROMPTS[1], 12), reference(PROMPTS[2], 12)]
+    finally:
+        s.close()
+
+
+def test_a_parked_slot_resumed_elsewhere_frees_the_cells_it_left(tiny_target, reference):
+    """Resumed in another sequence, a parked step-mode slot copies what it can from its old cells and then
+    frees them: nobody's cells would otherwise stay in the cache until a later start there."""
+    engine = Engine(tiny_target, n_ctx=512, n_seq_max=2, calibrate=False, drafter_params=SMALL_NGRAMS)
+    slot = engine.start(PROMPTS[0], params(30), seq=0)
+    for _ in range(4):
+        engine.step({0})
+    parked = engine.park(0)
+    engine.resume(parked, 1)
+    assert engine.ctx.cache.seq_cells(0).numel() == 0 and 0 not in engine.parked
+    while slot.state != "done":
+        engine.step({1})
+    assert slot.generated == reference(PROMPTS[0], 30)
+
+
+def test_a_step_session_nobody_steps_is_ended_and_frees_its_slot(tiny_target):
+    s = Scheduler(Engine(tiny_target, n_ctx=512, n_seq_max=1, calibrate=False), abandon_s=0.3)
+    try:
+        manual = s.submit(PROMPTS[0], params(30), manual=True)
+        s.step(manual.id)
+        deadline = time.time() + 10
+        while s.running and time.time() < deadline:
+            time.sleep(0.1)
+        assert not s.running and not s.parked
+        events = take_all(manual)
+        assert events[-1].done and events[-1].stop_reason == "stopped"
+        assert len(emitted(drain(s.submit(PROMPTS[1], params(5))))) == 5, "the slot went to the next one"
+    finally:
+        s.close()
+
+
+def test_a_submit_the_engine_does_not_answer_in_time_is_cancelled(tiny_target, monkeypatch):
+    """The caller gives up on a submit the engine thread has not taken yet: when the thread takes it later,
+    the generation is cancelled at once instead of running with nobody to read or stop it."""
+    import engine.scheduler as sched
+
+    s = make(tiny_target, slots=1)
+    try:
+        hold = threading.Event()
+        s.commands.put(sched._Command("call", lambda _engine: hold.wait(10)))  # the thread is busy
+        monkeypatch.setattr(sched, "REPLY_TIMEOUT_S", 0.2)
+        with pytest.raises(QueueFull, match="did not take the request"):
+            s.submit(PROMPTS[0], params(300))
+        hold.set()
+        deadline = time.time() + 10
+        while time.time() < deadline and (s.running or s.waiting or not s.commands.empty()):
+            time.sleep(0.05)
+        assert not s.running and not s.waiting
+        assert len(emitted(drain(s.submit(PROMPTS[1], params(5))))) == 5
+    finally:
+        s.close()

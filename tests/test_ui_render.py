@@ -327,7 +327,21 @@ def test_answers_are_checked_against_their_format():
     assert schema_violations({"x": 1}, schema) == ["$: missing 'name'", "$: missing 'age'", "$: missing 'city'",
                                                    "$: unexpected key 'x'"]
     assert check_answer("[1, 2]", "json", "")[0] and not check_answer('{"a": ', "json", "")[0]
-    assert check_answer("yes", "regex", "yes|no") == (True, "matches the regex")
+    assert check_answer("yes", "regex", "yes|no", complete=True) == (True, "matches the regex")
+    # the verdict on a pattern is the grammar's: a pattern Python's re backtracks on for hours costs nothing here
+    hostile = "([a-z]+ ?)+\\."
+    t0 = time.perf_counter()
+    assert check_answer("a" * 40 + " aaaa bbbb" * 3, "regex", hostile, complete=False) == \
+        (False, "does not (yet) match the regex")
+    assert time.perf_counter() - t0 < 0.1
+    assert check_answer("x", "lark", "start: /x/", complete=None)[0]
+    # nesting deeper than Python's recursion: a verdict, not a RecursionError
+    deep = {"type": "array", "items": {}}
+    for _ in range(3000):
+        deep = {"type": "array", "items": deep}
+    assert schema_violations([[[1]]], deep) == ["$[0][0][0]: expected array, got int"]
+    assert check_answer("[" * 5000 + "]" * 5000, "json", "", complete=True) == \
+        (True, "JSON nested too deep to check here")
     cut = format_html('{"name": "Ad', "json_schema", EXAMPLE_SCHEMA, "length")
     assert "format-bad" in cut and "not valid JSON" in cut and "the answer was cut: stop length" in cut
 
@@ -698,3 +712,54 @@ def test_a_tree_round_draws_the_path_the_branches_and_the_budget(vocab):
     assert "no node kept" in none_kept
     step = step_html(tree_event(), vocab, context=[1, 4], sampled=4)
     assert "5 draft nodes from draft-head, ngram-simple" in step and "freed one by one" in step
+
+
+def test_one_session_has_one_turn_at_a_time_even_between_its_two_runs():
+    """A second message (an example click, a second API call) while the answer or its comparison runs, or in
+    the moment between them when no generation is active, is refused; after the turn it is taken."""
+    from ui.session import UserError, converse
+    from ui.state import SessionState
+
+    app, session = fake_app([answer(), answer(), answer(), answer()]), SessionState()
+    turn = converse(app, session, "hi", Settings(max_new_tokens=8), manual=False)
+    steps = 0
+    for _ in turn:
+        steps += 1
+        with pytest.raises(UserError, match="still generating"):
+            next(converse(app, session, "again", Settings(), manual=False))
+    assert steps > 2 and not session.busy
+    assert len(app.runtime.scheduler.submitted) == 2  # the answer and its comparison, nothing else
+    list(converse(app, session, "again", Settings(max_new_tokens=8), manual=False))
+    assert len(app.runtime.scheduler.submitted) == 4
+
+
+def test_a_run_cut_by_the_full_cache_is_judged_on_the_tokens_both_runs_have():
+    from ui.render import compare_html
+
+    vocab = Vocab.of(FakeTokenizer())
+    cut = compare_html([4, 5, 6], [4, 5, 6, 7, 8], 30.0, 20.0, vocab, cut="speculative")
+    assert "lossless-ok" in cut and "first 3 tokens" in cut and "cache other chats share was full" in cut
+    assert "lossless-diff" in compare_html([4, 5, 9], [4, 5, 6, 7], 30.0, 20.0, vocab, cut="plain")
+    assert "lossless-diff" in compare_html([4, 5, 6], [4, 5, 6, 7], 30.0, 20.0, vocab)
+
+
+def test_a_conversation_longer_than_the_context_drops_its_oldest_turns_and_says_so():
+    from ui.session import converse, fit_conversation
+    from ui.state import SessionState
+
+    session = SessionState(history=[{"role": "user", "content": "a " * 30}, {"role": "assistant", "content": "b"},
+                                    {"role": "user", "content": "c " * 5}, {"role": "assistant", "content": "d"}])
+
+    def encode(messages):  # a token per word, two per message of framing
+        return [0] * sum(2 + len(m["content"].split()) for m in messages)
+
+    ids, dropped = fit_conversation(encode, session, "new question", room=8, limit=40)
+    assert dropped == 1 and len(ids) == 2 + 5 + 2 + 1 + 2 + 2
+    assert fit_conversation(encode, session, "new", room=8, limit=None)[1] == 0
+    assert fit_conversation(encode, session, "x " * 50, room=8, limit=40)[1] == 2  # the message itself stays
+
+    app = fake_app([answer(), answer()])
+    app.runtime.engine.prompt_limit = 3 + 8  # the fake target encodes any conversation as 3 tokens
+    long_chat = SessionState(history=list(session.history))
+    list(converse(app, long_chat, "hi", Settings(max_new_tokens=9), manual=False))
+    assert "2 oldest turns are left out" in long_chat.notice[0] and long_chat.notice[1] == "warn"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import gradio as gr
@@ -13,15 +14,24 @@ from ui.handlers import VIEWS, model_status
 from ui.render import legend_html
 from ui.session import release
 from ui.settings import ALL_TYPES, FORMAT_EXAMPLES, FORMATS, Settings, default_types, format_box, own_p_min_text
-from ui.state import AppState, SessionState
+from ui.state import AppOptions, AppState, SessionState
 from ui.views import all_views
 
 STYLE = Path(__file__).resolve().parent.parent / "assets" / "style.css"
 
 
-def launch_options() -> dict:
-    """Keyword arguments for Blocks.launch(): Gradio 6 takes the stylesheet at launch."""
-    return {"css_paths": [STYLE], "theme": gr.themes.Default(), "show_error": True}
+SPARE_THREADS = 32  # worker threads beyond one per slot and queue place: Stop, Step, page loads, charts
+
+
+def launch_options(options: AppOptions | None = None) -> dict:
+    """Keyword arguments for Blocks.launch(): Gradio 6 takes the stylesheet at launch.
+
+    Gradio runs each step of a handler in one of `max_threads` worker threads (40 by default), and a streaming
+    answer waiting for its slot or its next round holds one: with every slot busy and the queue full, that is
+    parallel + queue threads, and Stop, Step and page loads need more on top or they wait behind them."""
+    options = options or AppOptions()
+    return {"css_paths": [STYLE], "theme": gr.themes.Default(), "show_error": True,
+            "max_threads": options.parallel + options.queue_max + SPARE_THREADS}
 
 
 def header_html() -> str:
@@ -183,11 +193,11 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: l
 
     def on_open(s, request: gr.Request):
         if request is not None and request.session_hash:
-            app.sessions[request.session_hash] = s  # so a closed tab's slot can be freed (on_close)
+            app.opened(request.session_hash, s, time.monotonic())  # so a closed tab's slot can be freed
         return handlers.pack(all_views(app, s, force_charts=True))
 
     def on_close(request: gr.Request):
-        s = app.sessions.pop(getattr(request, "session_hash", None), None)
+        s = app.closed(getattr(request, "session_hash", None))
         if s is not None:
             release(s)
 

@@ -1,16 +1,19 @@
-"""Does a finished answer keep its output format? json.loads, then a check against the JSON schema.
+"""Does a finished answer keep its output format? The grammar's own verdict, then, for JSON, what breaks it.
 
 The grammar makes a complete answer parse by construction; an answer cut by the token limit or by Stop does not,
-and saying so on the page is what tells the reader the difference. The schema check covers the subset the page's
-examples use (type, properties, required, items, enum, additionalProperties: false): `jsonschema` is not a
-dependency of this project, and the grammar already enforced the rest.
+and saying so on the page is what tells the reader the difference. Whether the answer is a whole output of the
+grammar comes from the engine: the slot's llguidance matcher says it on the answer's last event
+(RoundEvent.format_complete). A visitor's regex or grammar never runs through Python's `re` here: a pattern
+like `([a-z]+ ?)+\.` backtracks for hours on a cut answer, holding the interpreter. For JSON the page adds where
+the text stops parsing and which part of the schema it breaks: json.loads, then a check of the subset the page's
+examples use (type, properties, required, items, enum, additionalProperties: false), iterative, since a
+visitor's schema or answer may nest deeper than Python's recursion.
 """
 
 from __future__ import annotations
 
 import html
 import json
-import re
 
 TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
 
@@ -24,52 +27,61 @@ def type_ok(value, kind: str) -> bool:
     return isinstance(value, TYPES.get(kind, object))
 
 
-def schema_violations(value, schema, where: str = "$") -> list[str]:
-    """Where `value` breaks `schema` (the subset above), one line each; [] when it follows it."""
-    if schema is True or not isinstance(schema, dict):
-        return []
-    out = []
-    if "enum" in schema and value not in schema["enum"]:
-        out.append(f"{where}: {value!r} is not one of {schema['enum']}")
-    kinds = schema.get("type")
-    if kinds is not None:
-        kinds = kinds if isinstance(kinds, list) else [kinds]
-        if not any(type_ok(value, k) for k in kinds):
-            return out + [f"{where}: expected {' or '.join(kinds)}, got {type(value).__name__}"]
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        out += [f"{where}: missing {key!r}" for key in schema.get("required", []) if key not in value]
-        if schema.get("additionalProperties") is False:
-            out += [f"{where}: unexpected key {key!r}" for key in value if key not in props]
-        for key, sub in props.items():
-            if key in value:
-                out += schema_violations(value[key], sub, f"{where}.{key}")
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            out += schema_violations(item, schema["items"], f"{where}[{i}]")
-    return out
+def schema_violations(value, schema, where: str = "$", limit: int = 100) -> list[str]:
+    """Where `value` breaks `schema` (the subset above), one line each and at most `limit`; [] when it follows
+    it. Walks an explicit stack, so no nesting depth raises."""
+    out: list[str] = []
+    todo = [(value, schema, where)]
+    while todo and len(out) < limit:
+        value, schema, where = todo.pop()
+        if schema is True or not isinstance(schema, dict):
+            continue
+        enum = schema.get("enum")
+        if isinstance(enum, list) and value not in enum:
+            out.append(f"{where}: {value!r} is not one of {enum}")
+        kinds = schema.get("type")
+        if kinds is not None:
+            kinds = [str(k) for k in (kinds if isinstance(kinds, list) else [kinds])]
+            if not any(type_ok(value, k) for k in kinds):
+                out.append(f"{where}: expected {' or '.join(kinds)}, got {type(value).__name__}")
+                continue
+        if isinstance(value, dict):
+            props = schema.get("properties", {})
+            props = props if isinstance(props, dict) else {}
+            required = schema.get("required", [])
+            out += [f"{where}: missing {key!r}" for key in (required if isinstance(required, list) else [])
+                    if key not in value]
+            if schema.get("additionalProperties") is False:
+                out += [f"{where}: unexpected key {key!r}" for key in value if key not in props]
+            todo += [(value[key], sub, f"{where}.{key}") for key, sub in reversed(list(props.items()))
+                     if key in value]
+        if isinstance(value, list) and isinstance(schema.get("items"), dict):
+            todo += [(item, schema["items"], f"{where}[{i}]") for i, item in reversed(list(enumerate(value)))]
+    return out[:limit]
 
 
-def check_answer(text: str, kind: str, format_text: str) -> tuple[bool, str]:
-    """(ok, what to say) for an answer under an output format of `kind` (a GrammarSpec kind)."""
-    if kind == "regex":
-        try:
-            ok = re.fullmatch(format_text, text) is not None
-        except re.error:  # llguidance's regex dialect is not Python's: nothing to say rather than a wrong verdict
-            return True, "regex: not checked here (Python cannot read this regex)"
-        return ok, "matches the regex" if ok else "does not match the regex"
-    if kind in ("lark", "gbnf"):
-        return True, f"grammar ({'Lark' if kind == 'lark' else 'GBNF'}): the grammar constrained every token"
+def check_answer(text: str, kind: str, format_text: str, complete: bool | None = None) -> tuple[bool, str]:
+    """(ok, what to say) for an answer under an output format of `kind` (a GrammarSpec kind); `complete` is the
+    grammar's verdict on it (None where the engine gave none)."""
+    if kind in ("regex", "lark", "gbnf"):
+        label = {"regex": "the regex", "lark": "the Lark grammar", "gbnf": "the GBNF grammar"}[kind]
+        if complete is None:
+            return True, f"{label}: constrained every token (no verdict on the whole answer)"
+        return complete, f"matches {label}" if complete else f"does not (yet) match {label}"
     try:
         value = json.loads(text)
     except ValueError as e:
         return False, f"not valid JSON ({e.msg} at char {e.pos})"
+    except RecursionError:
+        return complete is not False, "JSON nested too deep to check here"
     if kind != "json_schema":
         return True, "valid JSON"
     try:
         schema = json.loads(format_text)
     except ValueError:
         return False, "valid JSON; the schema itself is not JSON"
+    except RecursionError:
+        return complete is not False, "valid JSON; the schema is nested too deep to check here"
     errors = schema_violations(value, schema)
     if errors:
         more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -77,9 +89,10 @@ def check_answer(text: str, kind: str, format_text: str) -> tuple[bool, str]:
     return True, "valid JSON, follows the schema"
 
 
-def format_html(text: str, kind: str, format_text: str, stop_reason: str | None) -> str:
+def format_html(text: str, kind: str, format_text: str, stop_reason: str | None,
+                complete: bool | None = None) -> str:
     """The line under the answer: whether it parses and follows its format, and why not when it was cut."""
-    ok, what = check_answer(text, kind, format_text)
+    ok, what = check_answer(text, kind, format_text, complete)
     was_cut = not ok and stop_reason in ("length", "context", "stopped")
     cut = f" (the answer was cut: stop {stop_reason})" if was_cut else ""
     cls = "format-ok" if ok else "format-bad"

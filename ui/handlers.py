@@ -15,7 +15,7 @@ from ui.render import notice_html
 from ui.session import UserError, converse, step_turn, stop_turn
 from ui.settings import DRAFT_MODEL_TYPE, chain_for_target, settings_from
 from ui.state import AppState, SessionState
-from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views, chat_view
+from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views, chat_view, waiting_views
 
 VIEWS = TEXT_VIEWS + CHART_VIEWS
 CLEARED = ("history", "turns_html", "pending_user", "run", "plain", "compare_html", "format_html", "notice",
@@ -40,7 +40,8 @@ def send(app: AppState, s: SessionState, text: str, stepping: bool, values) -> o
     first = True
     try:
         for _ in converse(app, s, text, settings, bool(stepping)):
-            yield pack(all_views(app, s), "" if first else None)
+            in_line = not first and s.run is not None and not s.run.events and s.busy
+            yield pack(waiting_views(s) if in_line else all_views(app, s), "" if first else None)
             first = False
     except UserError as e:
         yield warn(app, s, e)

@@ -20,7 +20,7 @@ def make_runtime(target, draft, options: AppOptions) -> Runtime:
     from engine.slots import Engine
 
     engine = Engine(target, draft, n_ctx=options.n_ctx, n_seq_max=options.parallel, n_rs=options.n_rs,
-                    fair=options.budget == "fair")
+                    fair=options.budget == "fair", threads=options.threads)
     return Runtime(target=target, draft=draft, engine=engine, scheduler=Scheduler(engine, options.queue_max),
                    vocab=Vocab.of(target.tokenizer))
 

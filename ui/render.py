@@ -166,9 +166,10 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def compare_html(spec_ids: list[int], plain_ids: list[int], tps_spec: float | None, tps_plain: float | None,
-                 vocab: Vocab, sampled: bool = False, load: str = "") -> str:
+                 vocab: Vocab, sampled: bool = False, load: str = "", cut: str = "") -> str:
     """Speedup of speculative over plain decoding and the lossless badge (same seed, same prompt). `load` says
-    why the ratio was taken under load; the figure is then shown greyed, with that reason beside it."""
+    why the ratio was taken under load; the figure is then shown greyed, with that reason beside it. `cut`
+    names the run that the full shared cache ended early: the badge then judges the tokens both runs have."""
     if tps_spec and tps_plain:
         ratio = tps_spec / tps_plain
         cls = "speedup-load" if load else "speedup-up" if ratio >= 1.0 else "speedup-down"
@@ -176,8 +177,15 @@ def compare_html(spec_ids: list[int], plain_ids: list[int], tps_spec: float | No
                  f'<span class="cmp-detail">{tps_spec:.1f} tok/s speculative vs {tps_plain:.1f} tok/s plain</span>')
     else:
         speed = '<span class="cmp-detail">speedup: too few tokens to measure</span>'
+    if cut:
+        n = min(len(spec_ids), len(plain_ids))
+        spec_ids, plain_ids = spec_ids[:n], plain_ids[:n]
     diff = first_difference(spec_ids, plain_ids)
-    if diff is None:
+    if diff is None and cut:
+        badge = (f'<span class="badge lossless-ok">lossless &#10003; identical first {len(spec_ids)} tokens</span>'
+                 f'<span class="cmp-detail"> (the {html.escape(cut)} run stopped early: the cache other chats '
+                 f'share was full)</span>')
+    elif diff is None:
         badge = f'<span class="badge lossless-ok">lossless &#10003; identical {len(spec_ids)} tokens</span>'
     else:
         a = html.escape(repr(vocab.raw(spec_ids[diff]))) if diff < len(spec_ids) else "end"

@@ -39,6 +39,7 @@ class RunRecord:
     done: bool = False
     stop_reason: str | None = None
     error: str | None = None
+    format_complete: bool | None = None  # the grammar's verdict on the whole answer (RoundEvent.format_complete)
 
     def add(self, ev, t_recv: float | None = None) -> None:
         """Take one event: render its round once, extend the answer and the speed series."""
@@ -64,6 +65,7 @@ class RunRecord:
         if ev.done:
             self.done = True
             self.stop_reason = ev.stop_reason
+            self.format_complete = getattr(ev, "format_complete", None)
 
     def fail(self, message: str) -> None:
         self.done = True

@@ -35,6 +35,20 @@ def messages_for(session: SessionState, text: str) -> list[dict]:
     return session.history + [{"role": "user", "content": text}]
 
 
+def fit_conversation(encode, session: SessionState, text: str, room: int, limit: int | None) -> tuple[list[int], int]:
+    """(the prompt's token ids, turns left out): the conversation with its oldest turns dropped, a user message
+    and its answer at a time, until the prompt and `room` answer tokens fit `limit` (llama-server drops the
+    oldest tokens of a slot's context the same way). The new message itself is always kept."""
+    history = list(session.history)
+    ids = encode(history + [{"role": "user", "content": text}])
+    dropped = 0
+    while limit is not None and history and len(ids) + room > limit:
+        history = history[2:]
+        dropped += 1
+        ids = encode(history + [{"role": "user", "content": text}])
+    return ids, dropped
+
+
 def submit(app: AppState, session: SessionState, text: str, settings: Settings, manual: bool = False,
            speculative: bool = True, prompt_ids: list[int] | None = None) -> Active:
     """Start a generation for this session in a free slot of the shared scheduler."""
@@ -45,13 +59,22 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
         params = settings.gen_params(speculative=speculative)
     except ValueError as e:
         raise UserError(f"Invalid settings: {e}") from e
-    ids = prompt_ids if prompt_ids is not None else runtime.target.encode_chat(messages_for(session, text))
+    from engine.scheduler import QueueFull
+
+    if prompt_ids is None:
+        limit = getattr(runtime.engine, "prompt_limit", None)
+        ids, dropped = fit_conversation(runtime.target.encode_chat, session, text, settings.max_new_tokens, limit)
+        session.dropped_turns = dropped
+    else:
+        ids = prompt_ids
     try:
         gen = runtime.scheduler.submit(ids, params, manual=manual)
     except ValueError as e:  # the engine refused the request (prompt too long, drafter needs a draft model...)
         raise UserError(f"Cannot start: {e}", "error") from e
-    except RuntimeError as e:  # the wait queue is full, or the engine is being replaced
+    except QueueFull as e:  # every slot busy and the queue full, or the engine thread did not answer in time
         raise UserError(f"The engine is busy: {e}", "error") from e
+    except RuntimeError as e:  # the engine is being replaced, or the request broke something it checks
+        raise UserError(f"Cannot start: {e}", "error") from e
     run = RunRecord(vocab=runtime.vocab, prompt_ids=list(ids), manual=manual)
     return Active(scheduler=runtime.scheduler, gen=gen, run=run, manual=manual)
 
@@ -61,14 +84,29 @@ def start_turn(app: AppState, session: SessionState, text: str, settings: Settin
     text = (text or "").strip()
     if not text:
         raise UserError("Type a message first (the message box is empty).")
-    if session.busy:
-        raise UserError("This session is still generating: press Stop (or finish the steps) first.")
-    active = submit(app, session, text, settings, manual=manual)
+    with app.turn_lock:  # two requests of one session (an example click, two API calls) race for one turn
+        if session.busy:
+            raise UserError("This session is still generating: press Stop (or finish the steps) first.")
+        session.turn_open = True
+    try:
+        active = submit(app, session, text, settings, manual=manual)
+    except BaseException:
+        session.turn_open = False
+        raise
+    session.turn_open = not manual  # a step-mode turn is its generation: busy while that runs
     session.active, session.run, session.plain = active, active.run, None
     session.pending_user, session.compare_html, session.seq_stats = text, "", {}
     session.format_html, session.format_spec = "", settings.grammar()
-    session.notice = ("", "info")
+    session.notice = (dropped_note(session), "warn") if session.dropped_turns else ("", "info")
     return active
+
+
+def dropped_note(session: SessionState) -> str:
+    n = session.dropped_turns
+    if not n:
+        return ""
+    return (f"The conversation is longer than the context: its {n} oldest turn{'s' if n > 1 else ''} "
+            f"{'are' if n > 1 else 'is'} left out of this prompt.")
 
 
 def read_events(active: Active, timeout: float) -> list:
@@ -111,7 +149,10 @@ def take(session: SessionState, active: Active, events: list) -> None:
             session.notice = (ev.message, "error")
         else:
             if ev.kind == "prefill":
-                session.notice = (" ".join(ev.notes), "warn") if ev.notes else ("", "info")
+                shown = active.run is session.run  # the comparison's run adds its notes, if any, and no more
+                notes = [n for n in [*ev.notes, dropped_note(session) if shown else ""] if n]
+                if notes or shown:
+                    session.notice = (" ".join(notes), "warn") if notes else ("", "info")
             active.run.add(ev, now)
         if ev.done:
             close_active(session, active)
@@ -167,7 +208,7 @@ def check_format(session: SessionState) -> None:
     if run is None or spec is None or run.error is not None:
         return
     text = run.vocab.tokenizer.decode(run.ids, skip_special_tokens=True)
-    session.format_html = format_html(text, spec.kind, spec.text, run.stop_reason)
+    session.format_html = format_html(text, spec.kind, spec.text, run.stop_reason, run.format_complete)
 
 
 def compare(app: AppState, session: SessionState, settings: Settings) -> Iterator[None]:
@@ -192,8 +233,9 @@ def compare(app: AppState, session: SessionState, settings: Settings) -> Iterato
     plain = active.run
     if plain.stop_reason != "stopped" and plain.error is None:
         sampled = settings.temp > 0 and run.used_rejection()
+        cut = " and ".join(name for name, r in (("speculative", run), ("plain", plain)) if r.stop_reason == "context")
         session.compare_html = compare_html(run.ids, plain.ids, run.tps, plain.tps, run.vocab, sampled=sampled,
-                                            load=load_note(run, plain))
+                                            load=load_note(run, plain), cut=cut)
     else:
         session.compare_html = '<div class="compare muted">comparison stopped</div>'
     yield
@@ -264,6 +306,7 @@ def converse(app: AppState, session: SessionState, text: str, settings: Settings
             yield from compare(app, session, settings)
     finally:  # the page went away mid-answer: do not leave the slot busy
         release(session)
+        session.turn_open = False
 
 
 def step_turn(app: AppState, session: SessionState) -> None:

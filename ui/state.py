@@ -15,6 +15,9 @@ from ui.run import RunRecord
 from ui.tokens import Vocab
 
 
+SESSION_TTL_S = 3600.0  # an opened page not generating is forgotten after this long (AppState.opened)
+
+
 @dataclass
 class AppOptions:
     n_ctx: int = 4096
@@ -27,6 +30,7 @@ class AppOptions:
     # the round's draft budget: "fair" keeps every answer at plain decoding's speed or better, "goodput" lets a
     # copying answer take rows that slow the answers beside it when the batch emits more (engine/budget.py)
     budget: str = "fair"
+    threads: int | None = None  # forwards' threads; None: all cores, fewer while others hold some (engine/threads.py)
 
 
 @dataclass
@@ -51,7 +55,8 @@ class Runtime:
             forward += f", linears: {linear_paths(model)}"
         return (f"target {self.target.name} ({self.target.n_params / 1e6:.0f}M params, {self.target.device}, "
                 f"{self.target.dtype}: {self.target.dtype_reason}; {forward}) · "
-                f"draft {draft} · rollback {probe.kind}: {probe.reason} · {ctx.n_seq_max} slots, {ctx.n_ctx} cells")
+                f"draft {draft} · rollback {probe.kind}: {probe.reason} · {ctx.n_seq_max} slots, {ctx.n_ctx} cells"
+                + (f" · {self.engine.threads.describe()}" if hasattr(self.engine, "threads") else ""))
 
 
 @dataclass
@@ -60,7 +65,22 @@ class AppState:
     options: AppOptions = field(default_factory=AppOptions)
     loader: Callable | None = None  # (name, trust_remote_code) -> LoadedModel; app.py passes engine.models.load_model
     load_lock: threading.Lock = field(default_factory=threading.Lock)  # one model load at a time
-    sessions: dict = field(default_factory=dict)  # session hash -> SessionState, to free slots of closed tabs
+    turn_lock: threading.Lock = field(default_factory=threading.Lock)  # a session's busy check and its claim
+    # session hash -> (SessionState, time.monotonic() it opened), to free slots of closed tabs (AppState.opened)
+    sessions: dict = field(default_factory=dict)
+
+    def opened(self, session_hash: str, session: "SessionState", now: float) -> None:
+        """Remember an opened page, and forget those idle past SESSION_TTL_S: an API client that vanished sends
+        no unload event, and an idle session holds nothing the unload would free (a step-mode answer left
+        alone ends by itself: engine.scheduler.STEP_ABANDON_S)."""
+        for key, (other, since) in list(self.sessions.items()):
+            if not other.busy and now - since > SESSION_TTL_S:
+                del self.sessions[key]
+        self.sessions[session_hash] = (session, now)
+
+    def closed(self, session_hash: str | None) -> "SessionState | None":
+        entry = self.sessions.pop(session_hash, None)
+        return None if entry is None else entry[0]
 
 
 @dataclass
@@ -92,7 +112,11 @@ class SessionState:
     plot_due: float = 0.0  # perf_counter time after which the charts may be redrawn
     charts_key: tuple = ()  # which run (and whether finished) the charts on the page show
     show_rejected: bool = True  # the chat shows rejected drafts; read by every redraw, a streaming one too
+    # a streaming turn from its start to the end of its comparison (between the two runs no generation is
+    # active, and a second turn must not start there); set under AppState.turn_lock
+    turn_open: bool = False
+    dropped_turns: int = 0  # oldest turns the last prompt left out to fit the context (said on the page)
 
     @property
     def busy(self) -> bool:
-        return self.active is not None and not self.active.finished
+        return self.turn_open or (self.active is not None and not self.active.finished)

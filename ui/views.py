@@ -75,6 +75,12 @@ def counters_view(seq_stats: dict) -> str:
     return f'<pre class="counters">{html.escape(charts.counters_text(seq_stats))}</pre>'
 
 
+def waiting_views(session: SessionState) -> dict[str, object]:
+    """What changes while an answer waits in line for a slot: its place, in the notice. Forty sessions in line
+    each hear every move of the line: drawing their whole page each time would hold up the answers that run."""
+    return {"notice": notice_html(*session.notice)}
+
+
 def all_views(app: AppState, session: SessionState, force_charts: bool = False) -> dict[str, object]:
     """Every view; the charts only when due (throttled while streaming, once more when a run ends), absent
     otherwise (the page keeps what it shows)."""
@@ -83,6 +89,8 @@ def all_views(app: AppState, session: SessionState, force_charts: bool = False) 
     run, plain = session.run, session.plain
     key = (id(run), run is not None and run.done, plain is not None and plain.done)
     streaming = run is not None and not run.done
+    if run is not None and not run.events and not force_charts:
+        return views  # waiting for its slot: nothing to chart yet (and many may wait at once)
     if force_charts or key != session.charts_key or (streaming and now >= session.plot_due):
         session.plot_due = now + PLOT_EVERY_S
         session.charts_key = key

@@ -77,6 +77,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "prompt lookup on a stock float32 copy), llama.cpp (the same GGUF through llama-cpp-python, "
                          "optional: ./scripts/setup.sh --llamacpp); their rows' lossless_ok is n/a, match_plain "
                          "counts their leading tokens equal to ours")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="forwards on this many threads; default: all cores, fewer while another process holds "
+                         "some (engine/threads.py)")
     ap.add_argument("--dtype", choices=list(CHOICES), default="auto",
                     help="weights of target and draft (auto: for a GGUF with Q4_1 / Q8_0 blocks, int8 where its "
                          "integer kernel is faster, else float32 read from the blocks; for others, bfloat16 where "

@@ -42,6 +42,7 @@ class BenchConfig:
     grammar: GrammarSpec | None = None
     head_tree: tuple[int, int, float] | None = None  # --head-tree: the draft head's tree shape (head_tree.py)
     fair: bool = True  # --budget fair / goodput: several slots' draft rows (engine/budget.py, BudgetState.fair)
+    threads: int | None = None  # --threads: forwards on this many threads; None: fewer while cores are taken
 
     @classmethod
     def from_args(cls, a, n_max: int, parallel: int, ctx_len: int) -> "BenchConfig":
@@ -56,7 +57,7 @@ class BenchConfig:
                   parallel=parallel, ctx_len=ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code,
                   ignore_eos=a.ignore_eos, n_rs=a.n_rs, grammar=grammar_from_args(a), dtype=a.dtype,
                   head_tree=parse_head_tree(getattr(a, "head_tree", None)),
-                  fair=getattr(a, "budget", "fair") == "fair")
+                  fair=getattr(a, "budget", "fair") == "fair", threads=getattr(a, "threads", None))
         if a.repeat < 1 or a.max_new_tokens < 1 or a.n_rs < 0:
             raise ValueError("--repeat and --max-new-tokens must be >= 1, --n-rs >= 0")
         # the run's grammar compiles here, before any model loads; the prompts' own ones once the target is known
@@ -94,7 +95,7 @@ class BenchConfig:
             drafter_params = {"draft-head": DraftHeadParams(tree=HeadTreeParams(*self.head_tree))}
         engine = Engine(target, draft=draft, n_ctx=self.n_ctx, n_seq_max=n_seq_max or max(self.parallel, 1),
                         n_draft=self.spec.n_max if n_draft is None else n_draft, n_rs=self.n_rs,
-                        drafter_params=drafter_params, fair=self.fair)
+                        drafter_params=drafter_params, fair=self.fair, threads=self.threads)
         if self.spec.types and not engine.probe.can_speculate:
             raise RuntimeError(f"speculation is off for this model: {engine.probe.reason}")
         return engine
