@@ -324,8 +324,9 @@ class Engine:
         """One round for every active slot (or those in `only`); returns one event per slot that ran. A slot
         whose prefill or round raised ends with an ErrorEvent and is released; the others go on.
 
-        A prompt is prefilled one chunk a step (N_BATCH rows, N_BATCH_BESIDE while others generate), so the
-        other slots' rounds run between its chunks; its prefill event comes with the last chunk. whole_prefill:
+        A prompt is prefilled one chunk a step (N_BATCH rows; N_BATCH_BESIDE while others generate, shared by
+        every prompt in prefill), so the other slots' rounds run between its chunks; its prefill event comes
+        with the last chunk. whole_prefill:
         all of it in this step (step mode, where each step is a click)."""
         events: list[RoundEvent | ErrorEvent] = []
         self._use_threads()
@@ -337,12 +338,20 @@ class Engine:
                     slot.grammar.consume_all(slot.replay.tokens[1:])
                 events.append(slot.end("stopped"))
         prefilled = set()
-        beside = any(s.state == "generating" for s in self.active(only))
+        beside = any(s.state == "generating" for s in self.active(only)) and not whole_prefill
+        # the prompt rows this step may forward: every prefilling slot draws from one allowance, so several
+        # prompts arriving together hold the others' streams for one chunk's time, not one chunk each
+        n_rows_left = N_BATCH_BESIDE if beside else None
         for slot in [s for s in self.active(only) if s.state == "prefill"]:
+            if n_rows_left is not None and n_rows_left <= 0:
+                break
             try:
-                ev = self._prefill(slot, N_BATCH_BESIDE if beside and not whole_prefill else N_BATCH)
+                n_before = len(slot.tokens)
+                ev = self._prefill(slot, n_rows_left if n_rows_left is not None else N_BATCH)
                 while ev is None and whole_prefill:
                     ev = self._prefill(slot, N_BATCH)
+                if n_rows_left is not None:
+                    n_rows_left -= len(slot.tokens) - n_before
                 if ev is not None:
                     events.append(ev)
             except Exception as e:  # one prompt that breaks the model must not end the other chats

@@ -257,9 +257,10 @@ def chat_turn(client: Client, api: Api, o: Outcome, timeout: float, **settings) 
 
 
 def run_regular(api: Api, prompt: str, temp: float, max_new: int, timeout: float,
-                start: threading.Barrier | None = None, role: str = "regular") -> Outcome:
+                start: threading.Barrier | None = None, role: str = "regular", client: Client | None = None) -> Outcome:
+    """A chat turn read to its end; on `client` when given (connected beforehand), else on a new one."""
     o = Outcome(role, prompt, temp)
-    client = new_client(api.url)
+    client = client or new_client(api.url)
     try:
         wait_barrier(start)
         chat_turn(client, api, o, timeout, max_new_tokens=max_new)

@@ -85,6 +85,30 @@ def test_a_long_prefill_runs_between_the_other_slots_rounds(tiny_engine):
     tiny_engine.release(1)
 
 
+def test_prompts_prefilling_together_share_one_allowance_of_rows(tiny_target):
+    """Two long prompts arriving while a slot answers: each step forwards N_BATCH_BESIDE prompt rows in all,
+    not that many per prompt, so the answering slot's wait does not grow with the prompts in line; both
+    answers are the ones they get alone."""
+    engine = Engine(tiny_target, n_ctx=4096, n_seq_max=3, calibrate=False, drafter_params=SMALL_NGRAMS)
+    short, longs = tiny_prompt(20, seed=5), [tiny_prompt(500, seed=6), tiny_prompt(300, seed=7)]
+    alone = [run(engine, p, params(8, NGRAM_CHAIN), seq=i + 1) for i, p in enumerate(longs)]
+    a = engine.start(short, params(400, NGRAM_CHAIN), seq=0)
+    engine.step()
+    waiting = [engine.start(p, params(8, NGRAM_CHAIN), seq=i + 1) for i, p in enumerate(longs)]
+    steps = 0
+    while any(s.state == "prefill" for s in waiting):
+        before = sum(s.prefill_rows for s in waiting)
+        events = engine.step()
+        steps += 1
+        assert sum(s.prefill_rows for s in waiting) - before <= N_BATCH_BESIDE
+        assert any(ev.seq == 0 and ev.emitted for ev in events), "the answering slot waited for the prefills"
+    assert steps == math.ceil(800 / N_BATCH_BESIDE)
+    engine.stop(0)
+    while any(s.state != "done" for s in [a, *waiting]):
+        engine.step()
+    assert [s.generated for s in waiting] == alone
+
+
 def test_step_mode_prefills_a_long_prompt_in_one_step(tiny_engine):
     prompt = tiny_prompt(900, seed=4)
     slot = tiny_engine.start(prompt, params(4), seq=0)

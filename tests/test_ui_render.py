@@ -444,10 +444,15 @@ def test_converse_streams_then_compares_and_keeps_history():
     from ui.views import all_views
 
     app, session = fake_app([answer(), answer()]), SessionState()
-    drawn = []
+    drawn = []  # (the run had events, the plain run had ended, the charts were drawn) at each refresh
     for _ in converse(app, session, "hi", Settings(max_new_tokens=8), manual=False):
-        drawn.append("acc_plot" in all_views(app, session))
-    assert drawn[:2] == [True, True] and not all(drawn)  # throttled, but redrawn when a run ends
+        has_events = session.run is not None and bool(session.run.events)
+        plain_done = session.plain is not None and session.plain.done
+        drawn.append((has_events, plain_done, "acc_plot" in all_views(app, session)))
+    assert not any(d for e, _, d in drawn if not e)  # nothing to chart before the first round
+    assert next(d for e, _, d in drawn if e)  # the first round at once
+    assert any(d for _, p, d in drawn if p)  # redrawn when the comparison ends
+    assert not all(d for _, _, d in drawn)  # throttled
     views = all_views(app, session, force_charts=True)
     assert "lossless-ok" in session.compare_html
     assert [p.spec.types for p in app.runtime.scheduler.submitted][1] == []  # the baseline is plain decoding
@@ -598,14 +603,31 @@ def test_loading_another_target_takes_the_head_out_of_the_chain_and_back(monkeyp
 # ---- a shared engine: waiting in line, notes, speedups under load, a shared demo -------------------------
 
 
-def test_a_request_in_line_says_where_it_waits_then_streams():
+def test_a_request_in_line_says_where_it_waits_then_streams(monkeypatch):
     from ui.session import converse
     from ui.state import SessionState
 
+    monkeypatch.setattr("ui.session.WAIT_REFRESH_S", 0.0)
     app, session = fake_app([[WaitEvent(position=3), WaitEvent(position=1)] + answer(), answer()]), SessionState()
     notices = [session.notice[0] for _ in converse(app, session, "hi", Settings(max_new_tokens=8), manual=False)]
     assert any("3rd in line" in n for n in notices) and any("1st in line" in n for n in notices)
     assert session.run.ids and session.run.done and "in line" not in session.notice[0]
+
+
+def test_moves_of_the_line_are_shown_at_most_once_a_second():
+    """Forty sessions in line each hear every move: the first place is shown at once, the moves after it no
+    more often than WAIT_REFRESH_S, and the answer then streams as usual."""
+    from ui.session import WAIT_REFRESH_S, converse
+    from ui.state import SessionState
+
+    line = [WaitEvent(position=p) for p in range(40, 0, -1)]
+    app, session = fake_app([line + answer(), answer()]), SessionState()
+    t0 = time.perf_counter()
+    notices = [session.notice[0] for _ in converse(app, session, "hi", Settings(max_new_tokens=8), manual=False)]
+    shown = [n for n in notices if "in line" in n]
+    assert shown[0].startswith("40th in line") or "40th in line" in shown[0]
+    assert len(shown) <= 1 + (time.perf_counter() - t0) / WAIT_REFRESH_S
+    assert session.run.ids and session.run.done
 
 
 def test_the_comparison_waiting_in_line_says_it_is_the_comparison():

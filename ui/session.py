@@ -20,6 +20,7 @@ from ui.state import Active, AppState, SessionState
 POLL_S = 0.5  # how long a reader waits for an event before checking that its scheduler still runs
 STOP_WAIT_S = 5.0  # how long Stop waits for the engine thread to deliver a step-mode answer's last event
 REFRESH_S = 0.3  # the page is updated at most this often while an answer streams
+WAIT_REFRESH_S = 1.0  # and this often while it waits in line (its place moves)
 COMPARE_REFRESH_S = 0.5  # progress refresh while the plain run of the comparison runs
 
 
@@ -175,15 +176,24 @@ def follow(session: SessionState, active: Active) -> Iterator[None]:
 
     Updates are sent at most every REFRESH_S: the browser shares the CPU with the engine, and re-rendering the
     page on every round would slow the very decoding it shows. Every round still appears, a few at a time."""
-    due = 0.0
+    due, unshown, placed = 0.0, False, False
     while not active.finished:
         events = read_events(active, POLL_S)
         if events:
             take(session, active, events)
             waiting = isinstance(events[-1], WaitEvent)
-            if active.finished or active.manual or waiting or time.perf_counter() >= due:
-                due = time.perf_counter() + REFRESH_S
+            unshown = True
+            # the first place in line at once; later moves of the line at most every WAIT_REFRESH_S, since
+            # forty sessions in line each hear every move and their updates share the cores with the answers
+            urgent = active.finished or active.manual or (waiting and not placed)
+            placed = waiting
+            if urgent or time.perf_counter() >= due:
+                due = time.perf_counter() + (WAIT_REFRESH_S if waiting else REFRESH_S)
+                unshown = False
                 yield
+        elif unshown and time.perf_counter() >= due:  # the last update of a quiet spell is not held back
+            unshown = False
+            yield
         elif scheduler_gone(active):
             active.run.fail("the model was replaced while this answer was generating")
             active.finished = True
