@@ -12,7 +12,7 @@ class Batch:
     seq: list[int] = field(default_factory=list)  # sequence id of the row
     output: list[bool] = field(default_factory=list)  # whether the row's logits are wanted
     # per row: None, it sees the rows of its sequence at positions up to its own (a chain); or the batch index
-    # of its parent in a draft tree, and it sees its ancestors' rows and itself only (engine/tree.py)
+    # of its parent in a draft tree, and it sees its ancestors' rows and itself only (engine/draft/tree.py)
     parent: list[int | None] = field(default_factory=list)
 
     def add(self, token: int, pos: int, seq: int, output: bool, parent: int | None = None) -> int:

@@ -36,14 +36,14 @@ class RoundEvent:
     stop_reason: str | None = None  # "eos" | "length" | "context" | "stopped"
     t_end: float = 0.0  # time.perf_counter() when the round finished, for tokens/s measured at the source
     notes: list[str] = field(default_factory=list)  # what the user should know about the settings (prefill only)
-    # a tree of drafts (verify_mode "tree"; engine/tree.py): node i's token, parent (-1: after the sampled token)
+    # a tree of drafts (verify_mode "tree"; engine/draft/tree.py): node i's token, parent (-1: after the sampled token)
     # and drafter, and the nodes the target kept; `drafted` then shows the kept path and the first branch below
     tree_tokens: list[int] = field(default_factory=list)
     tree_parents: list[int] = field(default_factory=list)
     tree_drafters: list[str] = field(default_factory=list)
     tree_path: list[int] = field(default_factory=list)
     tree_offered: int = 0  # draft nodes the drafters offered this slot, before the round's budget
-    budget_why: str = ""  # the round's budget over all slots (engine/budget.py), one line
+    budget_why: str = ""  # the round's budget over all slots (engine/round/budget.py), one line
     # tokens this generation got beyond what plain decoding would have given it in the same forward time, after
     # this round (BudgetState.balance); None where no budget ran
     balance: float | None = None

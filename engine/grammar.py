@@ -7,9 +7,9 @@ logits. The sampler's softmax then renormalises over the allowed ids, so constra
 distribution conditioned on the grammar.
 
 Speculation keeps this exact: verification masks row i of the target's logits with the matcher advanced through
-the draft tokens before row i, and rolls the matcher back by the tokens it does not keep (engine/verify.py,
-engine/rounds.py). The tokens the grammar forces (one tokenisation of the only bytes that may come next) are
-offered as free drafts by the `grammar` drafter (engine/drafters/grammar.py) through a read-only `GrammarView`.
+the draft tokens before row i, and rolls the matcher back by the tokens it does not keep (engine/round/verify.py,
+engine/round/round.py). The tokens the grammar forces (one tokenisation of the only bytes that may come next) are
+offered as free drafts by the `grammar` drafter (engine/draft/grammar.py) through a read-only `GrammarView`.
 """
 
 from __future__ import annotations

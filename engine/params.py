@@ -21,7 +21,7 @@ class SpecParams:
     # llama.cpp's synthetic acceptance, for measuring speed against acceptance: each draft token is kept with
     # this probability whatever it is (the output is then NOT the target's); None = real verification
     synthetic_accept: float | None = None
-    # trees of drafts (engine/tree.py): every drafter proposes and the target checks all proposals in one forward,
+    # trees of drafts (engine/draft/tree.py): every drafter proposes and the target checks all proposals in one forward,
     # at most this many nodes per round; 0: one chain, from the first drafter that has one (llama.cpp's relay)
     tree_nodes: int = 0
 

@@ -1,4 +1,4 @@
-"""Our linear kernels (engine/gemm.py) against oneDNN's packed layout on the embedded model's shapes.
+"""Our linear kernels (engine/forward/gemm.py) against oneDNN's packed layout on the embedded model's shapes.
 
 Times the 210 layer linears of a forward (30 layers of q, k, v, o, gate, up, down, random weights cycling
 through memory as in a real forward) at several row counts, fastest of 7 passes each, and checks that a row's
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engine import gemm
+    from engine.forward import gemm
 
     dtype = getattr(torch, a.dtype)
     kernels = gemm.load((dtype,))

@@ -23,11 +23,11 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=96)
     a = ap.parse_args()
 
-    from engine.drafters.chain import NGRAM_CHAIN
+    from engine.draft.chain import NGRAM_CHAIN
     from engine.grammar import GrammarSpec
-    from engine.models import load_model
+    from engine.load.models import load_model
     from engine.params import GenParams, SpecParams
-    from engine.slots import Engine
+    from engine.serve.engine import Engine
     from grammar_prompts import CASES, messages, schema_text
 
     target = load_model("embedded")

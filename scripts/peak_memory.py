@@ -27,10 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new", type=int, default=96)
     a = ap.parse_args(argv)
 
-    from engine.drafters.chain import NGRAM_CHAIN
-    from engine.models import load_model
+    from engine.draft.chain import NGRAM_CHAIN
+    from engine.load.models import load_model
     from engine.params import GenParams, SpecParams
-    from engine.slots import Engine
+    from engine.serve.engine import Engine
 
     target = load_model("embedded", dtype=a.dtype)
     engine = Engine(target, n_ctx=a.n_ctx, n_seq_max=4)

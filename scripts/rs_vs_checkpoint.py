@@ -26,9 +26,9 @@ def main() -> None:
     import torch
     import transformers as tf
 
-    from engine.models import load_model
+    from engine.load.models import load_model
     from engine.params import GenParams, SpecParams
-    from engine.slots import Engine
+    from engine.serve.engine import Engine
     from tiny import make_tokenizer, WORDS
 
     torch.manual_seed(0)

@@ -33,7 +33,7 @@ def tiny_draft(tiny_dirs):
 
 @pytest.fixture(scope="session")
 def embedded():
-    from engine.models import load_model
+    from engine.load.models import load_model
 
     return load_model("embedded", dtype=suite_dtype())
 

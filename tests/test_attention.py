@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.attention import CellLayout, RowAttention, cell_layout
-from engine.kernels.build import cpu_flags
+from engine.forward.attention import CellLayout, RowAttention, cell_layout
+from engine.forward.kernels.build import cpu_flags
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: the kernel cannot be built")
 

@@ -72,7 +72,7 @@ def test_bad_arguments_exit_2_with_a_reason(tiny_dirs, bench_prompts, tmp_path, 
 
 def test_head_tree_shape_reaches_the_draft_head(tiny_target, bench_prompts):
     from engine.bench.run import BenchConfig
-    from engine.drafters.head_tree import HeadTreeParams
+    from engine.draft.head_tree import HeadTreeParams
 
     a = cli.parse_args(["--prompts", str(bench_prompts), "--tree", "on", "--head-tree", "8, 8, 0.005"])
     engine = BenchConfig.from_args(a, n_max=16, parallel=1, ctx_len=0).build(tiny_target, None)
@@ -150,9 +150,9 @@ SCHEMA_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" /
 def test_a_grammar_constrains_plain_and_speculative_runs_alike(embedded, tmp_path, monkeypatch):
     """A prompt's own json_schema wins over the run's --regex; the other prompt takes the regex. Both runs are
     constrained, so the lossless check compares like with like, and the grammar drafter leads the chain."""
-    import engine.models
+    import engine.load.models
 
-    monkeypatch.setattr(engine.models, "load_model", lambda name, **kw: embedded)  # the session's model, loaded once
+    monkeypatch.setattr(engine.load.models, "load_model", lambda name, **kw: embedded)  # the session's model, loaded once
     record = json.loads(SCHEMA_PROMPTS.read_text().splitlines()[0])
     yes_no = {"id": "yes-no", "messages": [{"role": "user", "content": "Is the sky blue? Answer yes or no."}]}
     prompts = tmp_path / "p.jsonl"

@@ -1,7 +1,7 @@
 """`python -m engine.bench.dist` on its built-in tiny pair: rejection sampling matches the target's exact
 distribution of short continuations, and the check catches a verification that is not exact."""
 
-from engine import verify
+from engine.round import verify
 from engine.bench import dist
 
 

@@ -8,8 +8,8 @@ import pytest
 from engine.bench.live import LiveBenchError, LivePlan, run_live
 from engine.bench.plot import FIGURES
 from engine.params import GenParams
-from engine.scheduler import Scheduler
-from engine.slots import Engine
+from engine.serve.scheduler import Scheduler
+from engine.serve.engine import Engine
 from ui import bench_tab
 
 

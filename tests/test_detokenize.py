@@ -1,4 +1,4 @@
-"""A slot's text comes from decoding a window of its last tokens (engine/slot.py): the pieces it gives out add
+"""A slot's text comes from decoding a window of its last tokens (engine/round/slot.py): the pieces it gives out add
 up to the decoding of the whole answer, with no half-decoded character in any piece."""
 
 import random
@@ -8,7 +8,7 @@ import pytest
 from engine.events import RoundEvent
 from engine.params import GenParams
 from engine.sampling import Sampler, SamplerParams
-from engine.slot import WINDOW, Slot
+from engine.round.slot import WINDOW, Slot
 
 TEXT = ("Le café était plein; 日本語のテキストも少し。 Emoji 🎉🎉 and plain words, repeated: "
         "naïve façade, déjà vu, Straße, 東京タワー. ") * 6

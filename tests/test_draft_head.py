@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.drafters.chain import NGRAM_CHAIN
-from engine.drafters.draft_head import DraftHeadDrafter, DraftHeadParams, head_fits
-from engine.drafters.head_net import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
-from engine.drafters.head_tree import HeadTreeParams
+from engine.draft.chain import NGRAM_CHAIN
+from engine.draft.draft_head import DraftHeadDrafter, DraftHeadParams, head_fits
+from engine.draft.head_net import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
+from engine.draft.head_tree import HeadTreeParams
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
-from engine.slots import Engine
+from engine.serve.engine import Engine
 from training.unroll import step_loss, unroll
 
 PROMPTS = [
@@ -106,7 +106,7 @@ def test_sampling_uses_rejection_with_a_valid_q_and_is_reproducible(engine):
         spec = [e for e in a if e.kind == "spec"]
         assert spec and all(e.verify_mode == "rejection" for e in spec)
     d = engine.pool["draft-head"]
-    from engine.drafters.base import DraftRequest
+    from engine.draft.base import DraftRequest
     r = DraftRequest(seq=0, prompt=PROMPTS[0], id_last=5, n_max=3, n_min=0, p_min=0.0, want_q=True)
     engine.start(PROMPTS[0] + [5], GenParams(max_new_tokens=2, sampling=SamplerParams(temp=0.8)), seq=0)
     engine.step()
@@ -118,7 +118,7 @@ def test_sampling_uses_rejection_with_a_valid_q_and_is_reproducible(engine):
 
 
 def test_p_min_left_to_the_head_is_its_own_and_an_explicit_one_overrides_it(engine):
-    from engine.drafters.base import DraftRequest
+    from engine.draft.base import DraftRequest
 
     d = engine.pool["draft-head"]
     engine.start(PROMPTS[1] + [5], GenParams(max_new_tokens=2), seq=0)
@@ -181,7 +181,7 @@ def test_several_sequences_draft_in_one_batch(engine):
 
 
 def test_trees_grown_for_several_sequences_at_once_are_the_trees_grown_alone(engine):
-    from engine.drafters.base import DraftRequest
+    from engine.draft.base import DraftRequest
 
     params = GenParams(max_new_tokens=40, ignore_eos=True, spec=SpecParams(types=["draft-head"], tree_nodes=8))
     slots = [engine.start(p, params, seq=i) for i, p in enumerate(PROMPTS)]
@@ -214,8 +214,8 @@ def test_trees_grown_for_several_sequences_at_once_are_the_trees_grown_alone(eng
 
 
 def test_a_tree_grows_no_depth_that_cannot_enter_it_and_is_the_tree_grown_in_full(engine, monkeypatch):
-    from engine.drafters import head_tree
-    from engine.drafters.base import DraftRequest
+    from engine.draft import head_tree
+    from engine.draft.base import DraftRequest
 
     params = GenParams(max_new_tokens=40, ignore_eos=True, spec=SpecParams(types=["draft-head"], tree_nodes=8))
     slots = [engine.start(p, params, seq=i) for i, p in enumerate(PROMPTS)]
@@ -251,7 +251,7 @@ def test_a_tree_grows_no_depth_that_cannot_enter_it_and_is_the_tree_grown_in_ful
 
 
 def test_a_prompts_prefill_makes_the_heads_entries_and_the_first_draft_is_the_one_made_lazily(engine):
-    from engine.drafters.base import DraftRequest
+    from engine.draft.base import DraftRequest
 
     prompt = [1] + [20 + i % 7 for i in range(23)]  # 24 rows: more than prefill_rows
     params = GenParams(max_new_tokens=8, ignore_eos=True, spec=SpecParams(types=["draft-head"], tree_nodes=6))
@@ -428,7 +428,7 @@ def test_shipped_head_is_lossless_on_a_bfloat16_embedded_target():
     gives plain decoding's tokens. Each run gets a fresh engine, so both prefill the whole prompt: in bfloat16 the
     prompt's last row forwarded in the prefill batch and forwarded alone after a reused prefix can pick different
     first tokens, which is not the drafter's doing."""
-    from engine.models import load_model
+    from engine.load.models import load_model
 
     target = load_model("embedded", dtype="bfloat16")
     row = json.loads((ROOT / "assets" / "prompts" / "heldout.jsonl").read_text().splitlines()[0])
@@ -457,7 +457,7 @@ def test_features_of_forwards_not_yet_sorted_are_written_as_immediate_writes_wou
     from types import SimpleNamespace
 
     from engine.batch import Batch
-    from engine.drafters.draft_head import DraftHeadDrafter
+    from engine.draft.draft_head import DraftHeadDrafter
 
     drafter = DraftHeadDrafter(tiny_target, DraftHeadParams(weights=head_file))
     drafter.sort_every = 100
@@ -502,9 +502,9 @@ def test_features_of_forwards_not_yet_sorted_are_written_as_immediate_writes_wou
 def test_the_inference_heads_fused_linears_and_rope_table_compute_what_the_trained_layers_do():
     from torch import nn
 
-    from engine import prepack
-    from engine.drafters.draft_head import DEFAULT_WEIGHTS
-    from engine.drafters.head_net import _stacked
+    from engine.forward import prepack
+    from engine.draft.draft_head import DEFAULT_WEIGHTS
+    from engine.draft.head_net import _stacked
 
     trained = load_head(DEFAULT_WEIGHTS)
     served = load_head(DEFAULT_WEIGHTS)
@@ -548,11 +548,11 @@ def test_the_inference_heads_fused_linears_and_rope_table_compute_what_the_train
 
 
 def test_the_heads_pieces_in_c_compute_what_its_torch_pieces_do():
-    """engine/drafters/head_step.py: fuse, q-k-v with rope, the attention output with the MLP and the logits in
+    """engine/draft/head_step.py: fuse, q-k-v with rope, the attention output with the MLP and the logits in
     one C call each, where the served head's linears are our float16-weight kernel; the torch pieces over the
     same packed linears give the same values within rounding (only the norms sum in another order)."""
-    from engine import prepack
-    from engine.drafters.draft_head import DEFAULT_WEIGHTS
+    from engine.forward import prepack
+    from engine.draft.draft_head import DEFAULT_WEIGHTS
 
     served = load_head(DEFAULT_WEIGHTS)
     served.embed = torch.randn(served.cfg.target_vocab, served.cfg.hidden)

@@ -1,10 +1,10 @@
-"""The weights' dtype that "auto" picks: the engine's whole forward timed in both dtypes (engine/dtype.py)."""
+"""The weights' dtype that "auto" picks: the engine's whole forward timed in both dtypes (engine/load/dtype.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine import dtype as dtype_mod
+from engine.load import dtype as dtype_mod
 
 
 def _llama_config():
@@ -19,7 +19,7 @@ def _llama_config():
 def native_bf16(monkeypatch):
     # the choice is timed on any CPU that claims native bfloat16; emulated bfloat16 times as well as native,
     # but oneDNN packs bfloat16 linears only with AVX-512 BW/VL/DQ or AVX-NE-CONVERT
-    from engine.kernels.build import cpu_flags
+    from engine.forward.kernels.build import cpu_flags
 
     flags = cpu_flags()
     if not ({"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags):

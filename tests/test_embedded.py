@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.drafters.chain import NGRAM_CHAIN
+from engine.draft.chain import NGRAM_CHAIN
 from engine.params import GenParams, SpecParams
-from engine.slots import Engine
+from engine.serve.engine import Engine
 from tiny import suite_dtype
 
 PROMPTS = [json.loads(line) for line in

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from engine.drafters.chain import NGRAM_CHAIN
-from engine.drafters.ngram import NgramMapParams, NgramSimpleParams
-from engine.drafters.ngram_mod import NgramModParams
-from engine.models import ModelLoadError, VocabMismatchError, load_model
+from engine.draft.chain import NGRAM_CHAIN
+from engine.draft.ngram import NgramMapParams, NgramSimpleParams
+from engine.draft.ngram_mod import NgramModParams
+from engine.load.models import ModelLoadError, VocabMismatchError, load_model
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
-from engine.slots import Engine
+from engine.serve.engine import Engine
 from tiny import load_tiny, suite_dtype
 
 # short n-grams: a tiny model's text is short and loops, so long keys would never match

@@ -1,4 +1,4 @@
-"""Our kernels for few-row linears (engine/gemm.py), bfloat16, float32 and float16 weights: right sums, the
+"""Our kernels for few-row linears (engine/forward/gemm.py), bfloat16, float32 and float16 weights: right sums, the
 same bits for a row in any batch, the fused epilogues, and oneDNN kept wherever a kernel does not apply."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import gemm, prepack
+from engine.forward import gemm, prepack
 
 KERNELS = gemm.load()
 DTYPES = [pytest.param(dt, marks=pytest.mark.skipif(KERNELS.get(dt) is None,
@@ -110,7 +110,7 @@ def test_a_weight_goes_only_to_a_kernel_of_its_own_dtype():
 
 
 def test_a_cpu_without_the_feature_gets_no_kernel_and_a_reason(monkeypatch):
-    monkeypatch.setattr("engine.kernels.build.cpu_flags", lambda: {"sse2"})
+    monkeypatch.setattr("engine.forward.kernels.build.cpu_flags", lambda: {"sse2"})
     none = gemm.load()
     assert none.get(torch.float32) is None and none.get(torch.bfloat16) is None and none.get(torch.float16) is None
     assert "AVX2" in none.why_not[torch.float32] and "AVX512_BF16" in none.why_not[torch.bfloat16]

@@ -8,12 +8,12 @@ import time
 import pytest
 import torch
 
-from engine import verify
-from engine.drafters.chain import NGRAM_CHAIN
+from engine.round import verify
+from engine.draft.chain import NGRAM_CHAIN
 from engine.grammar import Grammar, GrammarSpec
 from engine.params import GenParams, SpecParams
 from engine.sampling import Sampler, SamplerParams
-from engine.slots import Engine
+from engine.serve.engine import Engine
 from grammar_prompts import CASES, check, messages, schema_text
 
 N_NEW = 64  # every CASES answer is complete well within this (checked below)
@@ -364,7 +364,7 @@ def test_a_grammar_compiles_once_per_message_on_the_callers_thread(embedded, mon
     plain comparison of the same message) is not compiled again, and the engine thread only copies it."""
     import threading
 
-    from engine.scheduler import Scheduler
+    from engine.serve.scheduler import Scheduler
 
     compiled, threads = [], []
     real = GrammarSpec._compile

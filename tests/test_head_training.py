@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from engine.drafters.draft_head import DraftHeadParams
-from engine.drafters.head_net import load_head, target_fingerprint
+from engine.draft.draft_head import DraftHeadParams
+from engine.draft.head_net import load_head, target_fingerprint
 from engine.params import GenParams, SpecParams
-from engine.slots import Engine
+from engine.serve.engine import Engine
 from training import train
 from training.data import DataParams, data_layers, data_path, load_or_build, local_texts, self_distill
 from training.prompts import check_disjoint, load_jsonl_contents, training_prompts

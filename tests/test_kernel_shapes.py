@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine import gemm, prepack, quant
-from engine.attention import CellLayout, RowAttention
-from engine.drafters.head_step import _rows as head_rows
+from engine.forward import gemm, prepack, quant
+from engine.forward.attention import CellLayout, RowAttention
+from engine.draft.head_step import _rows as head_rows
 
 ROWS = range(0, 65)
 KERNELS = gemm.load()

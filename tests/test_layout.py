@@ -84,8 +84,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_the_known_edges():
     graph = import_graph()
-    assert "engine.rounds" in graph["engine.slots"]
-    assert "engine.slot" in graph["engine.rounds"]
+    assert "engine.round.round" in graph["engine.serve.engine"]
+    assert "engine.round.slot" in graph["engine.round.round"]
     assert "engine.events" in graph["ui.session"]
 
 
@@ -102,3 +102,33 @@ def test_dependencies_point_one_way():
              if a.startswith("engine") and b.split(".")[0] in ("ui", "training", "app")
              or a.startswith("training") and b.split(".")[0] in ("ui", "app")]
     assert wrong == []
+
+
+# the engine's layers, lowest first: a module imports from its own layer and the ones before it only
+LAYERS = ("engine", "engine.forward", "engine.memory", "engine.load", "engine.cost", "engine.draft", "engine.round",
+          "engine.serve", "engine.bench")
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    name = ".".join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and ".".join(parts) in LAYERS) else "engine"
+    return LAYERS.index(name)
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return [(a, b) for a, deps in graph.items() if a.startswith("engine") for b in deps
+            if b.startswith("engine") and layer_of(b) > layer_of(a)]
+
+
+def test_the_engine_layers_import_downwards_only():
+    assert upward(import_graph()) == []
+    assert upward({"engine.memory.cells": {"engine.batch"}, "engine.forward.lean": {"engine.serve.engine"}}) == [
+        ("engine.forward.lean", "engine.serve.engine")]
+
+
+def test_the_engine_root_holds_only_its_vocabulary():
+    """Every concern of the engine lives in a folder named after it; its root keeps the few modules that every
+    layer speaks (parameters, events, the batch, sampling, grammars, prefixes) and the package's face."""
+    root = sorted(p.name for p in (ROOT / "engine").glob("*.py"))
+    assert len(root) <= 8, root
+    assert all((ROOT / "engine" / layer.split(".")[1]).is_dir() for layer in LAYERS[1:])

@@ -7,10 +7,10 @@ import shutil
 import pytest
 import torch
 
-from engine import prepack
+from engine.forward import prepack
 from engine.batch import Batch
-from engine.context import ModelContext
-from engine.lean import lean_reason
+from engine.memory.context import ModelContext
+from engine.forward.lean import lean_reason
 
 pytestmark = pytest.mark.skipif(not prepack.available(), reason="this torch has no oneDNN linear ops")
 BF16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -137,10 +137,10 @@ def test_families_and_models_the_lean_forward_does_not_take_say_why():
 
 
 def test_fused_layers_run_a_float32_llama_as_the_torch_layers_do_and_say_why_elsewhere():
-    """The one-call C layers (engine/lean_fused.py): taken for a float32 Llama-shaped model on our kernels, with
+    """The one-call C layers (engine/forward/lean_fused.py): taken for a float32 Llama-shaped model on our kernels, with
     the logits, hidden states and cache of the torch layers within rounding; sliding window, several sequences
     and a removed tail included."""
-    from engine import gemm
+    from engine.forward import gemm
 
     if gemm.load((torch.float32,)).get(torch.float32) is None:
         pytest.skip("our float32 kernel does not run here")

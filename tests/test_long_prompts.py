@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.drafters.chain import NGRAM_CHAIN
+from engine.draft.chain import NGRAM_CHAIN
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
-from engine.slots import N_BATCH, N_BATCH_BESIDE, Engine
+from engine.serve.engine import N_BATCH, N_BATCH_BESIDE, Engine
 from test_engine import SMALL_NGRAMS
 
 LONG = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "long.jsonl"

@@ -1,13 +1,13 @@
-"""The tied embedding table read through a file mapping (engine/mapped.py): same bits, same logits, the tie kept,
+"""The tied embedding table read through a file mapping (engine/forward/mapped.py): same bits, same logits, the tie kept,
 and the table kept in memory where no file can be written."""
 
 import torch
 from tiny import save_tiny, suite_dtype
 
 from engine.batch import Batch
-from engine.context import ModelContext
-from engine.mapped import drop_resident
-from engine.models import load_model
+from engine.memory.context import ModelContext
+from engine.forward.mapped import drop_resident
+from engine.load.models import load_model
 
 
 def _logits(loaded, tokens):

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.batch import Batch
-from engine.context import ModelContext
+from engine.memory.context import ModelContext
 from tiny import make_llama
 
 MODEL = make_llama(seed=3)
@@ -151,8 +151,8 @@ def test_batch_layout_is_the_layout_the_mask_gives(by_seq, window):
     """The lean forward reads which cells each row sees from the batch (attention.batch_layout), with no mask;
     it must list exactly the cells, in the order, that reading the mask gives: over shared prefixes, removed
     ranges, chains and draft trees with siblings, and a sliding window."""
-    from engine.attention import batch_layout, cell_layout
-    from engine.memory import CellCache
+    from engine.forward.attention import batch_layout, cell_layout
+    from engine.memory.cells import CellCache
 
     g = torch.Generator().manual_seed(7 + int(by_seq) + (window or 0))
 
@@ -202,7 +202,7 @@ def test_a_kept_branch_moved_home_stays_in_the_live_range():
     """A tree's second child takes a spare cell (its home is its sibling's); when the target keeps it and rejects
     the sibling, the sibling's cell is freed and the kept node moves home. That home may lie past what is left
     live after the branch is freed: the live range must still cover it, or attention would not see the node."""
-    from engine.memory import CellCache
+    from engine.memory.cells import CellCache
 
     cache = CellCache(1, 1, 4, n_cells=32, n_seq_max=2, by_seq=True)
     b = Batch()

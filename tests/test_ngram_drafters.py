@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from engine.drafters.base import DraftRequest
-from engine.drafters.ngram import NgramMapK, NgramMapK4V, NgramMapParams, NgramSimple, NgramSimpleParams
-from engine.drafters.ngram_cache import NgramCache, NgramCacheParams, load_cache, save_cache, update_cache
-from engine.drafters.ngram_mod import NgramMod, NgramModParams
+from engine.draft.base import DraftRequest
+from engine.draft.ngram import NgramMapK, NgramMapK4V, NgramMapParams, NgramSimple, NgramSimpleParams
+from engine.draft.ngram_cache import NgramCache, NgramCacheParams, load_cache, save_cache, update_cache
+from engine.draft.ngram_mod import NgramMod, NgramModParams
 
 BASE = list(range(100, 120))  # 20 distinct tokens
 FILLER = list(range(500, 540))  # 40 more, never repeated

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import prepack
+from engine.forward import prepack
 
 pytestmark = pytest.mark.skipif(not prepack.available(), reason="this torch has no oneDNN linear ops")
 DTYPES = [torch.float32] + ([torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])
@@ -99,7 +99,7 @@ def test_packing_twice_and_other_dtypes_are_left_alone():
 def test_the_loader_packs_a_cpu_model_and_can_leave_it_stock(tiny_target, tmp_path):
     linears = [m for m in tiny_target.model.modules() if isinstance(m, nn.Linear)]
     assert linears and all(prepack.is_packed(m) for m in linears)
-    from engine.models import load_model
+    from engine.load.models import load_model
 
     stock = load_model(tiny_target.name, device="cpu", prepack=False)
     assert not any(prepack.is_packed(m) for m in stock.model.modules())

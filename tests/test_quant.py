@@ -1,4 +1,4 @@
-"""A GGUF's Q4_1 / Q8_0 blocks read as stored (engine/quant.py, engine/kernels/small_gemm_q.c): the kernel gives
+"""A GGUF's Q4_1 / Q8_0 blocks read as stored (engine/forward/quant.py, engine/forward/kernels/small_gemm_q.c): the kernel gives
 the float32 kernel's bits over the dequantised weights, in any batch; the blocks are parsed as gguf-py parses
 them; and a linear is taken only where its blocks are its weight exactly."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import gemm, quant
+from engine.forward import gemm, quant
 
 FNS, NB, WHY = quant.load_kernels()
 pytestmark = pytest.mark.skipif(not FNS, reason=f"no quantised kernel here: {WHY}")
@@ -62,7 +62,7 @@ def test_blocks_are_read_as_gguf_py_reads_them(kind):
 
 
 def test_the_embedded_models_linears_are_taken_only_where_their_blocks_are_exact():
-    from engine.models import embedded_gguf_path, load_model
+    from engine.load.models import embedded_gguf_path, load_model
 
     target = load_model("embedded", dtype="float32", prepack=False)
     model = target.model

@@ -1,12 +1,12 @@
-"""A GGUF's Q4_1 / Q8_0 blocks times 8-bit inputs, summed in integers (engine/kernels/small_gemm_qdot.c,
-engine/quant_dot.py): llama.cpp's arithmetic to the rounding of its float32 steps, a row's bits the same in any
+"""A GGUF's Q4_1 / Q8_0 blocks times 8-bit inputs, summed in integers (engine/forward/kernels/small_gemm_qdot.c,
+engine/forward/quant_dot.py): llama.cpp's arithmetic to the rounding of its float32 steps, a row's bits the same in any
 batch and either vector width, the embedded model lossless on it, and the dtype choice that takes it."""
 
 import numpy as np
 import pytest
 import torch
 
-from engine import gemm, quant, quant_dot
+from engine.forward import gemm, quant, quant_dot
 
 FNS, NB, WHY = quant.load_kernels()
 WHY_NOT = WHY or quant_dot.dot_reason()
@@ -119,7 +119,7 @@ def test_a_float_linear_quantised_to_q8_0_computes_close_to_its_weights():
 
 
 def test_int8_is_refused_with_a_reason_where_there_are_no_blocks(tiny_target):
-    from engine.dtype import choose_dtype
+    from engine.load.dtype import choose_dtype
 
     choice = choose_dtype("int8", tiny_target.model.config, "cpu", blocks="")
     assert choice.dtype == "float32" and "int8 needs" in choice.reason and choice.torch_name == "float32"
@@ -128,7 +128,7 @@ def test_int8_is_refused_with_a_reason_where_there_are_no_blocks(tiny_target):
 @pytest.mark.parametrize("ms,expected", [({"q4_1": 2.0, "q4_1_dot": 1.0}, "int8"),
                                          ({"q4_1": 1.0, "q4_1_dot": 0.99}, "float32")])
 def test_auto_takes_int8_for_blocks_where_it_is_timed_faster(monkeypatch, tiny_target, ms, expected):
-    from engine.dtype import choose_dtype
+    from engine.load.dtype import choose_dtype
 
     monkeypatch.setattr(quant_dot, "time_kernels", lambda layer: ms)
     choice = choose_dtype("auto", tiny_target.model.config, "cpu", blocks="Q4_1, Q8_0")
@@ -136,11 +136,11 @@ def test_auto_takes_int8_for_blocks_where_it_is_timed_faster(monkeypatch, tiny_t
 
 
 def test_speculation_on_the_int8_embedded_model_is_token_identical():
-    from engine.drafters.chain import NGRAM_CHAIN
-    from engine.models import load_model
+    from engine.draft.chain import NGRAM_CHAIN
+    from engine.load.models import load_model
     from engine.params import GenParams, SpecParams
-    from engine.prepack import linear_paths
-    from engine.slots import Engine
+    from engine.forward.prepack import linear_paths
+    from engine.serve.engine import Engine
 
     target = load_model("embedded", dtype="int8")
     assert target.dtype == "int8" and "q4_1_dot kernel 210" in linear_paths(target.model)

@@ -1,4 +1,4 @@
-"""What a round that verifies drafts costs in service, against the calibrated curve (engine/policy.py
+"""What a round that verifies drafts costs in service, against the calibrated curve (engine/cost/curve.py
 `CostModel.step_fit`), and what the budget and the slots' balances make of it."""
 
 from types import SimpleNamespace
@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 
 from engine.batch import Batch
-from engine.budget import BudgetState, plan
-from engine.policy import CostModel
-from engine.slots import Engine
-from engine.tree import DraftTree
+from engine.round.budget import BudgetState, plan
+from engine.cost.curve import CostModel
+from engine.serve.engine import Engine
+from engine.draft.tree import DraftTree
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_a_slots_balance_is_charged_the_whole_round_against_a_whole_plain_round(
 def test_a_slot_that_left_ahead_of_plain_decoding_stays_in_the_plain_round_the_others_are_measured_against(engine):
     """Plain decoding would run a slot that finished 2 rounds ahead for 2 more rounds beside the slots it left:
     their rounds are charged against a plain round with it, and only theirs (not a slot that came later)."""
-    from engine.slot_budget import SlotBudget
+    from engine.round.slot_budget import SlotBudget
 
     policy = engine.chain.policy
     calibrated = policy.cost

@@ -6,13 +6,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine import verify
-from engine.drafters.synthetic import SyntheticDrafter
-from engine.models import load_model
+from engine.round import verify
+from engine.draft.synthetic import SyntheticDrafter
+from engine.load.models import load_model
 from engine.params import GenParams, SpecParams
-from engine.prepack import prepack_linears
+from engine.forward.prepack import prepack_linears
 from engine.sampling import Sampler, SamplerParams
-from engine.slots import Engine
+from engine.serve.engine import Engine
 from test_engine import PROMPTS, SMALL_NGRAMS, tokens
 from tiny import WORDS, suite_dtype
 

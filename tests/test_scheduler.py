@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from engine import verify
+from engine.round import verify
 from engine.events import ErrorEvent, RoundEvent, WaitEvent
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
-from engine.scheduler import QueueFull, Scheduler
-from engine.slots import Engine
+from engine.serve.scheduler import QueueFull, Scheduler
+from engine.serve.engine import Engine
 from test_engine import SMALL_NGRAMS
 
 PROMPTS = [[1, 5, 6, 7, 5, 6, 7, 5], [1, 9, 10, 11, 9, 10], [1, 12, 13, 14, 12, 13], [1, 8, 9, 8, 9, 8]]
@@ -362,7 +362,7 @@ def test_a_step_session_nobody_steps_is_ended_and_frees_its_slot(tiny_target):
 def test_a_submit_the_engine_does_not_answer_in_time_is_cancelled(tiny_target, monkeypatch):
     """The caller gives up on a submit the engine thread has not taken yet: when the thread takes it later,
     the generation is cancelled at once instead of running with nobody to read or stop it."""
-    import engine.scheduler as sched
+    import engine.serve.scheduler as sched
 
     s = make(tiny_target, slots=1)
     try:

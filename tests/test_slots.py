@@ -6,7 +6,7 @@ import pytest
 from engine.batch import output_limits
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
-from engine.slots import Engine
+from engine.serve.engine import Engine
 from test_engine import PROMPTS, SMALL_NGRAMS, tokens
 from tiny import suite_dtype
 
@@ -136,9 +136,9 @@ def test_per_sequence_attention_matches_plain_forwards(tiny_target, by_seq):
     (the full-mask fallback)."""
     import torch
 
-    from engine.attention import cell_layout
+    from engine.forward.attention import cell_layout
     from engine.batch import Batch
-    from engine.context import ModelContext
+    from engine.memory.context import ModelContext
 
     ctx = ModelContext(tiny_target.model, n_ctx=192, n_seq_max=3)
     assert ctx.per_seq_attention

@@ -5,11 +5,11 @@ decoding at temp 0 and to plain sampling with the same seed (sample-and-match) a
 import pytest
 import torch
 
-from engine.drafters.chain import NGRAM_CHAIN
+from engine.draft.chain import NGRAM_CHAIN
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
-from engine.slots import Engine
-from engine.stateful import StatefulContext
+from engine.serve.engine import Engine
+from engine.memory.stateful import StatefulContext
 from test_engine import SMALL_NGRAMS, tokens
 from tiny import load_tiny, save_arch
 
@@ -110,7 +110,7 @@ def test_mamba_v1_cannot_verify_in_one_forward_so_speculation_is_off(arch_dirs):
 
 
 def test_a_memory_with_no_removal_at_all_turns_speculation_off(tiny_target, monkeypatch):
-    from engine.memory import CellCache
+    from engine.memory.cells import CellCache
 
     monkeypatch.setattr(CellCache, "seq_rm", lambda self, seq, p0=-1, p1=-1: False)
     engine = Engine(tiny_target, n_ctx=256, n_seq_max=1, calibrate=False)

@@ -2,7 +2,7 @@
 no change where fewer threads would not help; a fixed count never moves. Timings are given, so the decisions are
 tested on any machine."""
 
-from engine.threads import ThreadGovernor
+from engine.serve.threads import ThreadGovernor
 
 
 def drive(gov: ThreadGovernor, ratio_at: dict[int, float], forwards: int, t0: float, dt: float = 0.01):

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from engine.batch import Batch
-from engine.context import ModelContext
-from engine.drafters.chain import NGRAM_CHAIN
+from engine.memory.context import ModelContext
+from engine.draft.chain import NGRAM_CHAIN
 from engine.params import GenParams, SpecParams
 from engine.sampling import Sampler, SamplerParams
-from engine.slots import Engine
-from engine.tree import DraftTree, tree_rows
-from engine.verify import tree_match
+from engine.serve.engine import Engine
+from engine.draft.tree import DraftTree, tree_rows
+from engine.round.verify import tree_match
 from test_engine import PROMPTS, SMALL_NGRAMS, tokens
 
 
@@ -165,8 +165,8 @@ def test_disagreeing_drafters_share_one_chance():
 
 
 def test_the_budget_keeps_what_pays_for_the_whole_forward():
-    from engine.budget import BudgetState, plan
-    from engine.policy import CostModel
+    from engine.round.budget import BudgetState, plan
+    from engine.cost.curve import CostModel
 
     knee = CostModel(sizes=[1, 8, 16, 32], seconds=[1.0, 1.05, 2.0, 4.0])  # nearly free up to 8 rows
     deep = _scored([([5, 6, 7, 8], [0.9, 0.8, 0.7, 0.6]), ([9], [0.001])])
@@ -190,8 +190,8 @@ def test_the_budget_keeps_what_pays_for_the_whole_forward():
 
 
 def test_slots_whose_drafts_are_refused_rest_and_draft_again_together_on_probe_rounds():
-    from engine.budget import BudgetState, plan
-    from engine.policy import CostModel
+    from engine.round.budget import BudgetState, plan
+    from engine.cost.curve import CostModel
 
     steep = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
     state = BudgetState(probe_every=4, rest_after=2, fair=False)  # fair: the probes would wait for a balance
@@ -220,7 +220,7 @@ def test_slots_whose_drafts_are_refused_rest_and_draft_again_together_on_probe_r
 
 
 def test_the_cost_model_learns_the_forwards_the_engine_runs():
-    from engine.policy import CostModel
+    from engine.cost.curve import CostModel
 
     # a calibration that found rows 4 to 8 free; in service 4 rows take 1.0 and 8 rows 1.3
     cost = CostModel(sizes=[1, 4, 8, 16], seconds=[1.0, 1.0, 1.0, 2.0], min_seen=3)
@@ -242,8 +242,8 @@ def test_the_cost_model_learns_the_forwards_the_engine_runs():
 
 
 def test_the_budget_never_slows_a_slot_below_plain_decoding_to_speed_another():
-    from engine.budget import BudgetState, plan
-    from engine.policy import CostModel
+    from engine.round.budget import BudgetState, plan
+    from engine.cost.curve import CostModel
 
     cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.0, 4.0])  # 2 rows free, then 0.1 of a forward a row
     sure = ([5, 6, 7, 8], [0.95, 0.9, 0.85, 0.8])
@@ -262,8 +262,8 @@ def test_the_budget_never_slows_a_slot_below_plain_decoding_to_speed_another():
 
 
 def test_the_fair_budget_gives_every_slot_its_likely_node_before_one_slot_goes_deep():
-    from engine.budget import BudgetState, plan
-    from engine.policy import CostModel
+    from engine.round.budget import BudgetState, plan
+    from engine.cost.curve import CostModel
 
     # 4 slots: past 4 rows each row costs 0.05 of a forward. One slot copies (a long sure chain), three write
     # freely (one node each, 0.5 likely). The deep chain ranks first: a prefix of the global ranking makes the
@@ -279,8 +279,8 @@ def test_the_fair_budget_gives_every_slot_its_likely_node_before_one_slot_goes_d
 
 
 def test_a_slot_behind_plain_decoding_asks_more_of_its_scores_and_one_ahead_shares_a_dearer_forward():
-    from engine.budget import BudgetState, plan
-    from engine.policy import CostModel
+    from engine.round.budget import BudgetState, plan
+    from engine.cost.curve import CostModel
 
     cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.0, 4.0])  # 2 rows free, then 0.1 of a forward a row
     sure = ([5, 6, 7, 8], [0.95, 0.9, 0.85, 0.8])
@@ -306,8 +306,8 @@ def test_a_slot_behind_plain_decoding_asks_more_of_its_scores_and_one_ahead_shar
 
 
 def test_a_probe_is_a_slots_own_exploration_and_needs_the_others_to_afford_its_row():
-    from engine.budget import BudgetState, plan
-    from engine.policy import CostModel
+    from engine.round.budget import BudgetState, plan
+    from engine.cost.curve import CostModel
 
     steep = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
     weak = ([5], [0.2])
@@ -320,8 +320,8 @@ def test_a_probe_is_a_slots_own_exploration_and_needs_the_others_to_afford_its_r
 
 
 def test_the_budget_learns_how_far_each_drafters_scores_can_be_trusted():
-    from engine.budget import BudgetState, plan
-    from engine.policy import CostModel
+    from engine.round.budget import BudgetState, plan
+    from engine.cost.curve import CostModel
 
     # past 2 rows each row costs 0.1 of a forward: with 2 slots a node pays if reached more than ~25% of the time
     cost = CostModel(sizes=[1, 2, 12], seconds=[1.0, 1.0, 2.0])
@@ -346,7 +346,7 @@ def test_the_budget_learns_how_far_each_drafters_scores_can_be_trusted():
 
 
 def test_cost_curve_smooths_small_sizes_through_one_quadratic_and_keeps_large_ones():
-    from engine.policy import smooth_small
+    from engine.cost.curve import smooth_small
 
     sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
     true = [50 + 1.0 * n + 0.15 * n * n for n in sizes]
@@ -361,7 +361,7 @@ def test_cost_curve_smooths_small_sizes_through_one_quadratic_and_keeps_large_on
 
 
 def test_cost_curve_pools_a_spike_instead_of_lifting_every_size_after_it(tiny_target):
-    from engine.policy import non_decreasing
+    from engine.cost.curve import non_decreasing
 
     # one busy timing at 2 rows must not make 3 to 8 rows look as slow as it
     assert non_decreasing([1.0, 1.6, 1.0, 1.0, 1.1, 1.2]) == pytest.approx([1.0, 1.175, 1.175, 1.175, 1.175, 1.2])
@@ -371,8 +371,8 @@ def test_cost_curve_pools_a_spike_instead_of_lifting_every_size_after_it(tiny_ta
 
 
 def test_rows_of_slots_with_shorter_contexts_than_the_calibration_cost_less_and_the_budget_takes_them():
-    from engine.budget import BudgetState, plan
-    from engine.policy import CostModel
+    from engine.round.budget import BudgetState, plan
+    from engine.cost.curve import CostModel
 
     # rows cost 0.05 of a one-row forward each after 256 cells, 0.04 of it their attention (1e-4 s per cell)
     curve = CostModel(sizes=[1, 4, 8, 16], seconds=[0.64, 0.79, 0.99, 1.39], cell_seconds=1e-4, calibrated_cells=256)
@@ -425,7 +425,7 @@ def test_budgeted_slots_that_rest_equal_running_alone(engine, temp):
     alone = [tokens(_run(engine, p, [], temp=temp, seed=s, tree_nodes=0)) for s, p in enumerate(PROMPTS)]
     for seq in list(engine.slots):
         engine.release(seq)
-    from engine.policy import CostModel
+    from engine.cost.curve import CostModel
 
     state = engine.round.budget_state
     state.rest_after = 0  # every slot rests between probe rounds: the path under test on every round
@@ -483,7 +483,7 @@ def test_budgeted_trees_are_plain_decoding(engine):
 def test_beside_a_slot_that_cannot_pay_for_a_row_no_slot_drafts(engine):
     """A slot that drafts nothing this round and stands below one row's cost against plain decoding makes the
     fair budget refuse every node: the others do not draft for nothing, and say why. Once it is ahead, they do."""
-    from engine.policy import CostModel
+    from engine.cost.curve import CostModel
 
     policy = engine.chain.policy
     calibrated = policy.cost
@@ -518,7 +518,7 @@ def test_beside_a_slot_that_cannot_pay_for_a_row_no_slot_drafts(engine):
 def test_beside_other_slots_a_round_drafted_for_nothing_counts_as_refused(engine):
     from types import SimpleNamespace
 
-    from engine.drafters.base import DraftRequest
+    from engine.draft.base import DraftRequest
 
     state = engine.round.budget_state
     slots = [SimpleNamespace(seq=seq, replay=None, tokens=[1, 2, 3]) for seq in (5, 6)]
@@ -546,8 +546,8 @@ def test_a_slot_that_leaves_early_pays_the_slots_it_leaves_for_its_rows():
     """Beside an open slot with no tree and no balance, a copying slot that wants fewer tokens gets its sure
     chain where a sequence costs more of a forward than a row: each token it gains is a forward earlier that the
     open slot runs without it. Not where the open slot leaves first, nor where a sequence costs only its row."""
-    from engine.budget import BudgetState, plan
-    from engine.policy import CostModel
+    from engine.round.budget import BudgetState, plan
+    from engine.cost.curve import CostModel
 
     sure = ([5, 6, 7, 8], [0.95, 0.9, 0.85, 0.8])
 
@@ -564,7 +564,7 @@ def test_a_slot_that_leaves_early_pays_the_slots_it_leaves_for_its_rows():
 
 
 def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
-    from engine.gate import DrafterGate, GateParams, exclusive_gains
+    from engine.draft.gate import DrafterGate, GateParams, exclusive_gains
 
     # the head had the kept path's 3 tokens, an n-gram drafter the first 2 of them: the head alone found 1
     assert exclusive_gains({"draft-head": (4, 3), "ngram-simple": (2, 2), "ngram-mod": (1, 0)}, 3) == \
@@ -604,7 +604,7 @@ def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
 
 
 def test_a_new_answer_beside_others_starts_from_what_the_drafter_gave_earlier_answers_at_that_many_slots():
-    from engine.gate import DrafterGate, GateParams
+    from engine.draft.gate import DrafterGate, GateParams
 
     gate = DrafterGate(GateParams(decay=0.5, probe_every=4, probe_max=16, seed_after=4))
     gate.crowd = 4
@@ -630,7 +630,7 @@ def test_a_new_answer_beside_others_starts_from_what_the_drafter_gave_earlier_an
 
 
 def test_beside_slots_nobody_has_measured_a_model_drafter_starts_on_the_probe_rounds():
-    from engine.gate import DrafterGate, GateParams
+    from engine.draft.gate import DrafterGate, GateParams
 
     gate = DrafterGate(GateParams(decay=0.5, prior_gain=1.0, probe_every=4))
     gate.crowd = 2
@@ -665,7 +665,7 @@ def test_beside_slots_nobody_has_measured_a_model_drafter_starts_on_the_probe_ro
 
 
 def test_the_gate_charges_a_drafter_the_forward_rows_its_nodes_took():
-    from engine.gate import DrafterGate, GateParams
+    from engine.draft.gate import DrafterGate, GateParams
 
     def rounds(gate, seq, n_rows):
         for _ in range(6):
@@ -686,7 +686,7 @@ def test_the_gate_charges_a_drafter_the_forward_rows_its_nodes_took():
 
 
 def test_the_gate_keeps_rounds_the_ngrams_cover_apart():
-    from engine.gate import DrafterGate, GateParams
+    from engine.draft.gate import DrafterGate, GateParams
 
     # on a copied passage: where the n-grams guess the next token the head finds nothing more, where they guess
     # nothing it finds 2 tokens; it should keep drafting the second kind only
@@ -705,9 +705,10 @@ def test_the_gate_keeps_rounds_the_ngrams_cover_apart():
 
 
 def test_a_resting_slot_probes_with_the_ngram_drafters_only():
-    from engine.drafters.base import DraftRequest, Drafter
-    from engine.drafters.chain import DrafterChain, make_drafter
-    from engine.policy import CostModel, DraftLengthPolicy
+    from engine.draft.base import DraftRequest, Drafter
+    from engine.draft.chain import DrafterChain, make_drafter
+    from engine.cost.curve import CostModel
+    from engine.draft.policy import DraftLengthPolicy
 
     class Network(Drafter):  # stands for the draft head: a drafter whose every call runs a network
         name = "net"
@@ -731,11 +732,12 @@ def test_a_resting_slot_probes_with_the_ngram_drafters_only():
 
 
 def test_the_ngram_drafters_are_gated_as_one_where_their_nodes_gain_nothing():
-    from engine.drafters.base import DraftRequest
-    from engine.drafters.chain import NGRAMS, DrafterChain, make_drafter
-    from engine.gate import GateParams
-    from engine.policy import CostModel, DraftLengthPolicy
-    from engine.tree import DraftTree
+    from engine.draft.base import DraftRequest
+    from engine.draft.chain import NGRAMS, DrafterChain, make_drafter
+    from engine.draft.gate import GateParams
+    from engine.cost.curve import CostModel
+    from engine.draft.policy import DraftLengthPolicy
+    from engine.draft.tree import DraftTree
 
     prompt = list(range(10, 30)) * 2 + [10, 11, 12]  # with 13 sampled, the n-grams find 14 15 16 ... every round
     names = ["ngram-simple", "ngram-map-k"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import app
-from engine.kernels import build
+from engine.forward.kernels import build
 from engine.sampling import SamplerParams
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
@@ -82,7 +82,7 @@ def test_a_page_load_never_runs_remote_code(monkeypatch):
         seen.append((name, trust_remote_code))
         return object()
 
-    monkeypatch.setattr("engine.models.load_model", fake_load)
+    monkeypatch.setattr("engine.load.models.load_model", fake_load)
     monkeypatch.setattr("ui.loader.make_runtime", lambda target, draft, options: None)
     state = app.load_state(_args(["--trust-remote-code", "--target", "mine"]))
     state.loader("a-visitors-model")
@@ -116,7 +116,7 @@ def test_a_training_cache_file_is_read_as_data_only(tmp_path, monkeypatch):
 
 
 def test_two_gguf_files_of_one_name_get_their_own_converted_copy(tmp_path, monkeypatch):
-    from engine import models
+    from engine.load import models
 
     monkeypatch.setenv("SPECPLAY_CACHE", str(tmp_path / "cache"))
     a, b = tmp_path / "a" / "model.Q4_1.gguf", tmp_path / "b" / "model.Q4_1.gguf"

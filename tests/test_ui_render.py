@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from engine.events import RoundEvent, WaitEvent
-from engine.scheduler import QueueFull
-from engine.stats import DrafterStats
+from engine.serve.scheduler import QueueFull
+from engine.draft.stats import DrafterStats
 from ui import charts
 from ui.kvview import kv_html
 from ui.render import compare_html, first_difference, legend_html, round_html, speed_line, transcript_html
@@ -535,7 +535,7 @@ def test_stop_leaves_a_streaming_answer_to_its_own_updates_and_shows_a_step_mode
 
 def test_failed_loads_keep_the_models_that_were_loaded(monkeypatch):
     import ui.loader
-    from engine.models import ModelLoadError, VocabMismatchError
+    from engine.load.models import ModelLoadError, VocabMismatchError
     from ui.loader import load_models
     from ui.session import UserError
 
@@ -563,7 +563,7 @@ def test_failed_loads_keep_the_models_that_were_loaded(monkeypatch):
 
 
 def test_default_chain_ends_with_the_head_only_for_the_model_it_was_trained_for(embedded, tiny_target):
-    from engine.drafters.chain import NGRAM_CHAIN
+    from engine.draft.chain import NGRAM_CHAIN
     from ui.settings import default_types
 
     assert default_types(embedded) == NGRAM_CHAIN + ["draft-head"]
@@ -573,7 +573,7 @@ def test_default_chain_ends_with_the_head_only_for_the_model_it_was_trained_for(
 
 def test_loading_another_target_takes_the_head_out_of_the_chain_and_back(monkeypatch, embedded, tiny_target):
     import ui.loader
-    from engine.drafters.chain import NGRAM_CHAIN
+    from engine.draft.chain import NGRAM_CHAIN
     from ui.handlers import load
     from ui.state import Runtime
 
@@ -590,7 +590,7 @@ def test_loading_another_target_takes_the_head_out_of_the_chain_and_back(monkeyp
     assert types == NGRAM_CHAIN and "draft-head left the chain" in status
     status, types = load(app, "embedded", "", ["ngram-mod"])
     assert types == ["ngram-mod", "draft-head"] and "draft-head joined the chain" in status
-    from engine.prepack import linear_paths
+    from engine.forward.prepack import linear_paths
 
     assert f"linears: {linear_paths(embedded.model)}" in status  # which kernels this CPU runs, counted
     paths = linear_paths(embedded.model)  # e.g. "our q4_1 kernel 210, our q8_0 kernel 1": all 211 packed

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine import verify
+from engine.round import verify
 from engine.sampling import Sampler, SamplerParams
 
 

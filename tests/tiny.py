@@ -51,7 +51,7 @@ def suite_dtype() -> str:
 
 
 def load_tiny(path: Path):
-    from engine.models import load_model
+    from engine.load.models import load_model
 
     return load_model(str(path), device="cpu", dtype=suite_dtype())
 

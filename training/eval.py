@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.bench.stats import formula, geomean
-from engine.drafters.chain import NGRAM_CHAIN
-from engine.dtype import CHOICES as DTYPES
+from engine.draft.chain import NGRAM_CHAIN
+from engine.load.dtype import CHOICES as DTYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,9 +134,9 @@ def main(argv=None) -> int:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    from engine.drafters.draft_head import DraftHeadParams
-    from engine.models import load_model
-    from engine.slots import Engine
+    from engine.draft.draft_head import DraftHeadParams
+    from engine.load.models import load_model
+    from engine.serve.engine import Engine
 
     p_mins = args.p_min or [DraftHeadParams().p_min]
     runs = configs(args.n_max, p_mins, speed=not args.no_speed)

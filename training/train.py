@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from engine.drafters.head_net import DraftHead, HeadConfig, bf16_fingerprint, save_head, target_fingerprint
-from engine.dtype import CHOICES as DTYPES
+from engine.draft.head_net import DraftHead, HeadConfig, bf16_fingerprint, save_head, target_fingerprint
+from engine.load.dtype import CHOICES as DTYPES
 from training.data import DataParams, data_path, load_or_build
 from training.unroll import step_loss, unroll
 
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     from tqdm import tqdm
 
-    from engine.models import cache_dir, load_model
+    from engine.load.models import cache_dir, load_model
 
     t_start = time.time()
     torch.manual_seed(args.seed)

@@ -11,7 +11,7 @@ import html
 
 from engine.plotstyle import BLUE, GREEN, MAGENTA, ORANGE, PURPLE, TEAL, axis, message
 from engine.plotstyle import layout as base_layout
-from engine.stats import DrafterStats
+from engine.draft.stats import DrafterStats
 
 COLORS = [GREEN, BLUE, ORANGE, PURPLE, TEAL, MAGENTA]  # green first: drafters keep the colours the UI has always shown
 

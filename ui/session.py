@@ -60,7 +60,7 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
         params = settings.gen_params(speculative=speculative)
     except ValueError as e:
         raise UserError(f"Invalid settings: {e}") from e
-    from engine.scheduler import QueueFull
+    from engine.serve.scheduler import QueueFull
 
     if prompt_ids is None:
         limit = getattr(runtime.engine, "prompt_limit", None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.drafters.chain import NGRAM_CHAIN, PRIORITY
+from engine.draft.chain import NGRAM_CHAIN, PRIORITY
 from engine.grammar import GrammarSpec
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
@@ -46,14 +46,14 @@ def format_box(kind: str, text: str):
 
 def own_p_min_text() -> str:
     """The drafters' own p_min values, for the control's label."""
-    from engine.drafters.draft_head import DraftHeadParams
-    from engine.drafters.draft_model import DraftModelParams
+    from engine.draft.draft_head import DraftHeadParams
+    from engine.draft.draft_model import DraftModelParams
 
     return f"draft model {DraftModelParams().p_min:g}, draft head {DraftHeadParams().p_min:g}"
 
 
 def _head_fits(target) -> bool:
-    from engine.drafters.draft_head import head_fits  # torch and the head's model: only when a page is built
+    from engine.draft.draft_head import head_fits  # torch and the head's model: only when a page is built
 
     return head_fits(target)
 
@@ -98,7 +98,7 @@ class Settings:
     output_format: str = "free"  # "free" (no grammar) or a GrammarSpec kind: json | json_schema | regex | lark | gbnf
     format_text: str = ""  # the JSON schema, regex or Lark grammar of that format (unused for free and json)
     # trees of drafts: every drafter proposes and one forward checks them all, at most this many nodes per round;
-    # 0: one chain from the first drafter that has one (engine/tree.py)
+    # 0: one chain from the first drafter that has one (engine/draft/tree.py)
     tree_nodes: int = 16
 
     def grammar(self) -> GrammarSpec | None:

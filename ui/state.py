@@ -26,21 +26,21 @@ class AppOptions:
     n_rs: int = 0  # recurrent models: tail length undone from kept states instead of a checkpoint (0 = off)
     queue_max: int = 64  # requests that may wait for a slot; past it a new one is told to come back later
     allow_model_load: bool = True  # whether a visitor may load other models from the page (off on a shared demo)
-    dtype: str = "auto"  # weights' dtype for every model loaded: auto / float32 / bfloat16 / int8 (engine/dtype.py)
+    dtype: str = "auto"  # weights' dtype for every model loaded: auto / float32 / bfloat16 / int8 (engine/load/dtype.py)
     # the round's draft budget: "fair" keeps every answer at plain decoding's speed or better, "goodput" lets a
-    # copying answer take rows that slow the answers beside it when the batch emits more (engine/budget.py)
+    # copying answer take rows that slow the answers beside it when the batch emits more (engine/round/budget.py)
     budget: str = "fair"
-    threads: int | None = None  # forwards' threads; None: all cores, fewer while others hold some (engine/threads.py)
+    threads: int | None = None  # forwards' threads; None: all cores, fewer while others hold some (engine/serve/threads.py)
 
 
 @dataclass
 class Runtime:
     """Models and the engine serving them. Replaced as a whole when the user loads other models."""
 
-    target: object  # engine.models.LoadedModel
+    target: object  # engine.load.models.LoadedModel
     draft: object | None  # LoadedModel or None
-    engine: object  # engine.slots.Engine
-    scheduler: object  # engine.scheduler.Scheduler
+    engine: object  # engine.serve.engine.Engine
+    scheduler: object  # engine.serve.scheduler.Scheduler
     vocab: Vocab
 
     def describe(self) -> str:
@@ -50,7 +50,7 @@ class Runtime:
         forward = ctx.describe_forward()
         model = getattr(self.target, "model", None)
         if model is not None:
-            from engine.prepack import linear_paths
+            from engine.forward.prepack import linear_paths
 
             forward += f", linears: {linear_paths(model)}"
         return (f"target {self.target.name} ({self.target.n_params / 1e6:.0f}M params, {self.target.device}, "
@@ -63,7 +63,7 @@ class Runtime:
 class AppState:
     runtime: Runtime | None
     options: AppOptions = field(default_factory=AppOptions)
-    loader: Callable | None = None  # (name, trust_remote_code) -> LoadedModel; app.py passes engine.models.load_model
+    loader: Callable | None = None  # (name, trust_remote_code) -> LoadedModel; app.py passes engine.load.models.load_model
     load_lock: threading.Lock = field(default_factory=threading.Lock)  # one model load at a time
     turn_lock: threading.Lock = field(default_factory=threading.Lock)  # a session's busy check and its claim
     # session hash -> (SessionState, time.monotonic() it opened), to free slots of closed tabs (AppState.opened)
@@ -72,7 +72,7 @@ class AppState:
     def opened(self, session_hash: str, session: "SessionState", now: float) -> None:
         """Remember an opened page, and forget those idle past SESSION_TTL_S: an API client that vanished sends
         no unload event, and an idle session holds nothing the unload would free (a step-mode answer left
-        alone ends by itself: engine.scheduler.STEP_ABANDON_S)."""
+        alone ends by itself: engine.serve.scheduler.STEP_ABANDON_S)."""
         for key, (other, since) in list(self.sessions.items()):
             if not other.busy and now - since > SESSION_TTL_S:
                 del self.sessions[key]
@@ -87,8 +87,8 @@ class AppState:
 class Active:
     """A generation in flight: the scheduler it runs on and its handle there (id, events, counters)."""
 
-    scheduler: object  # engine.scheduler.Scheduler
-    gen: object  # engine.scheduler.Generation
+    scheduler: object  # engine.serve.scheduler.Scheduler
+    gen: object  # engine.serve.scheduler.Generation
     run: RunRecord
     manual: bool = False  # step mode: advanced only by scheduler.step
     finished: bool = False  # its last event was read (or the page left): nothing more to read

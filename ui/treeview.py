@@ -1,7 +1,7 @@
 """A round's tree of drafts as HTML: every node with its drafter, the path the target took (green), the branches
 it did not take (struck), and where each node's cell went; plus the round's budget line.
 
-Pure functions of a RoundEvent whose verify_mode is "tree" (engine/tree.py): tree_tokens, tree_parents,
+Pure functions of a RoundEvent whose verify_mode is "tree" (engine/draft/tree.py): tree_tokens, tree_parents,
 tree_drafters and tree_path describe the tree as it was verified.
 """
 
@@ -74,7 +74,7 @@ def budget_line(ev) -> str:
         return ""
     mine = (f" This slot: {len(ev.tree_tokens)} of the {ev.tree_offered} nodes its drafters offered."
             if ev.tree_offered else "")
-    if ev.balance is not None:  # what the fair budget weighs for this slot (engine/budget.py)
+    if ev.balance is not None:  # what the fair budget weighs for this slot (engine/round/budget.py)
         mine += (f" Its answer stands {ev.balance:+.1f} tokens against plain decoding in the same forward "
                  f"time.")
     return f'<p class="muted">Budget of the round: {html.escape(ev.budget_why)}.{mine}</p>'

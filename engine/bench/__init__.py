@@ -13,6 +13,6 @@ Modules, each importing only those listed before it:
     stats  the curves of a sweep from rows (pure), and the sweep's summary lines
     plot   those curves as plotly figures, an HTML page and PNGs
     cli    the command line: arguments, prompts, the summary, exit codes
-    tiny_pair  a tiny random target and a draft near it, built and loaded through engine.models
+    tiny_pair  a tiny random target and a draft near it, built and loaded through engine.load.models
     dist   what rejection sampling promises instead: the distribution of short continuations, against the exact one
 """

@@ -8,7 +8,7 @@ but draws differently from plain sampling, so the same seed gives other tokens: 
 (`python -m engine.bench.dist` checks the distribution instead); n-gram drafters at --temp > 0 are verified by
 sample-and-match and are still compared token for token. `--compare hf,llama.cpp` adds other implementations
 on the same prompt ids (engine.bench.compare): transformers' generate and prompt lookup on a stock float32
-copy, and llama.cpp on the same GGUF; `--dtype` picks our weights' dtype (engine.dtype). `--n-max`, `--parallel`, `--ctx-len` and
+copy, and llama.cpp on the same GGUF; `--dtype` picks our weights' dtype (engine.load.dtype). `--n-max`, `--parallel`, `--ctx-len` and
 `--synthetic-accept` take comma-separated lists and the bench runs their cross product (engine.bench.sweep);
 synthetic-acceptance rows keep tokens the target did not choose, so they are not lossless by design: their
 `lossless_ok` is "n/a" and never fails the run. `--plots DIR` writes the speedup curves (engine.bench.plot).
@@ -29,7 +29,7 @@ from engine.bench.rows import write_rows
 from engine.bench.run import BenchConfig, prompt_grammar
 from engine.bench.stats import OTHER_IMPLEMENTATIONS, geomean, is_other, print_sweep_summary
 from engine.bench.sweep import cells_needed, run_sweep, sweep_from_args
-from engine.dtype import CHOICES
+from engine.load.dtype import CHOICES
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="model drafters stop below this top probability (default: each drafter's own)")
     ap.add_argument("--no-adaptive", action="store_true", help="verify whatever the drafter offers")
     ap.add_argument("--tree", choices=["on", "off"], default="off",
-                    help="on: every drafter proposes and one forward checks the merged tree (engine/tree.py)")
+                    help="on: every drafter proposes and one forward checks the merged tree (engine/draft/tree.py)")
     ap.add_argument("--tree-nodes", type=int, default=16, help="with --tree on: draft nodes per slot and round at most")
     ap.add_argument("--head-tree", default=None, metavar="BRANCH,WIDTH,MIN_SCORE",
                     help="with --tree on: the draft head's tree shape, children per node, nodes expanded per depth "
@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "counts their leading tokens equal to ours")
     ap.add_argument("--threads", type=int, default=None,
                     help="forwards on this many threads; default: all cores, fewer while another process holds "
-                         "some (engine/threads.py)")
+                         "some (engine/serve/threads.py)")
     ap.add_argument("--dtype", choices=list(CHOICES), default="auto",
                     help="weights of target and draft (auto: for a GGUF with Q4_1 / Q8_0 blocks, int8 where its "
                          "integer kernel is faster, else float32 read from the blocks; for others, bfloat16 where "

@@ -24,7 +24,7 @@ ROWS = {"hf": ("hf-generate", "hf-prompt-lookup"), "llama.cpp": ("llama.cpp",)}
 
 def parse_compare(text: str | None, target: str) -> list[str]:
     """The --compare list, checked before any model loads."""
-    from engine.models import EMBEDDED
+    from engine.load.models import EMBEDDED
 
     kinds = [k.strip() for k in (text or "").split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
@@ -45,13 +45,13 @@ class Comparators:
         """Load what `kinds` ask for (slow); raises ValueError / RuntimeError with the reason."""
         out = cls()
         if "hf" in kinds:
-            from engine.models import load_model
+            from engine.load.models import load_model
 
             out.hf_model = load_model(cfg.target, trust_remote_code=cfg.trust_remote_code, dtype="float32",
                                       prepack=False)
         if "llama.cpp" in kinds:
             from engine.bench import llamacpp
-            from engine.models import EMBEDDED, embedded_gguf_path
+            from engine.load.models import EMBEDDED, embedded_gguf_path
 
             path = embedded_gguf_path() if cfg.target == EMBEDDED else cfg.target
             out.llama = llamacpp.open_model(path, n_ctx=n_ctx)

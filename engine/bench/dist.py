@@ -172,7 +172,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, DistParams]:
     ap.add_argument("--no-plain", action="store_true", help="skip plain sampling (the harness check)")
     ap.add_argument("--trust-remote-code", action="store_true")
     a = ap.parse_args(argv)
-    from engine.drafters.chain import parse_types
+    from engine.draft.chain import parse_types
 
     p = DistParams(types=parse_types(a.spec), **{k: getattr(a, k) for k in vars(d) if k not in ("types", "plain")},
                    plain=not a.no_plain)
@@ -182,9 +182,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, DistParams]:
 
 def main(argv: list[str] | None = None) -> int:
     from engine.bench.tiny_pair import PROMPT, build_pair
-    from engine.drafters.draft_model import DraftModelParams
-    from engine.models import load_model
-    from engine.slots import Engine
+    from engine.draft.draft_model import DraftModelParams
+    from engine.load.models import load_model
+    from engine.serve.engine import Engine
 
     try:
         a, p = parse_args(argv)

@@ -94,7 +94,7 @@ def open_model(gguf_path: str | Path | None = None, n_ctx: int = 2048,
     from llama_cpp import Llama
 
     if gguf_path is None:
-        from engine.models import embedded_gguf_path
+        from engine.load.models import embedded_gguf_path
 
         gguf_path = embedded_gguf_path()
     threads = n_threads or _default_threads()

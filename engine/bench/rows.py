@@ -25,7 +25,7 @@ COLUMNS = [
     "verify_mode",
     # structured output: the grammar's kind ("" unconstrained) and the tokens accepted from the grammar drafter
     "grammar", "forced_tokens",
-    # the weights' dtype and why (engine/dtype.py); another implementation's leading tokens equal to our plain run's
+    # the weights' dtype and why (engine/load/dtype.py); another implementation's leading tokens equal to our plain run's
     "dtype", "dtype_reason", "match_plain",
     # trees of drafts: the node limit (0: chains), mean nodes verified per drafted round, mean rows per forward;
     # tokens per target forward over all decode rounds (drafted or not)

@@ -33,21 +33,21 @@ class BenchConfig:
     n_ctx: int  # KV cells
     trust_remote_code: bool
     quant_bits: int = 0  # filled once the target is loaded
-    dtype: str = "auto"  # weights' dtype asked for, target and draft (engine/dtype.py)
+    dtype: str = "auto"  # weights' dtype asked for, target and draft (engine/load/dtype.py)
     dtype_used: str = ""  # filled once the target is loaded: the dtype it runs in, and why
     dtype_reason: str = ""
     ignore_eos: bool = False  # generate max_new_tokens whatever the text (fixed-length sweeps)
-    n_rs: int = 0  # recurrent targets: tail undone from kept states instead of a checkpoint (engine.rs_steps)
+    n_rs: int = 0  # recurrent targets: tail undone from kept states instead of a checkpoint (engine.memory.rs_steps)
     # the output format of every prompt (--json-schema, --regex, --grammar); a prompt's own field overrides it
     grammar: GrammarSpec | None = None
     head_tree: tuple[int, int, float] | None = None  # --head-tree: the draft head's tree shape (head_tree.py)
-    fair: bool = True  # --budget fair / goodput: several slots' draft rows (engine/budget.py, BudgetState.fair)
+    fair: bool = True  # --budget fair / goodput: several slots' draft rows (engine/round/budget.py, BudgetState.fair)
     threads: int | None = None  # --threads: forwards on this many threads; None: fewer while cores are taken
 
     @classmethod
     def from_args(cls, a, n_max: int, parallel: int, ctx_len: int) -> "BenchConfig":
         """The first configuration of a sweep (engine.bench.sweep varies n_max, parallel, ctx_len from it)."""
-        from engine.drafters.chain import parse_types
+        from engine.draft.chain import parse_types
 
         spec = SpecParams(types=parse_types(a.spec), n_max=n_max, n_min=a.n_min, p_min=a.p_min,
                           adaptive=not a.no_adaptive, rollback=a.rollback,
@@ -71,7 +71,7 @@ class BenchConfig:
 
     def load(self):
         """Target and draft models (slow); raises ModelLoadError (a ValueError/OSError) with the reason."""
-        from engine.models import load_model
+        from engine.load.models import load_model
 
         target = load_model(self.target, trust_remote_code=self.trust_remote_code, dtype=self.dtype)
         draft = (load_model(self.draft, trust_remote_code=self.trust_remote_code, dtype=self.dtype)
@@ -83,14 +83,14 @@ class BenchConfig:
     def build(self, target=None, draft=None, n_seq_max: int | None = None, n_draft: int | None = None):
         """The engine all configurations of a run share: slots for the widest concurrency, logits rows for the
         longest draft."""
-        from engine.slots import Engine
+        from engine.serve.engine import Engine
 
         if target is None:
             target, draft = self.load()
         drafter_params = None
         if self.head_tree is not None:
-            from engine.drafters.draft_head import DraftHeadParams
-            from engine.drafters.head_tree import HeadTreeParams
+            from engine.draft.draft_head import DraftHeadParams
+            from engine.draft.head_tree import HeadTreeParams
 
             drafter_params = {"draft-head": DraftHeadParams(tree=HeadTreeParams(*self.head_tree))}
         engine = Engine(target, draft=draft, n_ctx=self.n_ctx, n_seq_max=n_seq_max or max(self.parallel, 1),

@@ -1,6 +1,6 @@
 """A tiny random Llama target and a draft close to it, for checks that need no download (engine.bench.dist).
 
-Both are saved with a word-level tokenizer and loaded back through engine.models.load_model, so the check runs
+Both are saved with a word-level tokenizer and loaded back through engine.load.models.load_model, so the check runs
 the same loading, cache and drafter code as a real model. The draft is the target with its weights perturbed:
 a draft that agrees with the target about half the time exercises both branches of rejection sampling (accept,
 and the residual draw after a rejection); an unrelated random draft would almost always be rejected.

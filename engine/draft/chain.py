@@ -1,0 +1,329 @@
+"""The priority chain of drafters: llama.cpp's common_speculative_draft / _accept relay.
+
+Drafters are tried in priority order (n-gram first, model drafters last). The first one that fills a
+sequence's request takes the `drafting` baton from it, is remembered as `impl_last[seq]`, and is credited
+when the verdict comes back; every other drafter hears about it with `is_other=True` so its own bookkeeping
+stays in step with the target.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+
+from engine.batch import Batch
+from engine.draft.base import Drafter, DraftRequest
+from engine.draft.gate import DrafterGate, exclusive_gains
+from engine.draft.policy import DraftLengthPolicy
+from engine.draft.stats import DrafterStats, timed
+
+# type name -> (module, class), in llama.cpp's priority order
+DRAFTER_TYPES: dict[str, tuple[str, str]] = {
+    # the grammar's forced tokens (a constrained generation only): certain, so asked before any guess
+    "grammar": ("engine.draft.grammar", "GrammarDrafter"),
+    "ngram-simple": ("engine.draft.ngram", "NgramSimple"),
+    "ngram-map-k": ("engine.draft.ngram", "NgramMapK"),
+    "ngram-map-k4v": ("engine.draft.ngram", "NgramMapK4V"),
+    "ngram-mod": ("engine.draft.ngram_mod", "NgramMod"),
+    "ngram-cache": ("engine.draft.ngram_cache", "NgramCache"),
+    "draft-simple": ("engine.draft.draft_model", "DraftModelDrafter"),
+    "draft-head": ("engine.draft.draft_head", "DraftHeadDrafter"),  # the trained EAGLE-style head
+    # not a real drafter: full-length drafts for synthetic-acceptance measurements (SpecParams.synthetic_accept)
+    "synthetic": ("engine.draft.synthetic", "SyntheticDrafter"),
+}
+PRIORITY = [t for t in DRAFTER_TYPES if t != "synthetic"]  # what a user picks from
+
+
+def default_params() -> dict:
+    """Our defaults where they differ from llama.cpp's. Its 12-token keys (24 for ngram-mod, with 48-token
+    minimum drafts) suit long code-editing sessions; a chat answer that copies a paragraph realigns with its
+    source after every small change, and a 3-token key finds the source again within a few tokens; ngram-simple
+    then tries 2- and 1-token keys, which find it one token after the change (both measured in docs/engine.md).
+    Drafts that do not pay are cut by the length policy, not by long keys."""
+    from engine.draft.ngram import NgramMapParams, NgramSimpleParams
+    from engine.draft.ngram_mod import NgramModParams
+
+    return {
+        "ngram-simple": NgramSimpleParams(size_n=3, size_m=48, size_n_min=1),
+        "ngram-map-k": NgramMapParams(size_n=3, size_m=48),
+        "ngram-map-k4v": NgramMapParams(size_n=3, size_m=48),
+        "ngram-mod": NgramModParams(n_match=8, n_min=2, n_max=64),
+    }
+NGRAM_CHAIN = ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"]
+
+
+def parse_types(spec: str | list[str] | None) -> list[str]:
+    """'ngram-simple,draft-simple' -> known names in the user's order; 'none' or empty -> []."""
+    if spec is None:
+        return []
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    names = [n for n in names if n != "none"]
+    unknown = [n for n in names if n not in DRAFTER_TYPES]
+    if unknown:
+        raise ValueError(f"unknown drafter type(s) {', '.join(unknown)}; known: {', '.join(PRIORITY)}")
+    return list(dict.fromkeys(names))
+
+
+NGRAMS = "n-grams"  # the gate's name for a slot's n-gram drafters taken together
+
+
+def is_ngram(name: str) -> bool:
+    return name.startswith("ngram-")
+
+
+def make_drafter(name: str, **kwargs) -> Drafter:
+    module, cls = DRAFTER_TYPES[name]
+    return getattr(importlib.import_module(module), cls)(**kwargs)
+
+
+class DrafterChain:
+    """Relay over a shared pool of drafters; each sequence has its own ordered list of drafter types."""
+
+    def __init__(self, pool: dict[str, Drafter], policy: DraftLengthPolicy | None = None):
+        self.pool = pool  # name -> drafter instance, shared by all sequences (each keeps per-seq state)
+        self.policy = policy  # None: verify whatever the drafter offers (up to n_max), for every sequence
+        self.types: dict[int, list[str]] = {}  # seq -> its drafter types in relay order
+        self.adaptive: dict[int, bool] = {}  # seq -> whether the length policy cuts its drafts
+        self.stats: dict[str, DrafterStats] = {}  # name -> counters over all sequences
+        self.seq_stats: dict[int, dict[str, DrafterStats]] = {}  # seq -> name -> counters, one user's view
+        self.impl_last: dict[int, str | None] = {}  # seq -> drafter whose draft is being verified
+        self.k_last: dict[int, int] = {}  # seq -> length of that draft
+        self.gate = DrafterGate()  # tree mode: whether a model drafter's time pays for a slot (engine/draft/gate.py)
+        self.skipped: dict[int, list[str]] = {}  # seq -> this round's gate decisions against drafting, why
+
+    def _both(self, seq: int, name: str) -> tuple[DrafterStats, DrafterStats]:
+        per = self.seq_stats.setdefault(seq, {})
+        return self.stats.setdefault(name, DrafterStats(name)), per.setdefault(name, DrafterStats(name))
+
+    def begin(self, seq: int, prompt: list[int], types: list[str], adaptive: bool = True) -> None:
+        unknown = [t for t in types if t not in self.pool]
+        if unknown:
+            raise ValueError(f"drafter(s) not loaded: {', '.join(unknown)}")
+        self.types[seq] = list(types)
+        self.adaptive[seq] = adaptive
+        self.impl_last[seq] = None
+        self.seq_stats[seq] = {}
+        for name in types:
+            s, s_seq = self._both(seq, name)
+            with timed("t_begin_us", s, s_seq):
+                self.pool[name].begin(seq, prompt)
+            s.n_call_begin += 1
+            s_seq.n_call_begin += 1
+
+    def process(self, batch: Batch, result=None) -> None:
+        for impl in self.pool.values():
+            impl.process(batch, result)
+
+    def draft(self, requests: list[DraftRequest]) -> dict[int, str | None]:
+        """Fill the requests; return seq -> name of the drafter that drafted for it (None if nobody)."""
+        winner: dict[int, str | None] = {r.seq: None for r in requests}
+        for r in requests:
+            self.impl_last[r.seq] = None
+            self.skipped.pop(r.seq, None)
+            r.drafting = r.n_max > 0
+        n_stages = max((len(self.types.get(r.seq, [])) for r in requests), default=0)
+        ngrams_gated = {r.seq for r in requests if r.drafting and not self._gate_ngrams(r)}
+        ngram_seconds: dict[int, float] = {}  # seq -> its share of the n-gram drafters' time this round
+        for stage in range(n_stages):
+            by_name: dict[str, list[DraftRequest]] = {}
+            for r in requests:
+                types = self.types.get(r.seq, [])
+                if r.drafting and stage < len(types) and not (r.seq in ngrams_gated and is_ngram(types[stage])):
+                    by_name.setdefault(types[stage], []).append(r)
+            for name, active in by_name.items():
+                s = self._both(active[0].seq, name)[0]
+                if self.pool[name].needs_model:
+                    active = [r for r in active if self._gate(r, name)]
+                    if not active:
+                        continue
+                    for r in active:  # a network drafts token by token: do not draft what the policy would cut
+                        if self.uses_policy(r.seq) and r.tree_max == 0:  # a tree is cut by the budget
+                            r.n_max = max(1, self.policy.best_k(r.seq, name, r.n_max))
+                # one call drafts for every sequence in `active`: each sequence is charged an equal share
+                per_seq = [self._both(r.seq, name)[1] for r in active]
+                t0 = time.perf_counter()
+                with timed("t_draft_us", s, *per_seq, share=1 / len(active)):
+                    self.pool[name].draft(active)
+                share = (time.perf_counter() - t0) / len(active)
+                for r in active:
+                    if r.tree_max > 0 and self.pool[name].needs_model and self.uses_policy(r.seq):
+                        self.gate.note_cost(r.seq, name, share)
+                    elif is_ngram(name):
+                        ngram_seconds[r.seq] = ngram_seconds.get(r.seq, 0.0) + share
+                s.n_call_draft += 1
+                for r, s_seq in zip(active, per_seq):
+                    s_seq.n_call_draft += 1
+                    if r.tree_max > 0:
+                        k = self._merge(r, name)
+                        if k == 0:
+                            continue
+                        if winner[r.seq] is None:  # counted in accept_tree, for the nodes verified
+                            winner[r.seq] = self.impl_last[r.seq] = name
+                        continue
+                    k = self._cut(r, name)
+                    if k == 0:
+                        continue
+                    r.drafting = False
+                    self.impl_last[r.seq] = name
+                    self.k_last[r.seq] = k
+                    winner[r.seq] = name
+                    s.on_draft(k)
+                    s_seq.on_draft(k)
+        for r in requests:
+            if r.seq in ngram_seconds and r.tree_max > 0 and self.uses_policy(r.seq):
+                self.gate.note_cost(r.seq, NGRAMS, ngram_seconds[r.seq])
+        return winner
+
+    def _gate_ngrams(self, r: DraftRequest) -> bool:
+        """Tree mode under the length policy: whether the slot's n-gram drafters draft this round, weighed as one
+        drafter (engine/draft/gate.py). Each costs a tenth of a millisecond or so, all of them together about a tenth
+        of a one-row forward of the embedded model read from its Q4_1 blocks: on open text, where their nodes
+        are seldom kept, that was a round's cost for nothing. Weighed one by one, two that find the same
+        continuation would each have no gain of its own and both stop."""
+        if r.tree_max == 0 or not self.uses_policy(r.seq) or r.probe:
+            return True
+        if not any(is_ngram(name) for name in self.types.get(r.seq, [])):
+            return True
+        if self.gate.pays(r.seq, NGRAMS, cheap=True):
+            return True
+        self.skipped.setdefault(r.seq, []).append(self.gate.why(r.seq, NGRAMS))
+        return False
+
+    def _gate(self, r: DraftRequest, name: str) -> bool:
+        """Tree mode under the length policy: whether the model drafter `name` drafts for this request
+        (engine/draft/gate.py). A chain's relay already leaves it the rounds the drafters before it could not fill;
+        without the policy every drafter drafts what it can."""
+        if r.tree_max == 0 or not self.uses_policy(r.seq):
+            return True
+        if r.probe:
+            self.skipped.setdefault(r.seq, []).append(f"{name}: the slot rests; the n-gram drafters probe")
+            return False
+        first = [score for score, parent in zip(r.tree.scores, r.tree.parents) if parent < 0] if r.tree else []
+        if self.gate.pays(r.seq, name, p_covered=sum(first)):
+            return True
+        self.skipped.setdefault(r.seq, []).append(self.gate.why(r.seq, name))
+        return False
+
+    def _merge(self, r: DraftRequest, name: str) -> int:
+        """Tree mode: move the fresh result (a chain, or a drafter's own tree) into the request's tree, shared
+        prefixes once, at most tree_max nodes; the request keeps drafting for the next drafter. No length
+        policy cut here: the round's budget chooses among all nodes (engine/round/budget.py). Returns the depth of
+        what fitted."""
+        from engine.draft.tree import DraftTree
+
+        if r.tree is None:
+            r.tree = DraftTree()
+        deepest = 0
+        if r.result_tree is not None:
+            nodes = r.tree.add_tree(r.result_tree, name, limit=r.tree_max)
+            deepest = max((r.tree.depth(n) for n in nodes), default=0)
+        else:
+            for tokens, share in [(r.result, r.result_share)] + r.result_alts:
+                chain = tokens[:r.n_max]
+                if len(chain) >= max(r.n_min, 1):
+                    scores = [share * a for a in self.path_scores(r.seq, name, len(chain))]
+                    # a chain under the root: its i-th node is at depth i + 1
+                    deepest = max(deepest, len(r.tree.add_chain(chain, name, limit=r.tree_max, scores=scores)))
+        r.result, r.result_q, r.result_p, r.result_tree = [], None, None, None
+        r.result_alts, r.result_share = [], 1.0
+        return deepest
+
+    def path_scores(self, seq: int, name: str, k: int) -> list[float]:
+        """The chance that each position of a k-token chain from this drafter is reached: its acceptance rates
+        per position (the length policy's estimates) multiplied along the chain."""
+        if self.policy is None:
+            return [1.0] * k
+        out, run = [], 1.0
+        for a in self.policy.position_rates(seq, name, k)[:k]:
+            run *= a
+            out.append(run)
+        return out
+
+    def _cut(self, r: DraftRequest, name: str) -> int:
+        """Apply the grammar, n_max, n_min and the length policy to a fresh result; return the kept length."""
+        k = min(len(r.result), r.n_max)
+        if r.grammar is not None and k > 0:
+            # a token the grammar forbids can never be kept, nor anything after it: the draft ends before it,
+            # here rather than after the chain so the counters and the length policy see the draft that is
+            # verified, and a draft cut to nothing leaves the request to the next drafter
+            k = min(k, r.grammar.valid_prefix(r.result[:k]))
+        if k < max(r.n_min, 1):
+            k = 0
+        if k > 0 and self.uses_policy(r.seq):
+            k = self.policy.choose(r.seq, name, k)
+            if k < r.n_min:
+                k = 0
+        del r.result[k:]
+        if r.result_q is not None:
+            del r.result_q[k:]
+        if r.result_p is not None:
+            del r.result_p[k:]
+        if k == 0:
+            r.result_q = None
+            r.result_p = None
+        return k
+
+    def uses_policy(self, seq: int) -> bool:
+        return self.policy is not None and self.adaptive.get(seq, True)
+
+    def accept(self, seq: int, n_accepted: int) -> None:
+        name = self.impl_last.get(seq)
+        if name is None:
+            assert n_accepted == 0, "accepted tokens without a draft"
+            return
+        impl = self.pool[name]
+        s, s_seq = self._both(seq, name)
+        with timed("t_accept_us", s, s_seq):
+            s.on_accept(n_accepted)
+            s_seq.on_accept(n_accepted)
+            impl.accept(seq, n_accepted, False)
+        if self.uses_policy(seq):
+            self.policy.update(seq, name, self.k_last.get(seq, n_accepted), n_accepted)
+        for other in self.types.get(seq, []):
+            if other != name:
+                self.pool[other].accept(seq, n_accepted, True)
+        self.impl_last[seq] = None
+
+    def accept_tree(self, seq: int, tree, path: list[int]) -> None:
+        """Tree mode: each drafter is credited with how much of its own proposal the kept path holds, so its
+        #acc rate/pos and #mean acc len keep llama.cpp's meaning; the others hear the kept length."""
+        credit = tree.credit(path)
+        gains = exclusive_gains(credit, len(path))
+        for name in self.types.get(seq, []):
+            if self.pool[name].needs_model:
+                self.gate.note_rows(seq, name, sum(1 for d in tree.drafters if d == name))
+                self.gate.note_gain(seq, name, gains.get(name, 0))
+        if any(is_ngram(name) for name in self.types.get(seq, [])):  # the n-gram drafters as one
+            ngrams = max((km for name, km in credit.items() if is_ngram(name)), key=lambda km: km[1], default=(0, 0))
+            grouped = {NGRAMS: ngrams, **{name: km for name, km in credit.items() if not is_ngram(name)}}
+            self.gate.note_rows(seq, NGRAMS, sum(1 for d in tree.drafters if is_ngram(d)))
+            self.gate.note_gain(seq, NGRAMS, exclusive_gains(grouped, len(path))[NGRAMS])
+        for name, (k, m) in credit.items():
+            s, s_seq = self._both(seq, name)
+            s.on_draft(k)
+            s_seq.on_draft(k)
+            with timed("t_accept_us", s, s_seq):
+                s.on_accept(m)
+                s_seq.on_accept(m)
+                self.pool[name].accept(seq, m, False)
+            if self.uses_policy(seq):
+                self.policy.update(seq, name, k, m)
+        for other in self.types.get(seq, []):
+            if other not in credit:
+                self.pool[other].accept(seq, len(path), True)
+        self.impl_last[seq] = None
+
+    def seq_cp(self, src: int, dst: int, n: int) -> None:
+        for impl in self.pool.values():  # every drafter: dst may pick its drafters only after this
+            impl.seq_cp(src, dst, n)
+
+    def seq_rm(self, seq: int) -> None:
+        for name in self.types.pop(seq, []):
+            self.pool[name].seq_rm(seq)
+        self.adaptive.pop(seq, None)
+        self.impl_last.pop(seq, None)
+        self.k_last.pop(seq, None)
+        self.skipped.pop(seq, None)
+        self.gate.forget(seq)
+        if self.policy is not None:
+            self.policy.forget(seq)

@@ -1,0 +1,347 @@
+"""draft-head: an EAGLE-style head that reads the target's hidden states (llama.cpp's draft-eagle3 in spirit).
+
+The head asks the target for three hidden layers (`hidden_layers`, llama_set_embeddings_layer_inp's analog);
+after every target forward `process()` stores each row's features by (sequence, position), together with the
+row's token. Rows of a verification batch past the accepted prefix are overwritten by the next forward at those
+positions, and a checkpoint restore is followed by a replay batch over the same positions, so the features at
+the confirmed positions are always the ones of the confirmed tokens, whatever rollback path the target took.
+
+The head's own KV cache per sequence holds one entry per confirmed position t, made from (feature of t-1,
+token t). At `draft()` it catches up: it keeps the longest prefix whose tokens agree with the confirmed ones
+(so it is rolled back with the target), adds entries for the new positions up to id_last's, then drafts
+token after token from its own features; the entries of draft tokens are dropped after drafting. Every
+sequence that is still drafting advances in one batched head step; `p_min` stops a sequence early.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.batch import Batch
+from engine.draft.base import Drafter, DraftRequest, DraftStreams, top_k_q
+from engine.draft.head_net import DraftHead, HeadConfig, fingerprint_matches, load_head
+from engine.draft.head_tree import HeadTreeParams, StepCost, TreeSeed, grow_many
+from engine.forward.mapped import drop_resident
+from engine.prefix import common_prefix
+
+DEFAULT_WEIGHTS = Path(__file__).resolve().parents[2] / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
+
+
+@dataclass
+class DraftHeadParams:
+    weights: Path = DEFAULT_WEIGHTS  # the head's safetensors file (its .json config beside it)
+    top_k: int = 10  # candidates kept in q when the target samples (llama.cpp's draft sampler keeps 10)
+    grow: int = 256  # positions added at a time to the per-sequence stores
+    # stop drafting below this top probability, when the request leaves it to the drafter: the value at which
+    # the shipped head was fastest on the held-out prompts (training.eval --p-min ...; README)
+    p_min: float = 0.3
+    tree: HeadTreeParams = field(default_factory=HeadTreeParams)  # dynamic trees, in tree mode
+    # a forward with at least this many rows of one sequence, extending the head's entries, is a prompt's
+    # prefill: the head makes their entries then (process), not in the first draft. With four open slots the
+    # first draft read the prompts in 7 to 22 ms, a round's time that every slot waited for
+    prefill_rows: int = 16
+
+
+class _SeqState:
+    """One sequence's stores: target features and head KV entries, both indexed by position."""
+
+    def __init__(self, n_feat: int, n_kv: int, head_dim: int):
+        self.feats = torch.zeros(0, n_feat)  # [cap, layers*hidden] target features
+        self.feat_tok = torch.zeros(0, dtype=torch.long)  # token of the row that wrote each feature (-1: none)
+        # head keys (RoPE applied) and values per position, entries 0..len(kv_tokens)-1 in use: stores that
+        # grow by doubling, written in place, as a round adds one to four entries to each
+        self.k_store = torch.zeros(0, n_kv, head_dim)
+        self.v_store = torch.zeros(0, n_kv, head_dim)
+        self.kv_tokens: list[int] = []  # token of each head KV entry
+
+    def write(self, pos: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, grow: int) -> None:
+        """Features [n, n_feat] of the rows at positions `pos` (distinct) that held `tokens`."""
+        self.reserve(int(pos.max()) + 1, grow)
+        self.feats[pos] = feats
+        self.feat_tok[pos] = tokens
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self.k_store[:len(self.kv_tokens)]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.v_store[:len(self.kv_tokens)]
+
+    def put_kv(self, k: torch.Tensor, v: torch.Tensor, tokens: list[int]) -> None:
+        """Append entries k, v [n, kv_heads, d] of `tokens`."""
+        start, end = len(self.kv_tokens), len(self.kv_tokens) + len(tokens)
+        if end > self.k_store.shape[0]:
+            size = max(end, 2 * self.k_store.shape[0], 64)
+            self.k_store = torch.cat([self.k_store[:start], torch.zeros(size - start, *k.shape[1:])])
+            self.v_store = torch.cat([self.v_store[:start], torch.zeros(size - start, *v.shape[1:])])
+        self.k_store[start:end] = k
+        self.v_store[start:end] = v
+        self.kv_tokens += tokens
+
+    def reserve(self, n: int, grow: int) -> None:
+        if n <= self.feats.shape[0]:
+            return
+        extra = max(n - self.feats.shape[0], grow)
+        self.feats = torch.cat([self.feats, torch.zeros(extra, self.feats.shape[1])])
+        self.feat_tok = torch.cat([self.feat_tok, torch.full((extra,), -1, dtype=torch.long)])
+
+
+class DraftHeadDrafter(Drafter):
+    name = "draft-head"
+    needs_model = True
+
+    def __init__(self, target=None, params: DraftHeadParams | None = None, head: DraftHead | None = None):
+        if target is None:
+            raise ValueError("draft-head needs the target model (its embedding table and hidden states)")
+        self.params = params or DraftHeadParams()
+        if head is None:
+            if not Path(self.params.weights).is_file():
+                raise ValueError(f"draft-head weights not found: {self.params.weights}")
+            head = load_head(Path(self.params.weights))
+        check_config_matches(head.cfg, target)
+        # the table as the target holds it (bfloat16 for a bfloat16 target): the head converts only the rows it
+        # uses, its LM head's draft-vocabulary rows once and each step's looked-up rows
+        head.attach_target(target.model.get_input_embeddings().weight)
+        head.for_inference(target.model.get_input_embeddings().weight.dtype,
+                           integer=getattr(target, "dtype", "") == "int8")
+        drop_resident(target.model.get_input_embeddings().weight)  # the checksum read all of a mapped table
+        self.head = head.eval()
+        self.hidden_layers = tuple(head.cfg.layers)
+        self.states: dict[int, _SeqState] = {}
+        # forwards' features not yet sorted into the sequences' stores: (seq, pos, token of each row, features
+        # [rows, n_feat]). A slot that rests or that the gate skips is not drafted for, and a forward of four
+        # slots spent 0.1 ms noting each row where it belongs; they are sorted when the head next drafts, for
+        # all forwards at once (or every `sort_every` forwards: each holds its hidden states in memory)
+        self.unsorted: list[tuple[list[int], list[int], list[int], torch.Tensor]] = []
+        self.sort_every = 64
+        self.streams = DraftStreams()  # per-seq temperature, seed and random stream
+        self.step_cost = StepCost()  # tree mode: what a depth step of the head costs and gives (head_tree.py)
+
+    def _sort(self) -> None:
+        """Write the forwards' features into their sequences' stores; where a position was forwarded twice (a
+        rejected draft, then the target's token), the later forward's row is the one kept."""
+        if not self.unsorted:
+            return
+        seqs, pos, toks = (torch.tensor([x for part in self.unsorted for x in part[i]]) for i in range(3))
+        feats = torch.cat([part[3] for part in self.unsorted])
+        one_forward = len(self.unsorted) == 1
+        self.unsorted = []
+        order = torch.arange(len(pos))
+        with torch.inference_mode():  # the features are the forward's inference tensors
+            for seq in seqs.unique().tolist():
+                mine = order[seqs == seq]
+                if one_forward:  # a forward holds a position of a sequence once: nothing to choose between
+                    self._state(seq).write(pos[mine], toks[mine], feats[mine], self.params.grow)
+                    continue
+                where, slot = torch.unique(pos[mine], return_inverse=True)
+                last = torch.zeros(len(where), dtype=torch.long).scatter_reduce_(0, slot, mine, "amax",
+                                                                                 include_self=False)
+                self._state(seq).write(where, toks[last], feats[last], self.params.grow)
+
+    def _state(self, seq: int) -> _SeqState:
+        if seq not in self.states:
+            c = self.head.cfg
+            self.states[seq] = _SeqState(c.hidden * len(c.layers), c.n_kv_heads, c.head_dim)
+        return self.states[seq]
+
+    # ---- lifecycle --------------------------------------------------------------------------------------
+
+    def begin(self, seq: int, prompt: list[int]) -> None:
+        st = self._state(seq)
+        st.kv_tokens = []  # features stay: a reused prompt prefix is not forwarded again
+        self.streams.restart(seq)
+
+    def retune(self, seq: int, temp: float, seed: int) -> None:
+        self.streams.retune(seq, temp, seed)
+
+    def seq_rm(self, seq: int) -> None:
+        # the engine calls this before reusing a slot's cached prefix, whose features were made then: keep them
+        if seq in self.states:
+            self.states[seq].kv_tokens = []
+        self.streams.forget(seq)
+
+    def seq_cp(self, src: int, dst: int, n: int) -> None:
+        # the shared prefix is never forwarded for dst: without its features the head would draft blind there
+        if src not in self.states or n <= 0:
+            return
+        self._sort()
+        a, b = self._state(src), self._state(dst)
+        with torch.inference_mode():  # the stores are written where the forward's features are, in inference
+            b.reserve(n, self.params.grow)
+            m = min(n, a.feats.shape[0])
+            b.feats[:m] = a.feats[:m]
+            b.feat_tok[:m] = a.feat_tok[:m]
+
+    def process(self, batch: Batch, result=None) -> None:
+        if result is None or result.hidden is None:
+            return
+        self.unsorted.append((list(batch.seq), list(batch.pos), list(batch.tokens), result.hidden))
+        if len(batch.seq) < self.params.prefill_rows:
+            if len(self.unsorted) >= self.sort_every:
+                self._sort()
+            return
+        self._sort()
+        # a prompt's prefill (many rows that extend the head's entries): its entries are made now, while the
+        # target reads the prompt, instead of in the first round's draft, which every slot waits for
+        by_seq: dict[int, list[int]] = {}
+        for row, seq in enumerate(batch.seq):
+            by_seq.setdefault(seq, []).append(row)
+        reading = []
+        for seq, rows in by_seq.items():
+            st = self._state(seq)
+            if len(rows) >= self.params.prefill_rows and batch.pos[rows[0]] == len(st.kv_tokens) \
+                    and not batch.has_tree():
+                reading.append((seq, st.kv_tokens + [batch.tokens[r] for r in rows]))
+        if reading:
+            with torch.inference_mode():
+                self._make_entries(reading, query=False)
+
+    # ---- drafting ---------------------------------------------------------------------------------------
+
+    def _attend(self, st: _SeqState, q: torch.Tensor) -> torch.Tensor:
+        """One query [heads, d] over all of the sequence's KV entries -> [heads*d]."""
+        k = st.k.transpose(0, 1)[None]  # [1, kv_heads, n, d]: GQA inside SDPA, no copy per query head
+        v = st.v.transpose(0, 1)[None]
+        out = F.scaled_dot_product_attention(q[None, :, None], k, v, enable_gqa=True)
+        return out.reshape(-1)
+
+    def _catch_up(self, requests: list[DraftRequest]) -> list[torch.Tensor]:
+        """Bring every sequence's KV up to id_last's position; return each one's (feature, query) there."""
+        fused, lasts, q = self._make_entries([(r.seq, r.prompt + [r.id_last]) for r in requests], query=True)
+        return fused[lasts], q
+
+    def _make_entries(self, wanted: list[tuple[int, list[int]]], query: bool):
+        """Make each sequence's KV entries up to the end of its confirmed tokens, from the features the target
+        gave. query: the last token's entry is remade (id_last's, whose feature row may have changed) and its
+        query returned with it. Returns (fused features of the new rows, each sequence's last row, q)."""
+        head = self.head
+        raw, known, toks, pos, spans = [], [], [], [], []
+        self._sort()
+        for seq, confirmed in wanted:
+            st = self._state(seq)
+            n = common_prefix(st.kv_tokens, confirmed, limit=len(confirmed) - 1 if query else None)
+            del st.kv_tokens[n:]
+            st.reserve(len(confirmed), self.params.grow)
+            # entry t is made from the feature of t - 1, if that row's token is the confirmed one; at position
+            # 0, or where a position was never forwarded, the feature is zero, as in training
+            want = torch.tensor([confirmed[t - 1] if t >= 1 else -2 for t in range(n, len(confirmed))])
+            if n >= 1:  # positions n - 1 .. len - 2: one slice
+                known.append(st.feat_tok[n - 1:len(confirmed) - 1] == want)
+                raw.append(st.feats[n - 1:len(confirmed) - 1])
+            else:
+                prev = torch.arange(n - 1, len(confirmed) - 1).clamp(min=0)
+                known.append(st.feat_tok[prev] == want)
+                raw.append(st.feats[prev])
+            toks += confirmed[n:]
+            pos.append(torch.arange(n, len(confirmed)))
+            spans.append(len(confirmed) - n)
+        known_t = torch.cat(known)
+        fused = head.fuse(torch.cat(raw)) * known_t[:, None]
+        lasts = torch.tensor(spans).cumsum(0) - 1  # each sequence's last row: where its drafting starts
+        if query:
+            q, k, v = head.kv_then_q(fused, torch.tensor(toks), torch.cat(pos), lasts)
+        else:
+            q, (k, v) = None, head.kv(fused, torch.tensor(toks), torch.cat(pos))
+        start = 0
+        for (seq, _), n_new in zip(wanted, spans):
+            self._state(seq).put_kv(k[start:start + n_new], v[start:start + n_new], toks[start:start + n_new])
+            start += n_new
+        return fused, lasts, q
+
+    def _choose(self, r: DraftRequest, logits: torch.Tensor):
+        """Pick a draft token from head logits [draft_vocab]; return (target id, p of top, p of it, full q)."""
+        d2t = self.head.d2t
+        if r.want_q:
+            q_small, ids = top_k_q(logits, self.params.top_k, self.streams.temp(r.seq))
+            j = int(torch.multinomial(q_small, 1, generator=self.streams.generator(r.seq)))
+            q = torch.zeros(self.head.cfg.target_vocab)
+            q[d2t[ids]] = q_small
+            return int(d2t[ids[j]]), float(q_small.max()), float(q_small[j]), q
+        probs = torch.softmax(logits, dim=-1)
+        j = int(probs.argmax())
+        return int(d2t[j]), float(probs[j]), float(probs[j]), None
+
+    @torch.inference_mode()
+    def draft(self, requests: list[DraftRequest]) -> None:
+        head = self.head
+        for r in requests:
+            r.result, r.result_p = [], []
+            r.result_q = [] if r.want_q else None
+        if not requests:
+            return
+        feat, q = self._catch_up(requests)
+        base = {r.seq: len(self._state(r.seq).kv_tokens) for r in requests}  # entries of confirmed positions
+        trees = [i for i, r in enumerate(requests) if r.tree_max > 0]
+        if trees:  # tree mode: the head's first step, then a dynamic tree per sequence (head_tree.py)
+            attn = torch.stack([self._attend(self._state(requests[i].seq), q[i]) for i in trees])
+            g = head.finish(feat[trees], attn)
+            logits = head.logits(g).float()
+            states = [self._state(requests[i].seq) for i in trees]
+            seeds = [TreeSeed(st.k, st.v, base[requests[i].seq], g[n], logits[n],
+                              requests[i].model_tree_max or requests[i].tree_max,
+                              requests[i].n_max, requests[i].tree_min_score)
+                     for n, (i, st) in enumerate(zip(trees, states))]
+            token_seconds = max(requests[i].token_seconds for i in trees)  # the same batch for all of them
+            for i, tree in zip(trees, grow_many(head, seeds, self.params.tree, self.step_cost, token_seconds)):
+                requests[i].result_tree = tree
+        live = [i for i, r in enumerate(requests) if r.tree_max == 0]
+        feat, q = feat[live], q[live]
+        while live:
+            attn = torch.stack([self._attend(self._state(requests[i].seq), q[n]) for n, i in enumerate(live)])
+            g = head.finish(feat, attn)
+            logits = head.logits(g).float()
+            keep = []
+            for n, i in enumerate(live):
+                r = requests[i]
+                tok, p_top, p_tok, q_full = self._choose(r, logits[n])
+                if p_top < r.p_min_or(self.params.p_min):
+                    continue
+                r.result.append(tok)
+                r.result_p.append(p_tok)
+                if r.want_q:
+                    r.result_q.append(q_full)
+                if len(r.result) < r.n_max:
+                    keep.append(n)
+            if not keep:
+                break
+            live = [live[n] for n in keep]
+            feat = g[keep]
+            toks = torch.tensor([requests[i].result[-1] for i in live])
+            pos = torch.tensor([base[requests[i].seq] + len(requests[i].result) - 1 for i in live])
+            q, k, v = head.qkv(feat, toks, pos)
+            for n, i in enumerate(live):
+                self._state(requests[i].seq).put_kv(k[n:n + 1], v[n:n + 1], [requests[i].result[-1]])
+        for r in requests:  # draft entries leave the head cache: next round remakes them from target features
+            del self._state(r.seq).kv_tokens[base[r.seq]:]
+
+
+def head_fits(target, weights: Path = DEFAULT_WEIGHTS) -> bool:
+    """Whether the head in `weights` was trained for this target: its config alone is read, not its weights,
+    so the UI can ask at every model load whether draft-head belongs in the default chain. No model: no fit."""
+    config = Path(weights).with_suffix(".json")
+    if getattr(target, "model", None) is None or not config.is_file():
+        return False
+    try:
+        check_config_matches(HeadConfig.from_json(config.read_text()), target)
+    except ValueError:
+        return False
+    return True
+
+
+def check_config_matches(cfg: HeadConfig, target) -> None:
+    """Refuse a head trained for another model: vocabulary, width and the embedding table must be the same (the
+    table in float32 or rounded to bfloat16: a head serves the same model loaded in either dtype)."""
+    emb = target.model.get_input_embeddings().weight
+    n_layers = int(getattr(target.model.config, "num_hidden_layers", 0))
+    if emb.shape[0] != cfg.target_vocab or emb.shape[1] != cfg.hidden:
+        raise ValueError(f"draft-head was trained for a target with vocab {cfg.target_vocab} and hidden "
+                         f"{cfg.hidden}; the loaded target has vocab {emb.shape[0]} and hidden {emb.shape[1]}")
+    if max(cfg.layers) > n_layers:
+        raise ValueError(f"draft-head reads hidden layer {max(cfg.layers)}; the target has {n_layers} layers")
+    if not fingerprint_matches(cfg, emb):
+        raise ValueError("draft-head was trained for another model (embedding table checksum differs)")

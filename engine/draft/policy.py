@@ -1,0 +1,92 @@
+"""Adaptive draft length: draft only as far as it pays on this machine.
+
+Verifying k tokens is not free, and what it costs depends on the machine and the model: the engine times
+forwards of 1 to 16 rows at start (`Engine.calibrate`) and this policy reads that curve. With a_i the chance
+that draft position i is accepted given i-1 was, a round with k draft tokens emits
+E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i tokens and costs c(k+1) single-token forwards, so the policy keeps the k
+that maximises E(k) / c(k+1), and drafts nothing when no k beats plain decoding (E = 1, c = 1). The a_i are
+exponential moving averages per (sequence, drafter), so one prompt that copies well does not make another
+prompt pay. Acceptance is conditional per position: once the first draft token is right, a copy tends to go
+on (n-gram drafts are right or wrong in runs), so unseen deeper positions start from a higher prior than the
+first; without that the policy never verifies deep enough to learn that deep drafts pay. A suppressed drafter
+still gets a 1-token probe every `probe_every` rounds so it can recover.
+This is the speedup formula (1 - a^(k+1)) / ((1 - a)(c + 1)), for a constant a and a round costing c + 1
+forwards, turned into a per-round decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.cost.curve import CostModel
+
+
+@dataclass
+class PolicyParams:
+    prior: float = 0.6  # a_1 assumed before any evidence
+    prior_deep: float = 0.85  # a_i, i > 1, assumed before evidence: a draft that starts right tends to go on
+    decay: float = 0.6  # weight of the old estimate in each update
+    probe_every: int = 4  # a suppressed drafter gets a 1-token probe this often
+
+
+class DraftLengthPolicy:
+    def __init__(self, cost: CostModel, params: PolicyParams | None = None):
+        self.cost = cost
+        self.params = params or PolicyParams()
+        self.rates: dict[tuple[int, str], list[float]] = {}  # (seq, drafter) -> a_i per position
+        self.n_suppressed: dict[tuple[int, str], int] = {}  # rounds in a row with k = 0
+
+    def position_rates(self, seq: int, drafter: str, k: int) -> list[float]:
+        """a_i for draft positions 1..k (at least k entries) of this drafter on this sequence, priors where unseen."""
+        rates = self.rates.setdefault((seq, drafter), [])
+        while len(rates) < k:
+            # deeper positions start from the deep prior, never below what the last known position shows
+            rates.append(self.params.prior if not rates else max(rates[-1], self.params.prior_deep))
+        return rates
+
+    def expected_tokens(self, rates: list[float], k: int) -> float:
+        total, run = 1.0, 1.0
+        for a in rates[:k]:
+            run *= a
+            total += run
+        return total
+
+    def best_k(self, seq: int, drafter: str, k_offered: int) -> int:
+        """The k <= k_offered that maximises E[tokens](k) / c(k + 1); 0 if no draft beats a plain step."""
+        if k_offered <= 0:
+            return 0
+        rates = self.position_rates(seq, drafter, k_offered)
+        best_k, best_v = 0, 1.0
+        for k in range(1, k_offered + 1):
+            v = self.expected_tokens(rates, k) / self.cost.c(k + 1)
+            if v > best_v * 1.001:
+                best_k, best_v = k, v
+        return best_k
+
+    def choose(self, seq: int, drafter: str, k_offered: int) -> int:
+        """How many of the k_offered draft tokens to verify (0 = none; a 1-token probe now and then)."""
+        if k_offered <= 0:
+            return 0
+        best_k = self.best_k(seq, drafter, k_offered)
+        key = (seq, drafter)
+        if best_k == 0:
+            self.n_suppressed[key] = self.n_suppressed.get(key, 0) + 1
+            if self.n_suppressed[key] % self.params.probe_every == 0:
+                return 1
+            return 0
+        self.n_suppressed[key] = 0
+        return best_k
+
+    def update(self, seq: int, drafter: str, k: int, n_accepted: int) -> None:
+        """A k-token draft had its first n_accepted kept: positions up to n_accepted+1 were judged."""
+        rates = self.position_rates(seq, drafter, k)
+        d = self.params.decay
+        for i in range(min(k, n_accepted + 1)):
+            hit = 1.0 if i < n_accepted else 0.0
+            rates[i] = d * rates[i] + (1 - d) * hit
+
+    def forget(self, seq: int) -> None:
+        for key in [key for key in self.rates if key[0] == seq]:
+            del self.rates[key]
+        for key in [key for key in self.n_suppressed if key[0] == seq]:
+            del self.n_suppressed[key]

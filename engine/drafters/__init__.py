@@ -1,1 +1,0 @@
-"""Drafters: one family per module, all behind the interface in `base.py`."""

@@ -1,0 +1,261 @@
+"""Attention over the cell cache: every row alone over exactly the cells it sees.
+
+A forward's 4D mask says which cells each row sees (its sequence's cells at positions up to its own, or a draft
+tree's committed prefix and the node's ancestors). `cell_layout` turns it once per forward into a compressed
+row list: for row r, the cells it sees in position order. Each layer then attends row by row over that list, so
+a row never scores another slot's cells, no key is repeated per query head (grouped-query heads share one pass
+over their key head), and a row's output does not depend on the batch it ran in.
+
+That last property is what makes speculation lossless to the bit. torch's SDPA and BLAS choose kernels and
+blockings by shape: a row scored beside others, or over masked extra cells, comes out a rounding apart, which
+bfloat16 linears turn into logits half a unit apart. With the packed linears (engine/forward/prepack.py), also
+batch-invariant, a verification forward or a tree of drafts reproduces plain decoding's logits exactly, and a
+prompt prefilled at once leaves the cache a prompt prefilled in parts leaves.
+
+Two implementations of the same contract, chosen once per context (`RowAttention`):
+- `kernel`: engine/forward/kernels/cell_attention.c, one call per layer for all rows, a fixed order of arithmetic per
+  row (float32, CPU; built on first use);
+- `torch`: one SDPA call per row over its cells (a slice when they form one run). Any dtype and device; about
+  1 ms per verified row per forward on the embedded model, which is what the kernel removes.
+
+The engine passes `cell_rows` (a `CellRows`) as a forward kwarg, which transformers hands to the attention
+function; a forward without it (a plain HF call on the same model) takes the normal SDPA path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+NAME = "spec_cells"  # the attention implementation name registered with transformers
+
+
+@dataclass
+class CellLayout:
+    """Which cells each row of a forward sees: row r sees cells[row_ptr[r]:row_ptr[r + 1]], in position order."""
+
+    row_ptr: torch.Tensor  # [T + 1] int64, CPU
+    cells: torch.Tensor  # [n_seen] int64, CPU
+
+    @property
+    def n_rows(self) -> int:
+        return self.row_ptr.numel() - 1
+
+    def row(self, r: int) -> torch.Tensor:
+        return self.cells[int(self.row_ptr[r]):int(self.row_ptr[r + 1])]
+
+    def check(self, n_rows: int, n_cells: int) -> None:
+        """Raises ValueError unless this layout fits `n_rows` query rows over a cache of `n_cells` cells: a C
+        kernel reads every index it is given, so a row pointer or a cell out of range must stop here."""
+        ptr, cells = self.row_ptr, self.cells
+        if ptr.dtype != torch.int64 or cells.dtype != torch.int64 or not ptr.is_contiguous() \
+                or not cells.is_contiguous():
+            raise ValueError("cell layout: row pointers and cells must be contiguous int64")
+        if self.n_rows != n_rows:
+            raise ValueError(f"cell layout of {self.n_rows} rows for {n_rows} query rows")
+        if int(ptr[0]) != 0 or int(ptr[-1]) != cells.numel() or bool((ptr[1:] < ptr[:-1]).any()):
+            raise ValueError("cell layout: row pointers do not run from 0 to the cells' count")
+        if cells.numel() and (int(cells.min()) < 0 or int(cells.max()) >= n_cells):
+            raise ValueError(f"cell layout: a cell outside the cache's {n_cells}")
+
+    def one_run_per_row(self) -> bool:
+        """True if every row's cells are one increasing run of the cache (read as a slice, no gather)."""
+        step = self.cells[1:] - self.cells[:-1]
+        inside = torch.ones_like(step, dtype=torch.bool)
+        ends = self.row_ptr[1:-1] - 1  # the last index of each row but the last
+        inside[ends[(ends >= 0) & (ends < step.numel())]] = False
+        return bool((step[inside] == 1).all())
+
+
+def cell_layout(mask: torch.Tensor, cell_pos: torch.Tensor | None = None) -> CellLayout:
+    """mask: [1, 1, T, n_live] additive (0 where a row sees a cell); cell_pos: [n_live] position per cell.
+
+    Cells come out in position order within each row, wherever they are stored (a prefix shared with seq_cp,
+    a tree's nodes), so the attention's sums run in the order plain decoding runs them."""
+    # numpy: a handful of steps over [T, n_live], each of which cost torch tens of microseconds
+    seen = (mask[0, 0] == 0).cpu().numpy()  # [T, n_live]
+    rows, cells = np.nonzero(seen)  # row-major: cells ascend within a row
+    row_ptr = np.zeros(seen.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=seen.shape[0]), out=row_ptr[1:])
+    if cell_pos is not None and cells.size > 1:
+        pos = cell_pos.cpu().numpy()[cells]
+        key = rows * (int(pos.max()) + 1) + pos
+        if not bool((key[1:] >= key[:-1]).all()):
+            cells = cells[np.argsort(key, kind="stable")]
+    return CellLayout(torch.from_numpy(row_ptr), torch.from_numpy(np.ascontiguousarray(cells, dtype=np.int64)))
+
+
+def batch_layout(cell_pos: torch.Tensor, cell_seq: torch.Tensor, n_live: int, batch, cells: torch.Tensor,
+                 window: int | None = None) -> CellLayout:
+    """The layout `cell_layout` reads from a forward's mask, read from the batch instead (CellCache.prepare
+    builds that mask; CellCache.claim does the rest): a chain row sees its sequence's cells at positions up to
+    its own (and within `window`); a tree row sees those its forward did not write, and its ancestors' cells and
+    its own. cells: the cell of each batch row. Each row is then one slice of its sequence's cells in position
+    order, with no [T, n_live] step: the mask and its reading cost 0.4 ms of a 10 ms forward of four slots."""
+    pos_all = cell_pos[:n_live].numpy()
+    cells_np = cells.numpy()
+    written = np.zeros(n_live, dtype=bool)
+    written[cells_np] = True
+    lineage: list[list[int]] = []  # per row: its ancestors' rows and its own, parents first
+    for t, parent in enumerate(batch.parent):
+        lineage.append((lineage[parent] if parent is not None else []) + [t])
+    own: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+    seq_all = cell_seq[:n_live].numpy()
+    for s in dict.fromkeys(batch.seq):
+        idx = np.flatnonzero(seq_all[:, s])  # ascending: ties of position stay in cell order, as cell_layout's
+        idx = idx[np.argsort(pos_all[idx], kind="stable")]
+        idx = idx[pos_all[idx] >= 0]
+        kept = ~written[idx]
+        own[s] = (idx, pos_all[idx], idx[kept], pos_all[idx[kept]])
+    parts, row_ptr = [], np.zeros(len(batch) + 1, dtype=np.int64)
+    for t, (s, p, parent) in enumerate(zip(batch.seq, batch.pos, batch.parent)):
+        idx, pos, old_idx, old_pos = own[s]
+        if parent is not None:
+            idx, pos = old_idx, old_pos
+        lo = int(np.searchsorted(pos, p - window, side="right")) if window is not None else 0
+        row = idx[lo:int(np.searchsorted(pos, p, side="right"))]
+        if parent is not None:
+            mine = cells_np[lineage[t]]
+            row = np.concatenate([row, mine])
+            if len(row) > len(mine) and pos_all[mine].min() <= pos_all[row[len(row) - len(mine) - 1]]:
+                row = row[np.lexsort((row, pos_all[row]))]
+        parts.append(row)
+        row_ptr[t + 1] = row_ptr[t] + len(row)
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return CellLayout(torch.from_numpy(row_ptr), torch.from_numpy(np.ascontiguousarray(flat, dtype=np.int64)))
+
+
+class RowAttention:
+    """The attention implementation of one context: the C kernel where it applies, SDPA per row otherwise."""
+
+    def __init__(self, device: torch.device, cache_dtype: torch.dtype, use_kernel: bool = True,
+                 defines: tuple[str, ...] = ()):
+        """defines: -D options of the kernel's build (("BLOCK8",): AVX2's 8-wide vectors on an AVX512 CPU)."""
+        self.kernel = None
+        if not use_kernel:
+            self.reason = "torch per row (kernel turned off)"
+        elif torch.device(device).type != "cpu" or cache_dtype != torch.float32:
+            self.reason = f"torch per row (the kernel needs float32 on CPU, not {cache_dtype} on {device})"
+        else:
+            from engine.forward.kernels.build import build
+
+            lib, where = build("cell_attention", defines)
+            if lib is None:
+                self.reason = f"torch per row ({where})"
+            else:
+                self.kernel = lib.cell_attention
+                self.kernel.restype = ctypes.c_int
+                self.kernel.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [
+                    ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float]
+                self.reason = "C kernel per row"
+
+    def rows(self, layout: CellLayout) -> "CellRows":
+        return CellRows(layout, self)
+
+
+@dataclass
+class CellRows:
+    """One forward's layout with the implementation that attends over it; every layer calls `attend`."""
+
+    layout: CellLayout
+    impl: RowAttention
+    _slices: list = field(default_factory=list)
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+        """query [T, H, D]; key, value [1, H_kv, n_live, D] -> [T, H, D]."""
+        if self.impl.kernel is not None:
+            return self._kernel(query, key, value, scaling)
+        out = torch.empty_like(query)
+        for r, cells in enumerate(self.row_cells):
+            out[r] = _one_row(query[r], _take(key, cells), _take(value, cells), scaling)
+        return out
+
+    def _kernel(self, query, key, value, scaling) -> torch.Tensor:
+        q = query.float().contiguous()
+        k, v = _rows_contiguous(key), _rows_contiguous(value)
+        if k.stride(1) != v.stride(1):
+            k, v = k.contiguous(), v.contiguous()
+        t, h, d = q.shape
+        out = torch.empty_like(q)
+        lay = self.layout
+        if k.dim() != 4 or k.shape[0] != 1 or k.shape != v.shape or k.shape[3] != d or h % k.shape[1]:
+            raise ValueError(f"cell attention: queries {tuple(q.shape)} over keys {tuple(k.shape)}, values "
+                             f"{tuple(v.shape)}")
+        lay.check(t, k.shape[2])
+        if t == 0:
+            return out.to(query.dtype)
+        failed = self.impl.kernel(q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(1), lay.row_ptr.data_ptr(),
+                                  lay.cells.data_ptr(), out.data_ptr(), t, h, k.shape[1], d, float(scaling))
+        if failed:
+            raise MemoryError("cell attention: no memory for the scores")
+        return out.to(query.dtype)
+
+    @cached_property
+    def row_cells(self) -> list[slice | torch.Tensor]:
+        return [_as_slice(self.layout.row(r)) for r in range(self.layout.n_rows)]
+
+
+def _rows_contiguous(kv: torch.Tensor) -> torch.Tensor:
+    """[1, H_kv, n, D] with unit stride over D and D over cells (a view of the cache usually is)."""
+    if kv.dtype != torch.float32:
+        kv = kv.float()
+    if kv.stride(3) != 1 or kv.stride(2) != kv.shape[3]:
+        kv = kv.contiguous()
+    return kv
+
+
+def _take(kv: torch.Tensor, cells: slice | torch.Tensor) -> torch.Tensor:
+    return kv[0, :, cells] if isinstance(cells, slice) else kv[0].index_select(1, cells.to(kv.device))
+
+
+def _as_slice(idx: torch.Tensor):
+    """A slice if the indices are one increasing run (no copy when indexing), else the index tensor."""
+    n = idx.numel()
+    if n and int(idx[-1]) - int(idx[0]) + 1 == n and bool((idx[1:] > idx[:-1]).all()):
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return idx
+
+
+def _one_row(query, key, value, scaling) -> torch.Tensor:
+    """One row: query [H, D] over key, value [H_kv, n, D] -> [H, D].
+
+    With grouped-query attention the H / H_kv query heads that share a key head are folded into the query
+    length ([H_kv, H / H_kv, D]: head h reads key head h // (H / H_kv), transformers' repeat_kv order), so no
+    key or value is repeated or gathered."""
+    h, h_kv, d = query.shape[0], key.shape[0], query.shape[-1]
+    out = F.scaled_dot_product_attention(query.reshape(h_kv, h // h_kv, d), key.to(query.dtype),
+                                         value.to(query.dtype), scale=scaling)
+    return out.reshape(h, d)
+
+
+def cell_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """query [1, H, T, D]; key, value [1, H_kv, n_live, D] -> ([1, T, H, D], None), like sdpa_attention_forward."""
+    rows: CellRows | None = kwargs.get("cell_rows")
+    if rows is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return rows.attend(query[0].transpose(0, 1), key, value, scale)[None], None
+
+
+def use_cell_attention(model) -> bool:
+    """Switch a model to cell attention if it runs attention through transformers' interface; True if it did."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    current = getattr(model.config, "_attn_implementation", None)
+    if current == NAME:
+        return True  # another context on the same model switched it already
+    if current != "sdpa":
+        return False  # eager, flash or a custom kernel: leave the model as it was configured
+    AttentionInterface.register(NAME, cell_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    model.set_attn_implementation(NAME)
+    return True

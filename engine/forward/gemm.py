@@ -1,0 +1,157 @@
+"""Our own linears for a few rows (engine/forward/kernels/small_gemm*.c): bfloat16 where the CPU has AVX512-BF16,
+float32 where it has AVX2 and FMA, and float16 weights over float32 inputs where it also has F16C (the draft
+head's, engine/draft/head_net.py).
+
+A decoding or verification forward multiplies 1 to 16 rows by each weight matrix: the cost is reading the
+weights, plus whatever each call spends around that. oneDNN's packed linear (engine/forward/prepack.py) spends about
+20 us a call at these sizes, the embedded model makes 211 calls a forward, and at a few rows it reads the
+weights at well under the memory's speed. Both kernels stream each packed weight once per call and keep one
+accumulator per (row, output) that runs over the inputs in a fixed order, so a row gets the same bits alone or
+in a batch.
+
+- bfloat16 (`small_gemm.c`, vdpbf16ps, 16 rows per pass). The embedded model's 210 layer linears (AMD EPYC,
+  2 cores, `scripts/gemm_speed.py`): 1 row 7.1 ms against oneDNN's 13.8, 4 rows 7.3 against 11.5, 8 rows 11.3
+  against 13.3, and the same from 12 rows on, where both are bound by the multiplications.
+- float32 (`small_gemm_f32.c`, vfmadd231ps, up to 12 rows a pass over a block of 8 outputs, two blocks at a
+  time up to 6 rows, weights prefetched 16 KB ahead; 16 outputs and 24 rows with AVX512F). The same 210 linears on an AMD EPYC with AVX2 only,
+  2 cores, weights from memory, fastest and median of 30 timings interleaved with the layout it replaced
+  (3 rows a pass over blocks of 32 outputs): 1 row 22.9 / 27.1 ms against 22.0 / 27.7, 4 rows 25.9 / 28.8
+  against 28.4 / 33.9, 8 rows 27.0 / 31.3 against 30.6 / 34.5, 12 rows 27.9 / 39.4 against 30.2 / 41.5,
+  16 rows 37.1 / 52.2 against 37.6 / 51.7. oneDNN took 1.5x to 1.8x as long at 1 to 8 rows
+  (`scripts/gemm_speed.py --dtype float32`). With AVX512F the blocks hold 16 outputs (zmm) and a pass 24 rows:
+  the broadcast loads that bound the 8-wide passes feed twice the sums. The same 210 linears on an Intel Xeon
+  with AVX512, medians of 11 interleaved timings, 16-wide against 8-wide: 1 row 28.0 against 29.1 ms, 8 rows
+  29.1 against 30.6, 12 rows 28.9 against 35.7, 16 rows 32.7 against 45.7, 24 rows 44.5 against 67.8. The
+  embedded model's whole forward (the engine's calibration) then costs 1.47 single-row forwards at 16 rows
+  instead of 2.05, and 1.87 at 24 instead of 3.0: the tree verifications the round's budget buys.
+
+`SmallGemm.pack` returns None where no kernel applies (no such CPU feature, no C compiler, another dtype, a
+bias, a width the kernel's blocks do not divide): the caller keeps oneDNN for that weight.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import torch
+
+POST = {"none": 0, "swish": 1, "add": 2, "mul": 3}  # the kernels' epilogues, by oneDNN's names
+
+
+@dataclass(frozen=True)
+class _Spec:
+    source: str  # engine/forward/kernels/<source>.c
+    flags: tuple[str, ...]  # /proc/cpuinfo flags it needs
+    n_block: int  # outputs per packed block, N must be a multiple (the library's "<symbol>_block" if it has one)
+    k_pair: int  # inputs packed together: K must be a multiple
+    symbol: str = ""  # the multiply's name in the library (the source's name if empty); "<symbol>_pack" packs
+    defines: tuple[str, ...] = ()  # -D options of its build
+    act: torch.dtype | None = None  # dtype of the inputs and outputs (the weights' if None)
+
+
+# float16 weights with float32 inputs, sums and outputs: for a drafter trained and stored in float16 (the draft
+# head), whose every step reads all its weights for a few rows: half the bytes, and no value it did not have
+SPECS = {torch.bfloat16: _Spec("small_gemm", ("avx512_bf16",), 16, 2),
+         torch.float32: _Spec("small_gemm_f32", ("avx2", "fma"), 8, 1),
+         torch.float16: _Spec("small_gemm_f32", ("avx2", "fma", "f16c"), 8, 1, "small_gemm_f16w",
+                              ("WEIGHT_F16",), torch.float32)}
+
+
+@dataclass
+class Kernels:
+    """The kernels built for this host, by weight dtype, and why the others are not."""
+
+    fns: dict = field(default_factory=dict)  # dtype -> (multiply, pack, outputs per block) from the built library
+    why_not: dict = field(default_factory=dict)  # dtype -> one line
+
+    def get(self, dtype: torch.dtype):
+        return self.fns.get(dtype)
+
+
+def load(dtypes=(torch.bfloat16, torch.float32, torch.float16), defines: tuple[str, ...] = ()) -> Kernels:
+    """Build (once per host, engine/forward/kernels/build.py) and load the kernels of these dtypes that this CPU runs;
+    `defines` are added to every build (`("BLOCK8",)`: the float32 kernel's AVX2 layout on an AVX512 CPU)."""
+    from engine.forward.kernels.build import build, cpu_flags
+
+    out = Kernels()
+    flags = cpu_flags()
+    for dtype in dtypes:
+        spec = SPECS[dtype]
+        missing = [f for f in spec.flags if f not in flags]
+        if missing:
+            out.why_not[dtype] = f"the CPU has no {', '.join(f.upper() for f in missing)}"
+            continue
+        lib, where = build(spec.source, spec.defines + tuple(defines))
+        if lib is None:
+            out.why_not[dtype] = where
+            continue
+        symbol = spec.symbol or spec.source
+        fn, pack = getattr(lib, symbol), getattr(lib, symbol + "_pack")
+        fn.restype, pack.restype = None, None
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        block = getattr(lib, symbol + "_block", None)
+        if block is not None:
+            block.restype, block.argtypes = ctypes.c_int, []
+        out.fns[dtype] = (fn, pack, block() if block is not None else spec.n_block)
+    return out
+
+
+@dataclass
+class SmallGemm:
+    """One packed weight [N, K] and the kernel that multiplies by it; call it like the linear it replaces."""
+
+    fn: object  # the multiply from the built library
+    weight: torch.Tensor  # [N * K] in the kernel's blocked layout
+    k: int  # inputs
+    n: int  # outputs
+    dtype: torch.dtype  # of the weight's values
+    act: torch.dtype  # of the inputs and the outputs
+    # how the weight is stored where not as `dtype`: GGUF blocks read as float32 ("q4_1", "q8_0") or multiplied
+    # by 8-bit inputs in integers ("q4_1_dot", "q8_0_dot"), engine/forward/quant.py
+    kind: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.kind or str(self.dtype).removeprefix("torch.")
+
+    @classmethod
+    def pack(cls, kernels: Kernels | None, w: torch.Tensor, bias: torch.Tensor | None) -> "SmallGemm | None":
+        n, k = w.shape
+        spec = SPECS.get(w.dtype)
+        fns = kernels.get(w.dtype) if kernels is not None else None
+        if fns is None or spec is None or bias is not None:
+            return None
+        fn, pack, n_block = fns
+        if n % n_block or k % spec.k_pair:
+            return None
+        src = w.detach().contiguous()
+        packed = torch.empty(n * k, dtype=w.dtype)
+        pack(src.data_ptr(), packed.data_ptr(), k, n)
+        return cls(fn, packed, k, n, w.dtype, spec.act or w.dtype)
+
+    def __call__(self, x: torch.Tensor, post: str = "none", other: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., K] -> [..., N]; post "swish", or "add" / "mul" with other [..., N].
+
+        The C kernels take what this checks and nothing else: a width or an epilogue operand of another shape
+        would read past its buffer, and no rows at all (a prefill chunk with no output row) is answered here."""
+        if x.shape[-1] != self.k:
+            raise ValueError(f"{self.label} kernel: inputs of width {x.shape[-1]}, the weight takes {self.k}")
+        if post not in POST or (other is None) != (post in ("none", "swish")):
+            raise ValueError(f"{self.label} kernel: epilogue {post!r} with{'out' if other is None else ''} an operand")
+        x2 = x.reshape(-1, self.k).to(self.act).contiguous()
+        m = x2.shape[0]
+        y = torch.empty(m, self.n, dtype=self.act)
+        o = None
+        if other is not None:
+            if other.numel() != m * self.n:
+                raise ValueError(f"{self.label} kernel: an operand of {tuple(other.shape)} for {m} x {self.n} "
+                                 "outputs")
+            o = other.reshape(-1, self.n).to(self.act).contiguous()
+        if m == 0:
+            return y.reshape(*x.shape[:-1], self.n)
+        if self.fn(x2.data_ptr(), self.weight.data_ptr(), y.data_ptr(), None if o is None else o.data_ptr(), m,
+                   self.k, self.n, POST[post]):
+            raise MemoryError(f"{self.label} kernel: no memory for its quantised rows")
+        return y.reshape(*x.shape[:-1], self.n)

@@ -1,0 +1,92 @@
+/* Every decoder layer of a Llama-family forward in one call: float32 weights in our packed layout, float32
+ * residual stream, the cell cache and the row attention of cell_attention.c.
+ *
+ * The lean forward (engine/forward/lean.py) spends about 40 small torch operations a layer between its linears: norms,
+ * rotary embedding, copies into the cache, reshapes, dtype round trips. At one to a few rows each costs its
+ * dispatch, not its arithmetic, and on the embedded model (30 layers) they come to 10 to 15 ms of a 55 ms
+ * forward. Here they are a few loops over a few rows, and the linears and the attention are the same kernels
+ * the Python path calls (included below), so a layer's output differs from it only where the norms sum: a
+ * row's sum of squares runs in 8 lanes in a fixed order, then pairwise, whatever the batch. Each row is still
+ * computed alone: a row gets the same bits in any batch, and plain decoding and verification agree.
+ *
+ * Per layer l, x [t, D] (a row per batch row):
+ *     h = rms(x) * w_in;  q = h Wq, k = h Wk, v = h Wv;  q, k = rope(q), rope(k)
+ *     cache cells[r] of layer l <- k[r], v[r];  a = attention of q over each row's cells
+ *     x = a Wo + x;  h = rms(x) * w_post;  x = (silu(h Wg) * (h Wu)) Wd + x
+ * rope(z)[i] = z[i] cos[i] - z[i + hd/2] sin[i] for i < hd/2, z[i] cos[i] + z[i - hd/2] sin[i] above
+ * (transformers' rotate_half), cos and sin [t, hd] from the model's own rotary module.
+ */
+#include "small_gemm_qdot.c"
+#include "cell_attention.c"
+
+#include "row_ops.h"
+
+/* one linear: kind 0 float32 (packed [N/NB][K][NB]), 1 Q4_1 and 2 Q8_0 blocks read as float32 (small_gemm_q.c),
+ * 3 Q4_1 and 4 Q8_0 blocks by integer dot products (small_gemm_qdot.c); nonzero where it could not run */
+static int linear(int kind, const float *x, const void *w, float *y, const float *other, int64_t t, int64_t k,
+                  int64_t n, int post) {
+    if (kind == 1) small_gemm_q4_1(x, w, y, other, t, k, n, post);
+    else if (kind == 2) small_gemm_q8_0(x, w, y, other, t, k, n, post);
+    else if (kind == 3) return small_gemm_q4_1_dot(x, w, y, other, t, k, n, post);
+    else if (kind == 4) return small_gemm_q8_0_dot(x, w, y, other, t, k, n, post);
+    else small_gemm_f32(x, w, y, other, t, k, n, post);
+    return 0;
+}
+
+/* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down, stored as kinds[7 * l + j]; norms[2 * l] the
+ * input norm, norms[2 * l + 1] the post-attention one. kc[l], vc[l]: the layer's cache [H_kv][n_cells][hd].
+ * keep[l] >= 0: copy x after layer l into hidden[:, keep[l] * d .. + d] (hidden [t, n_hidden * d]).
+ * Returns 0, or -1 if memory for the scratch rows could not be had. */
+int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const *w, const int *kinds,
+                const float *const *norms,
+                float *const *kc, float *const *vc, int64_t n_cells, const int64_t *write_cells, const float *cos,
+                const float *sin, const int64_t *row_ptr, const int64_t *cells, int n_heads, int n_kv_heads, int hd,
+                int64_t mlp, float scaling, float eps, const int *keep, float *hidden, int n_hidden) {
+    const int64_t nq = (int64_t)n_heads * hd, nkv = (int64_t)n_kv_heads * hd;
+    float *h = malloc(sizeof(float) * t * d), *q = malloc(sizeof(float) * t * nq);
+    float *k = malloc(sizeof(float) * t * nkv), *v = malloc(sizeof(float) * t * nkv);
+    float *a = malloc(sizeof(float) * t * nq), *g = malloc(sizeof(float) * t * mlp);
+    RowGroups groups = {NULL, NULL, 0};  /* the same cells in every layer: the rows' groups made once */
+    int failed = !(h && q && k && v && a && g) || hd > 512 ||
+                 row_groups(&groups, row_ptr, cells, t, n_heads, n_kv_heads, hd);
+    for (int l = 0; l < n_layers && !failed; l++) {
+        const void *const *wl = w + 7 * l;
+        const int *kl = kinds + 7 * l;
+        for (int64_t r = 0; r < t; r++) rms_row(x + r * d, norms[2 * l], h + r * d, d, eps);
+        if (linear(kl[0], h, wl[0], q, NULL, t, d, nq, 0) || linear(kl[1], h, wl[1], k, NULL, t, d, nkv, 0) ||
+            linear(kl[2], h, wl[2], v, NULL, t, d, nkv, 0)) {
+            failed = 1;
+            break;
+        }
+        for (int64_t r = 0; r < t; r++) {
+            rope_row(q + r * nq, n_heads, hd, cos + r * hd, sin + r * hd);
+            rope_row(k + r * nkv, n_kv_heads, hd, cos + r * hd, sin + r * hd);
+            for (int kh = 0; kh < n_kv_heads; kh++) {
+                const int64_t at = ((int64_t)kh * n_cells + write_cells[r]) * hd;
+                memcpy(kc[l] + at, k + r * nkv + (int64_t)kh * hd, sizeof(float) * hd);
+                memcpy(vc[l] + at, v + r * nkv + (int64_t)kh * hd, sizeof(float) * hd);
+            }
+        }
+        if (attend_rows(q, kc[l], vc[l], n_cells * hd, row_ptr, cells, a, t, n_heads, n_kv_heads, hd, scaling,
+                        &groups)) {
+            failed = 1;
+            break;
+        }
+        if (linear(kl[3], a, wl[3], x, x, t, nq, d, 2)) { /* x = a Wo + x, in place: each output reads its x first */
+            failed = 1;
+            break;
+        }
+        for (int64_t r = 0; r < t; r++) rms_row(x + r * d, norms[2 * l + 1], h + r * d, d, eps);
+        if (linear(kl[4], h, wl[4], g, NULL, t, d, mlp, 1) ||  /* silu(h Wg) */
+            linear(kl[5], h, wl[5], g, g, t, d, mlp, 3) ||     /* (h Wu) * that, in place */
+            linear(kl[6], g, wl[6], x, x, t, mlp, d, 2)) {     /* x = g Wd + x */
+            failed = 1;
+            break;
+        }
+        if (keep[l] >= 0)
+            for (int64_t r = 0; r < t; r++) memcpy(hidden + (r * n_hidden + keep[l]) * d, x + r * d, sizeof(float) * d);
+    }
+    free(h), free(q), free(k), free(v), free(a), free(g);
+    row_groups_free(&groups);
+    return failed ? -1 : 0;
+}

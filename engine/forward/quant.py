@@ -1,0 +1,226 @@
+"""A GGUF model's linears read from their Q4_1 / Q8_0 blocks instead of their float32 copies.
+
+transformers loads a GGUF by dequantising every weight to float32 (gguf-py's `dequantize`): the embedded model's
+linears, stored at 0.625 bytes a weight (Q4_1) and its LM head at 1.06 (Q8_0), become 4 bytes each, and a
+one-row forward reads 540 MB. A forward of a few rows costs what reading its weights costs, so here each linear
+whose GGUF blocks reproduce its float32 weight exactly keeps the blocks instead (engine/forward/kernels/small_gemm_q.c
+widens them block by block as a pass needs them): the same weights, the same sums in the same order, so the
+same bits as the float32 kernel, at a seventh of the bytes.
+
+Exactness is checked, not assumed: a linear is taken only if d q + m (Q4_1) or d q (Q8_0), computed as gguf-py
+computes it, equals every element of the loaded weight; llama.cpp's Llama converter stores q and k with rows
+permuted for its rotary layout, so those are also compared after transformers' reverse permutation. A GGUF of
+another family or quantisation, a linear with a bias, or a weight that differs keeps the float32 kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.forward.gemm import SmallGemm
+
+GROUP = 32  # weights per GGUF block along the inputs, both types
+# llama.cpp's tensor names -> the Llama-family module names transformers gives them
+_LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+
+
+@dataclass
+class QuantWeight:
+    kind: str  # "q4_1" or "q8_0"
+    q: np.ndarray  # [N, K] uint8 (0..15) for q4_1, int8 for q8_0
+    d: np.ndarray  # [N, K / 32] float32, each block's scale
+    m: np.ndarray | None  # [N, K / 32] float32, each block's minimum (q4_1)
+
+    def dequantize(self) -> np.ndarray:
+        """[N, K] float32 as gguf-py computes it: (d * q) + m, or q * d."""
+        n, k = self.q.shape
+        q = self.q.reshape(n, k // GROUP, GROUP).astype(np.float32)
+        w = self.d[:, :, None] * q if self.m is None else (self.d[:, :, None] * q) + self.m[:, :, None]
+        return w.reshape(n, k)
+
+    def rows(self, order: np.ndarray) -> "QuantWeight":
+        return QuantWeight(self.kind, self.q[order], self.d[order], None if self.m is None else self.m[order])
+
+
+def _unpack(kind: str, raw: np.ndarray, n: int, k: int) -> QuantWeight:
+    """GGUF blocks [N, K / 32 * block bytes] -> q, d, m."""
+    blocks = raw.reshape(n, k // GROUP, -1)
+    d = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+    if kind == "q4_1":  # d, m (float16), then 16 bytes: element i in byte i's low nibble, i + 16 in its high one
+        m = blocks[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32)
+        qs = blocks[:, :, 4:20]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=2)
+        return QuantWeight(kind, q.reshape(n, k), d, m)
+    q = blocks[:, :, 2:34].copy().view(np.int8)  # q8_0: d (float16), then 32 int8
+    return QuantWeight(kind, q.reshape(n, k), d, None)
+
+
+def pack(w: QuantWeight, nb: int) -> torch.Tensor:
+    """The kernel's layout (small_gemm_q.c): per block of nb outputs, per group of 32 inputs, d [nb] and m [nb]
+    as float32, then the quants output-minor (two 4-bit quants per byte for q4_1: inputs 2p and 2p + 1)."""
+    n, k = w.q.shape
+    g = k // GROUP
+
+    def by_block(a: np.ndarray) -> np.ndarray:  # [N, G] float32 -> [N / nb, G, nb * 4] bytes
+        return np.ascontiguousarray(a.reshape(n // nb, nb, g).transpose(0, 2, 1)).view(np.uint8)
+
+    q = w.q.reshape(n // nb, nb, g, GROUP)
+    if w.kind == "q4_1":
+        pairs = q.reshape(n // nb, nb, g, GROUP // 2, 2)
+        qs = (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)  # [blocks, nb, g, 16]
+        parts = [by_block(w.d), by_block(w.m), qs.transpose(0, 2, 3, 1).reshape(n // nb, g, -1)]
+    else:
+        parts = [by_block(w.d), q.view(np.uint8).transpose(0, 2, 3, 1).reshape(n // nb, g, -1)]
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(-1))
+
+
+def pack_dot(w: QuantWeight, nb: int) -> torch.Tensor:
+    """The integer kernel's layout (small_gemm_qdot.c): per block of nb outputs, per group of 32 inputs, d [nb]
+    (and m [nb]) as float32, then the quants in fours, output-major within a vector: q4_1's inputs 4p..4p + 3 in
+    the low nibbles and 16 + 4p.. in the high ones of vector p; q8_0's plus 128 as unsigned bytes."""
+    n, k = w.q.shape
+    g = k // GROUP
+
+    def by_block(a: np.ndarray) -> np.ndarray:  # [N, G] float32 -> [N / nb, G, nb * 4] bytes
+        return np.ascontiguousarray(a.reshape(n // nb, nb, g).transpose(0, 2, 1)).view(np.uint8)
+
+    q = w.q.reshape(n // nb, nb, g, GROUP)
+    if w.kind == "q4_1":
+        lo, hi = q[..., :16].reshape(n // nb, nb, g, 4, 4), q[..., 16:].reshape(n // nb, nb, g, 4, 4)
+        quads = (lo | (hi << 4)).astype(np.uint8)  # [blocks, nb, g, p, i]
+        parts = [by_block(w.d), by_block(w.m), quads.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
+    else:
+        biased = (q.astype(np.int16) + 128).astype(np.uint8).reshape(n // nb, nb, g, 8, 4)
+        parts = [by_block(w.d), biased.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(-1))
+
+
+def _llama_reverse_permute(n_rows: int, n_heads: int) -> np.ndarray:
+    """The row order transformers' GGUF loader gives q and k (it undoes llama.cpp's rotary permutation):
+    row r of the model is row order[r] of the file."""
+    half = n_rows // n_heads // 2
+    return np.arange(n_rows).reshape(n_heads, half, 2).transpose(0, 2, 1).reshape(-1)
+
+
+def blocks_read(path: Path, device: str) -> str:
+    """"Q4_1, Q8_0": the quantisations of this GGUF's matrices the float32 path on `device` would read as
+    stored; "" where none, or where the kernel does not run here."""
+    if device != "cpu" or load_kernels()[2]:
+        return ""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    found = {t.tensor_type for t in GGUFReader(str(path)).tensors if len(t.shape) == 2}
+    return ", ".join(n for t, n in ((GGMLQuantizationType.Q4_1, "Q4_1"), (GGMLQuantizationType.Q8_0, "Q8_0"))
+                     if t in found)
+
+
+def _matching(w: QuantWeight, weight: np.ndarray, heads: int) -> QuantWeight | None:
+    """w with its rows in the model's order if its blocks give `weight` exactly, else None. q and k may come
+    permuted for llama.cpp's rotary layout (Llama's converter does it, Qwen2's does not)."""
+    orders = [None] + ([_llama_reverse_permute(weight.shape[0], heads)] if heads else [])
+    for order in orders:
+        candidate = w if order is None else w.rows(order)
+        if np.array_equal(candidate.dequantize(), weight):
+            return candidate
+    return None
+
+
+def read_gguf(path: Path) -> dict[str, QuantWeight]:
+    """The Q4_1 and Q8_0 tensors of a GGUF by llama.cpp name, unpacked."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    kinds = {GGMLQuantizationType.Q4_1: "q4_1", GGMLQuantizationType.Q8_0: "q8_0"}
+    out = {}
+    for t in GGUFReader(str(path)).tensors:
+        kind = kinds.get(t.tensor_type)
+        if kind is None or len(t.shape) != 2:
+            continue
+        k, n = (int(s) for s in t.shape)  # GGUF lists the fastest-moving axis first
+        if k % GROUP == 0:
+            out[t.name] = _unpack(kind, np.asarray(t.data), n, k)
+    return out
+
+
+def _targets(model: nn.Module) -> dict[str, tuple[nn.Linear, int]]:
+    """llama.cpp name -> (the linear, its heads for the q/k permutation, else 0), for a Llama-family model."""
+    config = model.config
+    out = {}
+    for i, layer in enumerate(getattr(getattr(model, "model", None), "layers", [])):
+        for short, name in _LAYER_NAMES.items():
+            module = layer.get_submodule(name)
+            heads = {"attn_q": config.num_attention_heads,
+                     "attn_k": getattr(config, "num_key_value_heads", None) or config.num_attention_heads}
+            out[f"blk.{i}.{short}.weight"] = (module, heads.get(short, 0))
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, nn.Linear):
+        tied = head.weight is model.get_input_embeddings().weight
+        out["token_embd.weight" if tied else "output.weight"] = (head, 0)
+    return out
+
+
+def load_kernels(defines: tuple[str, ...] = ()) -> tuple[dict[str, object], int, str]:
+    """({kind: multiply}, outputs per block, "") from the built library, or ({}, 0, why not). Kinds "q4_1" and
+    "q8_0" read the blocks as float32 (small_gemm_q.c); "q4_1_dot" and "q8_0_dot" (VNNI, or AVX2's byte pairs)
+    multiply them by 8-bit inputs in integers (small_gemm_qdot.c). defines: -D options of the build
+    (("BLOCK8",): AVX2's 8-wide layout on an AVX512 CPU)."""
+    from engine.forward.kernels.build import build, cpu_flags
+
+    missing = [f for f in ("avx2", "fma") if f not in cpu_flags()]
+    if missing:
+        return {}, 0, f"the CPU has no {', '.join(f.upper() for f in missing)}"
+    lib, where = build("small_gemm_qdot", defines)
+    if lib is None:
+        return {}, 0, where
+    fns = {}
+    for kind in ("q4_1", "q8_0", "q4_1_dot", "q8_0_dot"):
+        if kind.endswith("_dot") and not lib.small_gemm_qdot_ok():
+            continue
+        fn = getattr(lib, f"small_gemm_{kind}")
+        fn.restype = ctypes.c_int if kind.endswith("_dot") else None
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        fns[kind] = fn
+    lib.small_gemm_f32_block.restype = ctypes.c_int
+    return fns, lib.small_gemm_f32_block(), ""
+
+
+def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool = False) -> tuple[int, str]:
+    """Give each float32 linear of `model` whose GGUF blocks reproduce its weight exactly a packed copy of the
+    blocks (before engine/forward/prepack.py packs the others, which it then skips). dot: multiplied by 8-bit inputs in
+    integers (llama.cpp's arithmetic), else read as float32 (the float32 weights' bits). (linears taken, why
+    not others)."""
+    if getattr(model.config, "model_type", "") not in ("llama", "mistral", "qwen2"):
+        return 0, f"{model.config.model_type}: only the Llama family's GGUF names are mapped"
+    fns, nb, why = load_kernels()
+    if not fns or (dot and "q4_1_dot" not in fns):
+        return 0, why or "the integer kernel does not run on this CPU"
+    from engine.forward.prepack import _tied_elsewhere, install
+
+    stored = read_gguf(path)
+    tied = _tied_elsewhere(model)
+    taken, differ = 0, []
+    with torch.no_grad():
+        for name, (module, heads) in _targets(model).items():
+            w = stored.get(name)
+            weight = module.weight
+            if w is None or weight.dtype != torch.float32 or weight.shape != w.q.shape or weight.shape[0] % nb \
+                    or module.bias is not None:
+                continue
+            w = _matching(w, weight.detach().numpy(), heads)
+            if w is None:
+                differ.append(name)
+                continue
+            n, k = weight.shape
+            kind = w.kind + "_dot" if dot else w.kind
+            packed = (pack_dot if dot else pack)(w, nb)
+            install(module, SmallGemm(fns[kind], packed, k, n, torch.float32, torch.float32, kind=kind),
+                    drop_weight=id(weight) not in tied and not keep_weights)
+            taken += 1
+    return taken, f"{len(differ)} differ from their blocks ({', '.join(differ[:2])})" if differ else ""

@@ -1,0 +1,111 @@
+"""A model and its cell cache: llama.cpp's llama_context, the thing that runs a batch."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from engine.forward.attention import RowAttention, batch_layout, cell_layout, use_cell_attention
+from engine.batch import Batch, check_batch
+from engine.forward.lean import LeanForward, lean_reason
+from engine.memory.cells import CellCache
+
+
+@dataclass
+class DecodeResult:
+    # [n_output_rows, vocab], float32, in batch row order of the rows with output=True (None: a tree round's
+    # kept rows handed to the drafters, tree.sub_batch)
+    logits: torch.Tensor | None
+    seconds: float  # wall time of the forward
+    hidden: torch.Tensor | None = None  # [n_rows, n_layers_kept * hidden], every batch row; see hidden_layers
+
+
+class ModelContext:
+    """Runs batches of (token, pos, seq) rows through a causal LM on one shared CellCache."""
+
+    def __init__(self, model, n_ctx: int, n_seq_max: int = 1, n_outputs_max: int | None = None, lean: bool = True,
+                 attention_kernel: bool = True):
+        cfg = model.config
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
+        n_kv = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
+        param = next(model.parameters())
+        # the lean Llama-family forward (engine/forward/lean.py) where the model allows it, transformers' forward otherwise
+        self.lean_reason = lean_reason(model) if lean else "lean forward turned off"
+        self.lean = LeanForward(model) if self.lean_reason is None else None
+        window = getattr(text_cfg, "sliding_window", None)
+        use_window = window is not None and getattr(text_cfg, "use_sliding_window", True)
+        self.model = model
+        self.n_ctx = n_ctx  # cells in the cache, shared by all sequences
+        self.n_seq_max = n_seq_max
+        self.n_outputs_max = n_outputs_max  # logits rows a forward may return (None: no limit)
+        self.n_vocab = int(text_cfg.vocab_size)
+        self.device = param.device
+        self.per_seq_attention = use_cell_attention(model)  # each sequence's rows attend to its own cells
+        self.cache = CellCache(
+            n_layers=text_cfg.num_hidden_layers, n_kv_heads=n_kv, head_dim=head_dim, n_cells=n_ctx,
+            n_seq_max=n_seq_max, dtype=self.lean.cache_dtype if self.lean else param.dtype, device=param.device,
+            sliding_window=int(window) if use_window else None,
+            by_seq=self.per_seq_attention,
+        )
+        # every row over exactly its cells: the C kernel where it builds, SDPA per row otherwise (attention.py)
+        self.attention = RowAttention(self.device, self.cache.dtype, use_kernel=attention_kernel)
+        self.supports_trees = True  # the cell cache masks a draft tree by parent links (memory.py)
+        self.n_forward = 0  # forwards run, for statistics
+        # indices into transformers' hidden_states tuple (0 = embeddings, i = after layer i) that a drafter reads
+        # from the target (llama_set_embeddings_layer_inp's analog); empty: none are returned
+        self.hidden_layers: tuple[int, ...] = ()
+
+    @torch.inference_mode()
+    def decode(self, batch: Batch) -> DecodeResult:
+        """One forward over the batch. Cells are claimed for every row; logits come back for output rows."""
+        check_batch(batch, self.n_outputs_max)
+        t0 = time.perf_counter()
+        cache = self.cache
+        # the lean forward reads only which cells each row sees: no mask is built for it
+        mask = cache.prepare(batch) if self.lean is None else None
+        cells = cache.claim(batch) if mask is None else None
+        try:
+            input_ids = torch.tensor([batch.tokens], dtype=torch.long, device=self.device)
+            position_ids = torch.tensor([batch.pos], dtype=torch.long, device=self.device)
+            rows = torch.tensor(batch.output_rows(), dtype=torch.long, device=self.device)
+            extra = {}
+            if mask is None:
+                extra["cell_rows"] = self.attention.rows(batch_layout(
+                    cache.cell_pos, cache.cell_seq, cache.n_live, batch, cells, cache.sliding_window))
+            elif self.per_seq_attention:
+                n_live = mask.shape[-1]
+                extra["cell_rows"] = self.attention.rows(cell_layout(mask, cache.cell_pos[:n_live]))
+            if self.lean is not None:
+                logits, hidden = self.lean(input_ids[0], position_ids[0], self.cache, extra["cell_rows"], rows,
+                                           self.hidden_layers)
+                self.n_forward += 1
+                return DecodeResult(logits=logits.float(), seconds=time.perf_counter() - t0,
+                                    hidden=None if hidden is None else hidden.float())
+            out = self.model(
+                input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache,
+                use_cache=True, logits_to_keep=rows, output_hidden_states=bool(self.hidden_layers), **extra,
+            )
+        except Exception:
+            self.cache.rollback_claim()
+            raise
+        self.n_forward += 1
+        logits = out.logits[0].float()
+        hidden = None
+        if self.hidden_layers:
+            hidden = torch.cat([out.hidden_states[i][0] for i in self.hidden_layers], dim=-1).float()
+        return DecodeResult(logits=logits, seconds=time.perf_counter() - t0, hidden=hidden)
+
+    def describe_forward(self) -> str:
+        """Which forward runs and why (the status line, the bench)."""
+        if self.lean is None:
+            return f"transformers' forward ({self.lean_reason})"
+        return f"lean forward ({self.lean.describe()})"
+
+    def seq_rm(self, seq: int, p0: int = -1, p1: int = -1) -> bool:
+        return self.cache.seq_rm(seq, p0, p1)
+
+    def clear(self) -> None:
+        self.cache.clear()

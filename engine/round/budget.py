@@ -1,0 +1,356 @@
+"""One draft budget for the whole forward: which nodes of which slot's tree the target checks this round.
+
+Every generating slot puts its sampled token in the forward (one row each, n_base rows). Each draft node v
+adds a row and is reached by the target's walk with chance s_v (its score: the draft head's path probability,
+or an n-gram drafter's acceptance rates multiplied along the path, engine/draft/tree.py). A round that verifies a
+set N of nodes emits n_base + sum_{v in N} s_v tokens in expectation and costs c(n_base + |N|) single-row
+forwards (the curve `Engine.calibrate` measures, engine/cost/curve.py). The budget keeps the N that maximises
+
+    goodput(N) = (n_base + sum_{v in N} s_v) / c(n_base + |N|),
+
+expected tokens per unit of forward time for the batch as a whole. Since c is increasing, the best N of a
+given size is the |N| best-scored nodes, so one pass over the nodes sorted by score finds it (a child never
+outscores its parent, so that prefix is a set of whole paths). One slot alone can then take a deep tree; four
+slots share the rows that are still nearly free; when no node pays its row the budget is zero and the round is
+plain decoding. A slot whose nodes were all refused for `probe_every` rounds gets its best node anyway, so the
+acceptance estimates behind its scores can recover (as the length policy's probe), where the other slots of
+the forward can afford the row. Beside other slots, one refused twice rests: it drafts only on probe rounds,
+every 4, 8, ... up to `probe_max` rounds while its probes keep being refused.
+
+Goodput alone would let a copying slot take rows that slow an open slot beside it: the batch emits more, the
+open answer comes slower than plain decoding would give it. So the budget is also fair: a forward that costs
+c(n_rows) / c(n_base) plain forwards spends tau = that ratio - 1 more on every slot in it than plain decoding
+would, and each slot must expect to make it up: its kept nodes' scores plus its balance (the tokens it got so
+far beyond plain decoding, counted on what the rounds emitted) reach tau. A slot ahead can share a dearer
+forward; one whose scores promised more than its rounds gave asks more of them; one without a tree has only its
+balance. Probes, too, go in only where the other slots can afford their rows. A slot that wants fewer tokens
+than another leaves the batch first, and each token it gains is a forward earlier that the other runs without
+it, cheaper by that slot's share of the forward (its row and what a sequence costs beyond one): the tokens it
+expects from its kept nodes count that much towards the other's share (`leaves_first`, RoundCost.seq_share).
+
+The goodput is only as good as the scores. The draft head's are calibrated (docs/draft-head.md); an n-gram
+drafter's are a product of per-position acceptance rates that start from priors and are learned only where its
+drafts were verified, and on open text the nodes it had scored 0.3 to 0.4 were reached 12% of the time. So each
+slot's scores from each drafter are scaled by what its verified nodes showed (`ScoreCorrection`): reached /
+predicted over the slot's recent rounds, starting at 1 (a copying slot and an open one beside it differ). A
+drafter whose nodes are never reached stops taking rows; one that beats its scores gets them raised, capped
+at 1.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from engine.cost.curve import CostModel, RoundCost
+from engine.draft.tree import DraftTree
+
+
+@dataclass
+class Budget:
+    n_rows: int  # rows of the forward: the slots' own rows plus the draft nodes kept
+    n_base: int  # rows it would have without drafts: the plain forward a slot's balance is measured against
+    kept: dict[int, list[int]]  # seq -> the nodes of its tree kept (indices into that tree)
+    offered: dict[int, int]  # seq -> the nodes its drafters offered
+    expected: float  # expected tokens the forward emits
+    goodput: float  # expected tokens per single-row forward time
+    why: str  # one line for the UI
+    factors: dict[int, dict[str, float]] = field(default_factory=dict)  # seq -> drafter -> correction applied
+    # the score one more node would need to raise the goodput of the forward chosen: expected * (c(n + 1) /
+    # c(n) - 1), from (expected + s) / c(n + 1) > expected / c(n)
+    threshold: float = 0.0
+    cost: RoundCost | None = None  # the round's cost curve the choice was made on (the forward is charged by it)
+
+
+@dataclass
+class ScoreCorrection:
+    """Per (slot, drafter), nodes reached by the target's walk against the scores the budget ranked them by."""
+
+    prior: float = 2.0  # pseudo-nodes, reached as predicted, that every drafter starts with
+    decay: float = 0.9  # per observed round, the weight left to the rounds before it
+    reached: dict[tuple[int, str], float] = field(default_factory=dict)  # decayed count of its nodes reached
+    predicted: dict[tuple[int, str], float] = field(default_factory=dict)  # decayed sum of their raw scores
+
+    def factor(self, seq: int, drafter: str) -> float:
+        key = (seq, drafter)
+        return (self.reached.get(key, 0.0) + self.prior) / (self.predicted.get(key, 0.0) + self.prior)
+
+    def forget(self, seq: int) -> None:
+        for key in [key for key in self.predicted if key[0] == seq]:
+            del self.predicted[key], self.reached[key]
+
+    def observe(self, seq: int, tree: DraftTree, path: list[int], factors: dict[str, float]) -> None:
+        """A verified tree (the nodes the budget kept, their scores as ranked) and the target's path through it.
+        factors: the ones the scores were ranked with; dividing by them compares raw scores with outcomes."""
+        on_path = set(path)
+        seen: dict[str, tuple[float, float]] = {}
+        for v, drafter in enumerate(tree.drafters):
+            raw = tree.scores[v] / max(factors.get(drafter, 1.0), 1e-6)
+            hit, pred = seen.get(drafter, (0.0, 0.0))
+            seen[drafter] = (hit + (v in on_path), pred + raw)
+        for drafter, (hit, pred) in seen.items():
+            key = (seq, drafter)
+            self.reached[key] = self.decay * self.reached.get(key, 0.0) + hit
+            self.predicted[key] = self.decay * self.predicted.get(key, 0.0) + pred
+
+
+@dataclass
+class BudgetState:
+    probe_every: int = 4  # rounds a slot may go without a single node before it gets a probe
+    # a slot beside others whose nodes were all refused this many rounds in a row rests: it drafts only every
+    # probe_every rounds, and what it drafts then is a probe. On open text the budget refuses nearly every
+    # draft, and the drafting (about 0.1 ms per drafter and slot) is then all a round costs beyond plain
+    # decoding, paid by every slot of the forward. All slots probe on the same rounds: the others are plain
+    rest_after: int = 2
+    # each probe a resting slot makes that still wins no row on its merit doubles its interval, up to this; a
+    # node kept on its merit ends the rest. Four open slots probing every 4th round spent about 2% of every
+    # round on drafts nobody verified (the head's draft alone, 8 ms of a 65 ms round each time)
+    probe_max: int = 32
+    n_rounds: int = 0  # rounds run: probe rounds are those with n_rounds % (the slot's interval) == 0
+    interval: dict[int, int] = field(default_factory=dict)  # seq -> rounds between its probes (probe_every if none)
+    waking: set[int] = field(default_factory=set)  # resting slots drafting this round (their probe round)
+    # every slot of the forward must expect at least its plain-decoding speed: the forward grows by no more
+    # than 1 + the kept scores of the slot that expects the least. False: the batch's goodput alone decides
+    fair: bool = True
+    refused: dict[int, int] = field(default_factory=dict)  # seq -> rounds in a row its nodes were all refused
+    correction: ScoreCorrection = field(default_factory=ScoreCorrection)
+    # the last round's Budget.threshold: a model drafter growing a tree need not expand nodes scored below it,
+    # whose children could not get a row either (engine/draft/head_tree.py)
+    threshold: float = 0.0
+    # seq -> tokens the slot got beyond what plain decoding would have given it in the same time: each round
+    # adds its emitted tokens minus c(rows) / c(n_base), the forward's cost in plain forwards
+    balance: dict[int, float] = field(default_factory=dict)
+    # seq -> nodes of model drafters (the draft head) the last round kept of the slot's tree: beside other slots
+    # it is offered one more (DraftRequest.model_tree_max), not a whole tree the batch waits for step by step
+    model_nodes: dict[int, int] = field(default_factory=dict)
+
+    def settle(self, seq: int, n_emitted: int, cost_ratio: float) -> None:
+        """cost_ratio: the round's forward in plain forwards of its base rows."""
+        self.balance[seq] = self.balance.get(seq, 0.0) + n_emitted - cost_ratio
+
+    def next_round(self) -> None:
+        self.n_rounds += 1
+        self.waking.clear()
+
+    def rests(self, seq: int) -> bool:
+        """Whether the slot drafts nothing this round (rest_after); on a probe round it wakes instead."""
+        return self.refused.get(seq, 0) >= self.rest_after and not self.wakes(seq)
+
+    def rest(self, seq: int) -> int:
+        """A round the slot rests counts as one whose nodes were refused (a probe round that found nothing backs
+        its interval off); returns the rounds until it drafts."""
+        self.refused[seq] = self.refused.get(seq, 0) + 1
+        self.back_off(seq)
+        return -self.n_rounds % self.interval.get(seq, self.probe_every)
+
+    def wakes(self, seq: int) -> bool:
+        """Whether a resting slot drafts this round (a probe round); if its nodes are all refused, they make a
+        probe. The intervals are probe_every times powers of 2, so the probe rounds of a slot that probes
+        more often include those of every other: their probes share one batched draft."""
+        if self.refused.get(seq, 0) < self.rest_after:
+            return False
+        if self.n_rounds % self.interval.get(seq, self.probe_every) != 0:
+            return False
+        self.waking.add(seq)
+        return True
+
+    def back_off(self, seq: int) -> None:
+        """A waking slot's drafts won no row on their merit: it probes half as often from now."""
+        if seq in self.waking:
+            self.interval[seq] = min(2 * self.interval.get(seq, self.probe_every), self.probe_max)
+
+    def probes(self, seq: int) -> bool:
+        """Whether a slot whose nodes were all refused this round gets its best path anyway: a resting slot on
+        the round it drafts, another every probe_every rounds refused."""
+        return seq in self.waking or self.refused.get(seq, 0) % self.probe_every == 0
+
+    def begin(self, seq: int) -> None:
+        """A new generation in the slot: its answer is measured against plain decoding from here. What its
+        drafters' scores proved (the correction) stays: the next turn of a chat is much like the last."""
+        self.refused.pop(seq, None)
+        self.balance.pop(seq, None)
+        self.interval.pop(seq, None)
+        self.model_nodes.pop(seq, None)
+
+    def forget(self, seq: int) -> None:
+        self.begin(seq)
+        self.correction.forget(seq)
+
+
+def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel | RoundCost, state: BudgetState,
+         bare: list[int] | None = None, remaining: dict[int, int] | None = None) -> Budget:
+    """Choose among every slot's tree nodes. trees: seq -> its tree (scores filled); n_base: rows the forward
+    has without drafts (each slot's sampled token, replay rows); bare: the slots in the forward without a tree
+    (None: one unknown slot if n_base has more rows than trees); remaining: seq -> tokens it still wants (None:
+    no slot is known to finish before another). The trees' scores are corrected and bounded in place: the kept
+    trees carry the scores they were ranked by."""
+    factors = {seq: {d: state.correction.factor(seq, d) for d in set(t.drafters)} for seq, t in trees.items()}
+    for seq, t in trees.items():
+        t.scores = [min(1.0, s * factors[seq][d]) for s, d in zip(t.scores, t.drafters)]
+        t.bound_scores()
+    # every node of every tree, best first; a child never outscores its parent and ties go to the shallower,
+    # so any prefix of one slot's nodes in this order is a set of whole paths
+    ranked = sorted(((t.scores[v], -t.depth(v), seq, v) for seq, t in trees.items() for v in range(len(t))),
+                    reverse=True)
+    if bare is None:
+        bare = [-1] if n_base > len(trees) else []
+    # a slot alone in the forward pays for its rows with its own time: the goodput is its speed
+    if state.fair and len(set(trees) | set(bare)) > 1:
+        balance = {seq: state.balance.get(seq, 0.0) for seq in list(trees) + bare}
+        share = cost.seq_share() if isinstance(cost, RoundCost) else 0.0
+        take = _fair_take(trees, ranked, n_base, cost, balance, bare, leaves_first(remaining, list(trees) + bare),
+                          share)
+    else:
+        take = _greedy_take(ranked, n_base, cost)
+    kept: dict[int, list[int]] = {seq: [] for seq in trees}
+    for _, _, seq, v in ranked:
+        if len(kept[seq]) < take.get(seq, 0):
+            kept[seq].append(v)
+    for seq, t in trees.items():
+        if kept[seq] or not len(t):
+            state.refused[seq] = 0
+            state.interval.pop(seq, None)
+            continue
+        state.refused[seq] = state.refused.get(seq, 0) + 1
+        state.back_off(seq)
+        if state.probes(seq):
+            probe = t.path(max(range(len(t)), key=lambda v: (t.scores[v], -t.depth(v))))
+            if not state.fair or _others_afford(trees, kept, bare, seq, len(probe), n_base, cost, state.balance):
+                kept[seq] = probe
+    n_nodes = sum(len(k) for k in kept.values())
+    expected = n_base + sum(trees[seq].scores[v] for seq, vs in kept.items() for v in vs)
+    offered = sum(len(t) for t in trees.values())
+    why = (f"{n_nodes} of {offered} draft nodes: {expected:.2f} expected tokens for a forward of "
+           f"{n_base + n_nodes} rows ({cost.c(n_base + n_nodes):.2f}x one row)")
+    if n_nodes == 0 and offered:
+        why = f"no draft node pays its row this round ({offered} offered): plain decoding"
+        if state.fair and _greedy_take(ranked, n_base, cost):
+            behind = min([s for s in list(trees) + bare if s >= 0], key=lambda s: state.balance.get(s, 0.0))
+            why = (f"no draft node pays its row without slowing a slot below plain decoding ({offered} offered; "
+                   f"slot {behind} stands at {state.balance.get(behind, 0.0):+.2f} tokens against it): plain decoding")
+    n_rows = n_base + n_nodes
+    state.threshold = expected * (cost.c(n_rows + 1) / cost.c(n_rows) - 1)
+    return Budget(n_rows=n_rows, n_base=n_base, kept=kept, offered={seq: len(t) for seq, t in trees.items()},
+                  expected=expected, goodput=expected / cost.c(n_rows), why=why, factors=factors,
+                  threshold=state.threshold, cost=cost)
+
+
+def _others_afford(trees, kept, bare: list[int], seq: int, n_probe: int, n_base: int, cost: CostModel,
+                   balance: dict[int, float]) -> bool:
+    """Whether slot `seq` may add a probe of n_probe rows: it explores on its own account, and every other slot
+    of the forward can pay the dearer forward from its kept scores and its balance (or the rows are free)."""
+    n_rows = n_base + sum(len(k) for k in kept.values())
+    tau = cost.c(n_rows + n_probe) / cost.c(n_base) - 1.0
+    if tau <= 1e-12:
+        return True
+    own = {other: sum(trees[other].scores[v] for v in vs) for other, vs in kept.items() if other != seq}
+    own.update({other: 0.0 for other in bare})
+    return all(score + balance.get(other, 0.0) >= tau for other, score in own.items())
+
+
+def _greedy_take(ranked, n_base: int, cost: CostModel) -> dict[int, int]:
+    """seq -> how many of its best nodes to keep: the prefix of `ranked` with the best goodput."""
+    best_n, best_value = 0, n_base / cost.c(n_base)
+    total = float(n_base)
+    for n, (score, _, _, _) in enumerate(ranked, start=1):
+        total += score
+        value = total / cost.c(n_base + n)
+        if value > best_value * 1.001:
+            best_n, best_value = n, value
+    take: dict[int, int] = {}
+    for _, _, seq, _ in ranked[:best_n]:
+        take[seq] = take.get(seq, 0) + 1
+    return take
+
+
+def leaves_first(remaining: dict[int, int] | None, seqs: list[int]) -> dict[int, list[int]]:
+    """seq -> the slots of the forward that want fewer tokens than it: those leave the batch before it does, and
+    every token they gain now is a forward earlier that it runs without them."""
+    if not remaining:
+        return {seq: [] for seq in seqs}
+    return {seq: [k for k in seqs if k != seq and k in remaining and seq in remaining
+                  and remaining[k] < remaining[seq]] for seq in seqs}
+
+
+def _fair_take(trees, ranked, n_base: int, cost: CostModel, balance: dict[int, float], bare: list[int],
+               before: dict[int, list[int]] | None = None, share: float = 0.0) -> dict[int, int]:
+    """seq -> how many of its best nodes to keep: the set of the best goodput among those under which no slot
+    expects to fall behind plain decoding.
+
+    A forward of n_base + n rows costs c(n_base + n) / c(n_base) plain forwards, tau(n) more than plain decoding
+    spends on a slot, so a slot must expect at least tau(n) - (its balance) tokens from its kept nodes: the
+    balance (`BudgetState.balance`, what it got so far beyond plain decoding, measured on emitted tokens, not
+    scores) lets a slot that is ahead share a dearer forward, and makes a slot whose scores promised more than
+    its rounds gave ask more of them. A slot without a tree has only its balance. For each n the cheapest way
+    to give every slot its share is the shortest prefix of its own ranking that reaches it; the rows left go to
+    the best remaining nodes of any slot. A prefix of the one global ranking would not do: a copying slot's deep
+    chain ranks first and makes the forward too dear for the open slots beside it before their one likely node
+    is reached.
+
+    A slot that leaves the batch early saves those still generating its share of every later forward (`share`,
+    RoundCost.seq_share): each token the slots before it in `before` expect from their kept nodes counts that
+    much towards its own share. A copying slot's sure chain then pays the open slot beside it for its rows where
+    a sequence costs more than a row (on the AVX2 host 4.6% of a forward against 3.5%)."""
+    before = before or {}
+    credited = share > 0 and any(before.values())
+    c_base = cost.c(n_base)
+    best: dict[int, int] = {}
+    best_value = n_base / c_base
+    mine: dict[int, list[float]] = {seq: [0.0] for seq in trees}  # seq -> sums of its best 0, 1, 2, ... scores
+    rank = []  # rank[i]: how many nodes of its own slot come before ranked[i]
+    for score, _, seq, _ in ranked:
+        rank.append(len(mine[seq]) - 1)
+        mine[seq].append(mine[seq][-1] + score)
+    lowest_bare = min((balance[seq] for seq in bare), default=float("inf"))
+
+    def credit(take: dict[int, int]) -> dict[int, float]:
+        return {seq: share * sum(mine[k][take[k]] for k in before.get(seq, []) if k in take)
+                for seq in list(mine) + bare}
+
+    def fill(need: dict[int, int], n: int) -> dict[int, int] | None:
+        spare = n - sum(need.values())
+        if spare < 0:
+            return None
+        take = dict(need)
+        for i in range(len(ranked)):
+            if spare == 0:
+                break
+            seq = ranked[i][2]
+            if rank[i] >= take[seq]:  # the next of its slot's ranking: the one before it is in already
+                take[seq] += 1
+                spare -= 1
+        return take
+
+    prefix = [0.0]  # the best n scores of any slots: (n_base + prefix[n]) / c(n_base + n) bounds a fair set of n
+    for score, _, _, _ in ranked:
+        prefix.append(prefix[-1] + score)
+    for n in range(1, len(ranked) + 1):
+        c_n = cost.c(n_base + n)
+        tau = c_n / c_base - 1.0
+        bound = (n_base + prefix[n]) / c_n
+        # (from the second node: the first row also pays a drafted round's fixed cost, CostModel.step_fit)
+        if n > 1 and bound <= best_value * 1.001 and bound < (n_base + prefix[n - 1]) / cost.c(n_base + n - 1):
+            break  # past its peak the bound only falls (prefix concave, c increasing): no larger set does better
+        if tau > 1e-12 and tau > lowest_bare and not credited:
+            break  # a slot without a tree would fall behind, the more so in a larger forward
+        # a forward that costs no more than the plain one takes nothing from anyone
+        gets = dict.fromkeys(list(mine) + bare, 0.0)
+        take = None
+        for _ in range(2 if credited else 1):  # what the others' nodes promise lowers each share: once more
+            need = {seq: min(len(sums) - 1, bisect.bisect_left(sums, tau - balance[seq] - gets[seq] - 1e-12))
+                    if tau > 1e-12 else 0 for seq, sums in mine.items()}
+            take = fill(need, n)
+            if take is None:
+                break
+            gets = credit(take)
+        if take is None:
+            continue
+        if tau > 1e-12 and (any(mine[seq][k] + balance[seq] + gets[seq] < tau - 1e-12 for seq, k in take.items())
+                            or any(balance[seq] + gets[seq] < tau - 1e-12 for seq in bare)):
+            if not credited:
+                break  # some slot cannot reach its share with all its nodes, nor the larger share of a larger forward
+            continue
+        value = (n_base + sum(mine[seq][k] for seq, k in take.items())) / c_n
+        if value > best_value * 1.001:
+            best, best_value = take, value
+    return best

@@ -1,0 +1,107 @@
+"""One slot: a chat's sequence in the shared memory, with its sampler, its tokens and what it has given out.
+
+A slot is llama-server's server_slot: the engine (slots.py) starts and frees it, the round (rounds.py) advances
+it, and both hand its new tokens to the user through `emit`, which cuts them at end-of-sequence or the token
+limit and keeps the text free of half-decoded characters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from engine.memory import checkpoint
+from engine.events import RoundEvent
+from engine.grammar import Grammar
+from engine.params import GenParams
+from engine.sampling import Sampler
+
+
+WINDOW = 16  # tokens a detokenising window grows to before a new one starts
+WINDOW_CONTEXT = 4  # tokens of the old window a new one starts with
+
+
+@dataclass
+class Slot:
+    seq: int  # sequence id in the shared cache
+    params: GenParams
+    sampler: Sampler  # the target's sampler, with its own stream
+    prompt: list[int]  # prompt tokens
+    tokens: list[int] = field(default_factory=list)  # tokens in the target cache, in position order
+    generated: list[int] = field(default_factory=list)  # tokens emitted to the user
+    id_last: int = -1  # sampled last round, not yet in the cache
+    state: str = "prefill"  # "prefill" | "generating" | "done"
+    round: int = 0  # rounds run (prefill is round 0)
+    text: str = ""  # detokenised text given out so far
+    # the text is decoded over a window of the last generated tokens, not all of them each round (a decode of
+    # 1000 tokens took 250 us, of 16 about 8): the window's first token, and the window's text already given out
+    dec_from: int = 0
+    dec_done: str = ""
+    stop_reason: str | None = None
+    stop_requested: bool = False
+    replay: checkpoint.Replay | None = None  # decided tokens to re-run after a checkpoint restore
+    coins: torch.Generator | None = None  # synthetic acceptance's own stream (None unless it is on)
+    n_max_effective: int = 0  # the longest draft this slot can verify: n_max within the engine's capacity
+    notes: list[str] = field(default_factory=list)  # one line each, for the user: settings the engine adjusted
+    refill: list[int] = field(default_factory=list)  # confirmed tokens a resumed slot must forward again
+    grammar: Grammar | None = None  # the output's grammar state, through every emitted token (None: unconstrained)
+    prefill_rows: int = 0  # prompt tokens forwarded so far by the prefill, over its chunks
+    prefill_ms: float = 0.0  # time its chunks took
+
+    @property
+    def n_remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.generated)
+
+    def finish(self, reason: str, ev: RoundEvent) -> RoundEvent:
+        self.state = "done"
+        self.stop_reason = reason
+        ev.done = True
+        ev.stop_reason = reason
+        if self.grammar is not None:
+            ev.format_complete = self.grammar.complete_after(len(self.generated))
+        return ev
+
+    def end(self, reason: str) -> RoundEvent:
+        """End without running a batch this round (a stop, a full context): a bare, final event."""
+        return self.finish(reason, RoundEvent(seq=self.seq, round=self.round, kind="plain", drafter=None,
+                                              pos_sampled=len(self.tokens), p0=len(self.tokens) + 1))
+
+    def _text_delta(self, detokenize: Callable[[list[int]], str], final: bool) -> str:
+        """The text the new tokens add: the window's decoding minus what was already given out of it, a
+        half-decoded character held back until the tokens that complete it arrive (or the answer ends). Once
+        the window holds WINDOW tokens and ends on a whole character, a new one starts WINDOW_CONTEXT tokens
+        back: those give the next tokens their context (a tokenizer may decode a word differently at the start
+        of a text), and each delta is the difference of two decodings from the same first token."""
+        window = detokenize(self.generated[self.dec_from:])
+        stable = window if final else window.rstrip("\ufffd")
+        if not stable.startswith(self.dec_done):  # the decoder changed text it had given out: keep it as given
+            return ""
+        delta = stable[len(self.dec_done):]
+        self.dec_done = stable
+        self.text += delta
+        if stable == window and len(self.generated) - self.dec_from >= WINDOW:
+            self.dec_from = len(self.generated) - WINDOW_CONTEXT
+            self.dec_done = detokenize(self.generated[self.dec_from:])
+        return delta
+
+    def emit(self, tokens: list[int], ev: RoundEvent, eos: set[int],
+             detokenize: Callable[[list[int]], str]) -> RoundEvent:
+        """Give tokens to the user, cut at end-of-sequence or the token limit."""
+        out = []
+        reason = None
+        for tok in tokens:
+            out.append(tok)
+            if tok in eos and not self.params.ignore_eos:
+                reason = "eos"
+                break
+            if len(self.generated) + len(out) >= self.params.max_new_tokens:
+                reason = "length"
+                break
+        self.generated.extend(out)
+        ev.emitted = out
+        ev.text_delta = self._text_delta(detokenize, final=reason is not None)
+        if reason is not None:
+            self.finish(reason, ev)
+        return ev

@@ -1,0 +1,138 @@
+"""The round's one budget applied to its slots: which slots draft, which of their tree nodes go into the
+forward (engine/round/budget.py), and what the round cost each slot against plain decoding.
+
+Before drafting, slots whose every node the fair budget would refuse do not draft (`veto`). After drafting,
+`plan` hands the slots' trees to the budget and keeps what it chose. After the forward each drafted round is
+charged to every slot's balance at its measured cost (`cost_ratio`), against a plain round that still holds
+the slots that left ahead of plain decoding (`leave`).
+"""
+
+from __future__ import annotations
+
+from typing import Collection
+
+from engine.round.budget import Budget, BudgetState, leaves_first, plan as budget_plan
+from engine.draft.base import DraftRequest
+from engine.draft.chain import DrafterChain
+from engine.round.slot import Slot
+
+
+class SlotBudget:
+    def __init__(self, chain: DrafterChain):
+        self.chain = chain  # its length policy's cost curve, its drafters (which need a model), its gate
+        self.state = BudgetState()  # balances, refusals and rests of every slot
+        # (rounds, seqs): a slot that finished ahead of plain decoding by `rounds` plain rounds, which plain
+        # decoding would still run beside the slots `seqs` it left: their balances are measured against a plain
+        # round with it (SlotBudget.cost_ratio). What a copying slot's early exit gives the slots beside it,
+        # counted when it happens: credited when the copying slot gained its tokens, it went also to slots whose
+        # answers ended before it would have left (four copy answers, three ended by their end-of-text token)
+        self.ghosts: list[tuple[int, frozenset[int]]] = []
+
+    def veto(self, slots: list[Slot], sizes: dict[int, tuple[int, int]]) -> tuple[set[int], str]:
+        """The budgeted tree slots that need not draft this round, and why: beside a slot that drafts nothing this
+        round (it rests, replays, or has no room), whose balance cannot pay for one row and which no drafting
+        slot will leave before (one that may pay it for its rows), the fair budget keeps no node of anyone's
+        tree and no probe (engine/round/budget.py, `_fair_take`, `_others_afford`), so their drafting would only
+        delay the round. Four answers of which two copy and two write freely spent 0.7 ms a round drafting for
+        nodes refused this way."""
+        state, policy = self.state, self.chain.policy
+        if len(slots) < 2 or policy is None or not state.fair:
+            return set(), ""
+        trees = {seq for seq, (_, tree_max) in sizes.items() if tree_max > 0 and self.chain.uses_policy(seq)}
+        bare = [s.seq for s in slots if s.seq not in trees]
+        if not trees or not bare:
+            return set(), ""
+        n_base = base_rows(slots)
+        cost = self._cost(slots, trees, n_base)
+        tau = cost.c(n_base + 1) / cost.c(n_base) - 1.0  # what one draft row costs every slot, in tokens
+        if tau <= 1e-12:
+            return set(), ""
+        # a slot that drafts may leave before the bare one and pay it for its rows (budget.leaves_first)
+        paid = leaves_first({s.seq: s.n_remaining for s in slots}, [s.seq for s in slots]) \
+            if cost.seq_share() > 0 else {}
+        poor = [seq for seq in bare if state.balance.get(seq, 0.0) < tau and not set(paid.get(seq, [])) & trees]
+        if not poor:
+            return set(), ""
+        seq = min(poor, key=lambda k: state.balance.get(k, 0.0))
+        return trees, (f"slot {seq} drafts nothing this round and stands at {state.balance.get(seq, 0.0):+.2f} "
+                       f"tokens against plain decoding, less than one draft row costs it ({tau:.3f}): every node "
+                       f"would be refused")
+
+    def plan(self, slots: list[Slot], requests: dict[int, DraftRequest]) -> Budget | None:
+        """Trees of slots under the length policy share one budget (engine/round/budget.py); others keep theirs.
+        Afterwards a request's tree is None or has nodes: an empty one is a plain round."""
+        for r in requests.values():
+            if r.tree is not None and not len(r.tree):
+                r.tree = None
+            if r.tree is None and r.seq in self.state.waking:
+                self.state.rest(r.seq)  # a probe round that found nothing: the slot rests on
+            elif r.tree is None and r.tree_max > 0 and len(slots) > 1 and self.chain.uses_policy(r.seq):
+                # drafted for nothing: beside other slots it counts as a refused round, so a slot whose drafters
+                # find nothing rests too, instead of drafting every round (four open answers spent 1.3 ms a
+                # round on n-gram lookups that found nothing, for a whole answer)
+                self.state.refused[r.seq] = self.state.refused.get(r.seq, 0) + 1
+        trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
+        if self.chain.policy is None or not trees:
+            return None
+        n_base = base_rows(slots)
+        n_base += sum(len(r.tree) for seq, r in requests.items() if r.tree is not None and seq not in trees)
+        bare = [s.seq for s in slots if s.seq not in trees]
+        out = budget_plan(trees, n_base, self._cost(slots, trees, n_base), self.state, bare,
+                          {s.seq: s.n_remaining for s in slots})
+        models = {name for name, impl in self.chain.pool.items() if impl.needs_model}
+        for seq, tree in trees.items():
+            self.state.model_nodes[seq] = sum(tree.drafters[v] in models for v in out.kept[seq])
+            requests[seq].tree = tree.keep(out.kept[seq]) if out.kept[seq] else None
+            if requests[seq].tree is None:
+                self.chain.gate.nothing_kept(seq)
+        return out
+
+    def _cost(self, slots: list[Slot], trees: Collection[int], n_base: int):
+        """The cost curve for a forward of n_base rows plus the drafts of the slots in `trees`: draft rows read
+        their slot's cells, so slots with shorter contexts than the calibration's add cheaper rows."""
+        cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
+        return self.chain.policy.cost.for_cells(n_base, cells)
+
+    def cost_ratio(self, budget, in_batch: list[Slot], whole: float, ghosts: int = 0) -> float:
+        """A drafted round's cost in plain rounds of its base rows, what each slot's balance is charged: `whole`,
+        the round's time from its drafting to its events, over a plain round's. That is the forward of the base
+        rows as timed in service, or calibrated until 3 were (CostModel.base_seconds), and each slot's work
+        after a plain forward (CostModel.after_plain) once 3 plain rounds timed it (none before: a dearer
+        charge, not a kinder one); with `ghosts` more slots in that plain round where slots beside this one left
+        ahead of plain decoding (`leave`).
+
+        Charged by the curve, whose calibration moves by 10% between runs on a shared machine, four open slots
+        once verified trees whose rounds took 1.37x where the curve said 1.05x, and the balances never showed
+        it, nor drafting time spent on nodes the budget then refused. Charged forward and drafting only, the
+        slots beside a copying one stood above plain decoding by their balances and ran at 0.87x to 0.99x of it
+        by the clock: a tree round's walk and bookkeeping took 1.5 ms against a plain round's 0.8."""
+        n_base = budget.n_base if budget is not None else base_rows(in_batch)
+        cost = self.chain.policy.cost
+        after = cost.after_plain_seconds() or 0.0
+        return whole / (cost.base_seconds(n_base + ghosts) + (len(in_batch) + ghosts) * after)
+
+    def leave(self, seq: int, beside: list[int]) -> None:
+        """A slot whose generation ended, `beside` the slots of its last forward: ahead of plain decoding by its
+        balance, it would still be in a plain batch for that many rounds, each costing the slots beside it
+        their share of a dearer forward (`ghosts`)."""
+        lead = int(round(max(0.0, self.state.balance.get(seq, 0.0))))
+        others = frozenset(beside) - {seq}
+        if lead > 0 and others:
+            self.ghosts.append((lead, others))
+
+    def begin(self, seq: int) -> None:
+        """A new generation in the slot: it never shared a forward with the slots that left before it."""
+        self.state.begin(seq)
+        self.ghosts = [(n, beside - {seq}) for n, beside in self.ghosts if beside - {seq}]
+
+    def ghosts_of(self, seq: int) -> int:
+        """Slots that left ahead of plain decoding and would still share a plain forward with this one."""
+        return sum(seq in beside for _, beside in self.ghosts)
+
+    def next_round(self) -> None:
+        self.ghosts = [(n - 1, beside) for n, beside in self.ghosts if n > 1]
+
+
+def base_rows(slots: list[Slot]) -> int:
+    """Rows the forward has without drafts: each slot's sampled token, or the tokens its replay re-runs."""
+    return sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)

@@ -1,0 +1,448 @@
+"""Slots: several chats in one memory, like llama-server's n_parallel slots, and the engine that runs them.
+
+A slot is one sequence, with its own sampler, drafter state and statistics. Slots join (`start`) and leave
+(`stop`, `release`) between rounds; each `step()` prefills the slots that just arrived and runs one speculative
+round (rounds.py) for all generating slots together. A prompt prefix already in the memory is kept: the slot's
+own previous turn, or a prefix another slot holds (a shared system prompt, stored once with `seq_cp`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+
+from engine.batch import Batch, output_limits
+from engine.memory.context import ModelContext
+from engine.draft.base import Drafter
+from engine.draft.chain import DrafterChain, default_params, make_drafter, parse_types
+from engine.events import ErrorEvent, RoundEvent, failure
+from engine.grammar import Grammar
+from engine.load.models import LoadedModel, check_vocab_compatible
+from engine.params import GenParams
+from engine.cost.calibrate import calibrate as time_forwards
+from engine.cost.curve import CostModel
+from engine.draft.policy import DraftLengthPolicy
+from engine.memory.probe import ProbeResult, probe_context
+from engine.prefix import common_prefix
+from engine.round.round import Round
+from engine.round.slot import Slot
+from engine.memory.stateful import StatefulContext, has_own_state
+from engine.serve.threads import ThreadGovernor
+from engine.sampling import Sampler
+
+N_BATCH = 512  # rows per forward: prompt chunks during prefill, and the cap on logits rows of a verification
+# a prompt chunk's rows while other slots are generating: one chunk runs between two of their rounds, so this
+# bounds how long a long prompt holds their streams (llama-server's n_ubatch interleaving, by alternation)
+N_BATCH_BESIDE = 128
+MIN_CELLS_PER_SLOT = 64  # a cache smaller than this per slot could not hold a useful chat in every slot
+
+
+def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int, n_rs: int = 0):
+    """The cell cache for attention models; the model's own per-sequence cache where layers keep a state."""
+    if has_own_state(model):
+        return StatefulContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max, n_rs=n_rs)
+    return ModelContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max)
+
+
+class Engine:
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
+                 n_seq_max: int = 4, calibrate: bool = True, drafter_params: dict | None = None,
+                 n_draft: int = 16, n_rs: int = 0, fair: bool = True, threads: int | None = None):
+        """threads: forwards on this many threads always; None: all of torch's, fewer while another process
+        holds cores (engine/serve/threads.py; only with a calibrated cost curve to measure against)."""
+        if draft is not None:
+            check_vocab_compatible(target, draft)
+        if n_seq_max < 1:
+            raise ValueError(f"need at least one slot, got {n_seq_max}")
+        if n_ctx < n_seq_max * MIN_CELLS_PER_SLOT:
+            raise ValueError(f"a cache of {n_ctx} cells cannot hold {n_seq_max} slots (at least "
+                             f"{MIN_CELLS_PER_SLOT} cells each): raise n_ctx to {n_seq_max * MIN_CELLS_PER_SLOT} "
+                             f"or use fewer slots")
+        self.target = target
+        self.draft_model = draft
+        # logits rows reserved per forward: every slot's sampled token and its longest draft
+        self.limits = output_limits(N_BATCH, n_seq_max, n_draft)
+        # n_rs: on a recurrent model, the tail (in tokens) that reversible state undoes without a checkpoint
+        self.ctx = make_context(target.model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=self.limits.total,
+                                n_rs=n_rs)
+        self.n_pos_max = int(getattr(target.model.config, "max_position_embeddings", 0) or 0) or None
+        self.probe: ProbeResult = probe_context(self.ctx)
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self.threads = ThreadGovernor(n_max=threads or torch.get_num_threads(), fixed=threads is not None)
+        self._use_threads()
+        self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
+        self.threads.fixed = self.threads.fixed or not (calibrate and self.probe.can_speculate)
+        self.policy = DraftLengthPolicy(self.cost)
+        # type name -> its params dataclass; ours by default (see chain.default_params), overridable per type
+        self.drafter_params = {**default_params(), **(drafter_params or {})}
+        self.pool: dict[str, Drafter] = {}
+        self.chain = DrafterChain(self.pool, self.policy)
+        self.slots: dict[int, Slot] = {}
+        self.parked: dict[int, Slot] = {}  # seq -> a parked slot whose cells the sequence still holds
+        self.eos = target.eos_ids()
+        self._grammar_tokenizer = None  # llguidance's view of the target's tokenizer, built at the first grammar
+        self.round = Round(self.ctx, self.chain, self.probe, self.limits, self.n_pos_max, self.eos, target.decode)
+        # fair: no slot's answer may come slower than plain decoding would give it; False: the batch's goodput
+        # alone chooses the draft rows (engine/round/budget.py)
+        self.round.budget_state.fair = fair
+
+    # ---- set-up ----------------------------------------------------------------------------------------------
+
+    def _use_threads(self) -> None:
+        """Forwards on the governor's count: OpenMP's count is per calling thread, so it is set by the thread
+        that runs the rounds (the scheduler's), each step."""
+        if torch.get_num_threads() != self.threads.n_threads:
+            torch.set_num_threads(self.threads.n_threads)
+
+    def _govern_threads(self) -> None:
+        forward, self.round.last_forward = self.round.last_forward, None
+        if forward is not None:
+            rows, seconds = forward
+            if self.threads.observe(seconds, self.cost.quiet(rows), time.monotonic()) is not None:
+                self._use_threads()
+
+    def calibrate(self, passes: int = 7) -> CostModel:
+        """Time the forwards the length policy and the round's budget read (engine/cost/calibrate.py)."""
+        return time_forwards(self.ctx, self.limits, self.probe, passes)
+
+    def grammar_tokenizer(self):
+        """The target's tokenizer for grammar matchers (about 0.5 s to build, so once per engine). Its end of
+        sequence is the engine's: a complete grammar allows exactly the tokens that end the answer."""
+        if self._grammar_tokenizer is None:
+            from llguidance.hf import from_tokenizer
+
+            try:
+                self._grammar_tokenizer = from_tokenizer(self.target.tokenizer, eos_token=sorted(self.eos) or None)
+            except Exception as e:
+                raise ValueError(f"grammars need a fast tokenizer with a known decoder; this model's: {e}") from None
+        return self._grammar_tokenizer
+
+    def drafter(self, name: str) -> Drafter:
+        if name not in self.pool:
+            kwargs = {}
+            if name == "draft-simple":
+                if self.draft_model is None:
+                    raise ValueError("draft-simple needs a draft model: load one first")
+                from engine.draft.draft_model import DraftModelParams
+                kwargs = dict(model=self.draft_model.model,
+                              params=DraftModelParams(n_ctx=self.ctx.n_ctx, n_seq_max=self.ctx.n_seq_max,
+                                                      n_vocab=self.ctx.n_vocab))
+            elif name == "draft-head":
+                from engine.draft.draft_head import DraftHeadParams
+                # the head reads the target's embeddings and hidden states
+                kwargs = dict(target=self.target, params=self.drafter_params.get(name) or DraftHeadParams())
+            elif name in self.drafter_params:
+                kwargs = dict(params=self.drafter_params[name])
+            self.pool[name] = make_drafter(name, **kwargs)
+            wanted = set(self.ctx.hidden_layers) | set(self.pool[name].hidden_layers)
+            self.ctx.hidden_layers = tuple(sorted(wanted))
+        return self.pool[name]
+
+    # ---- slots -------------------------------------------------------------------------------------------
+
+    def free_seq(self) -> int:
+        for seq in range(self.ctx.n_seq_max):
+            if seq not in self.slots:
+                return seq
+        for seq in range(self.ctx.n_seq_max):
+            if self.slots[seq].state == "done":
+                return seq
+        raise RuntimeError(f"all {self.ctx.n_seq_max} slots are busy")
+
+    @property
+    def prompt_limit(self) -> int:
+        """The most tokens a prompt and its answer may hold together: the cache, and the model's positions."""
+        return self.ctx.n_ctx if self.n_pos_max is None else min(self.ctx.n_ctx, self.n_pos_max)
+
+    def check(self, prompt: list[int], params: GenParams) -> None:
+        """Refuse a request that could never run, with the reason (ValueError); nothing changes."""
+        params.validate()
+        params.spec.types = parse_types(params.spec.types)
+        if not prompt:
+            raise ValueError("empty prompt")
+        if isinstance(prompt, (str, bytes, dict)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                            for t in prompt):
+            raise ValueError(f"a prompt is a list of token ids (int), got {type(prompt).__name__}"
+                             + ("" if isinstance(prompt, (str, bytes, dict)) else
+                                f" holding {type(next(t for t in prompt if not isinstance(t, int))).__name__}"))
+        if min(prompt) < 0 or max(prompt) >= self.ctx.n_vocab:
+            raise ValueError(f"prompt token ids must be in [0, {self.ctx.n_vocab}): got {min(prompt)}..{max(prompt)}")
+        limit = self.prompt_limit
+        if len(prompt) + 1 > limit:
+            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {limit} tokens")
+        if params.grammar is not None:
+            params.grammar.validate(self.grammar_tokenizer())
+        if params.spec.types and not self.probe.can_speculate:
+            raise ValueError(f"speculation is off for this model: {self.probe.reason}")
+        for name in params.spec.types:
+            self.drafter(name)
+
+    def _cells(self, tokens: list[int], seq: int, n_keep_max: int) -> tuple[int, int, int, int, int]:
+        """What placing `tokens` in `seq` takes, keeping at most n_keep_max of them from the cache:
+        (n_own, src, n_shared, cells needed, cells free for it)."""
+        old = self.slots.get(seq)
+        if old is None and self.parked.get(seq) is not None:
+            old = self.parked[seq]
+        n_own = common_prefix(old.tokens, tokens, limit=n_keep_max) if old is not None else 0
+        src, n_shared = self._shared_prefix(seq, tokens, n_keep_max) if self.ctx.cache.can_share else (-1, 0)
+        n_owned = self.ctx.cache.seq_cells(seq).numel()
+        n_need = len(tokens) + 1 - max(n_own, n_shared)
+        n_free = self.ctx.n_ctx - self.ctx.cache.n_used() + n_owned
+        return n_own, src, n_shared, n_need, n_free
+
+    def fits(self, tokens: list[int], seq: int) -> bool:
+        """Whether the cache has room to place `tokens` (a prompt, or a parked slot's) in `seq` now."""
+        _, _, _, n_need, n_free = self._cells(tokens, seq, len(tokens) - 1)
+        return n_need <= n_free
+
+    def _place(self, tokens: list[int], seq: int, n_keep_max: int) -> int:
+        """Make `seq` hold the longest prefix of `tokens` the cache can give (its own cells, or a prefix another
+        slot holds, shared with seq_cp); return its length. Raises ValueError when the rest cannot fit."""
+        n_own, src, n_shared, n_need, n_free = self._cells(tokens, seq, n_keep_max)
+        if n_need > n_free:
+            raise ValueError(f"the cache is full: this prompt needs {n_need} more cells, {n_free} are free "
+                             f"(other slots hold the rest); wait for a slot to finish or raise n_ctx")
+        self.parked.pop(seq, None)  # whatever was parked in seq loses its cells now
+        if n_shared > n_own:
+            # a prefix another slot already holds (a shared system prompt): store it once, for both sequences
+            self.ctx.seq_rm(seq, -1, -1)
+            self.ctx.cache.seq_cp(src, seq, 0, n_shared)
+            kept = n_shared
+        elif self.ctx.seq_rm(seq, n_own, -1):
+            kept = n_own
+        else:  # a recurrent memory cannot go back to the shared prefix: start the sequence over
+            self.ctx.seq_rm(seq, -1, -1)
+            kept = 0
+        self.chain.seq_rm(seq)
+        if n_shared > n_own:
+            self.chain.seq_cp(src, seq, n_shared)
+        return kept
+
+    def start(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Slot:
+        """Start a generation in a free slot. Raises ValueError on bad input; nothing changes then."""
+        self.check(prompt, params)
+        seq = self.free_seq() if seq is None else seq
+        if not 0 <= seq < self.ctx.n_seq_max:
+            raise ValueError(f"slot {seq} out of range [0, {self.ctx.n_seq_max})")
+        old = self.slots.get(seq)
+        if old is not None and old.state != "done":
+            raise ValueError(f"slot {seq} is busy")
+        # the prompt's last token is always forwarded again: its logits give the first answer token
+        kept = self._place(prompt, seq, len(prompt) - 1)
+        slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
+                    tokens=list(prompt[:kept]))
+        if params.grammar is not None:
+            slot.grammar = Grammar.start(params.grammar, self.grammar_tokenizer())
+        if params.spec.types:
+            # the logits buffer holds this many draft rows per slot (n_draft): a longer n_max would be cut
+            # every round without a word, and the user would read the cut as the drafter's own choice
+            n_capacity = self.limits.per_seq - 1
+            slot.n_max_effective = min(params.spec.n_max, n_capacity)
+            if params.spec.n_max > n_capacity:
+                slot.notes.append(f"n_max {params.spec.n_max} is above this engine's draft capacity of "
+                                  f"{n_capacity}: drafts are capped at {n_capacity}")
+        if params.spec.tree_nodes > 0 and params.spec.types:
+            why = ("this model's memory keeps one state per sequence, with no room for branches"
+                   if not getattr(self.ctx, "supports_trees", False) else
+                   "a grammar masks one path" if params.grammar is not None else
+                   "synthetic acceptance tosses its coins along one chain"
+                   if params.spec.synthetic_accept is not None else None)
+            if why:
+                slot.notes.append(f"trees of drafts are off for this generation ({why}): drafts are chains")
+        if params.spec.synthetic_accept is not None:
+            # a stream per slot: the sampler's seed and the slot, so concurrent slots toss independent coins
+            coin_seed = params.sampling.seed ^ 0x5BD1E995 ^ (seq * 0x9E3779B1)
+            slot.coins = torch.Generator().manual_seed(coin_seed & 0xFFFFFFFF)
+        self.slots[seq] = slot
+        self.round.slot_budget.begin(seq)
+        self.chain.begin(seq, slot.prompt, params.spec.types, adaptive=params.spec.adaptive)
+        for name in params.spec.types:  # model drafters sample at the slot's temperature, from its seed
+            self.pool[name].retune(seq, params.sampling.temp, params.sampling.seed)
+        return slot
+
+    def _shared_prefix(self, seq: int, tokens: list[int], n_keep_max: int) -> tuple[int, int]:
+        """The other slot whose cached tokens share the longest prefix with `tokens`: (its seq, the length)."""
+        best = (-1, 0)
+        for other in self.slots.values():
+            if other.seq != seq and other.replay is None:
+                n = common_prefix(other.tokens, tokens, limit=n_keep_max)
+                if n > best[1]:
+                    best = (other.seq, n)
+        return best
+
+    def stop(self, seq: int) -> None:
+        """Ask a slot to stop; it ends at the next round boundary, its cells stay for reuse."""
+        if seq in self.slots:
+            self.slots[seq].stop_requested = True
+
+    def park(self, seq: int) -> Slot:
+        """Take a generating slot out of the engine (an idle step-mode session) so another can use `seq`. Its
+        cells stay until someone needs them; `resume` puts it back, in any free sequence."""
+        slot = self.slots.pop(seq)
+        self.parked[seq] = slot
+        return slot
+
+    def resume(self, slot: Slot, seq: int) -> None:
+        """Put a parked slot back in `seq`. Tokens the cache no longer holds for it are forwarded again at the
+        next step (no token is sampled there: the slot's sampler goes on where it stopped)."""
+        if seq in self.slots and self.slots[seq].state != "done":
+            raise ValueError(f"slot {seq} is busy")
+        if self.parked.get(seq) is slot and self.ctx.cache.seq_cells(seq).numel() == len(slot.tokens):
+            del self.parked[seq]  # nobody took its cells: it carries on as if it had never left
+        else:
+            old = [other for other, parked in self.parked.items() if parked is slot]
+            for other in old:
+                del self.parked[other]
+            confirmed = list(slot.tokens)
+            kept = self._place(confirmed, seq, len(confirmed))  # may copy its prefix from its old cells
+            slot.tokens, slot.refill = confirmed[:kept], confirmed[kept:]
+            for other in old:  # then they belong to nobody: freed, not left for a later start to find
+                if other != seq and other not in self.slots:
+                    self.release(other)
+            self.chain.begin(seq, confirmed, slot.params.spec.types, adaptive=slot.params.spec.adaptive)
+            for name in slot.params.spec.types:
+                self.pool[name].retune(seq, slot.params.sampling.temp, slot.params.sampling.seed)
+        slot.seq = seq
+        self.slots[seq] = slot
+
+    def release(self, seq: int) -> None:
+        """Forget a slot and free its cells."""
+        self.slots.pop(seq, None)
+        self.parked.pop(seq, None)
+        self.chain.seq_rm(seq)
+        self.round.budget_state.forget(seq)
+        self.ctx.seq_rm(seq, -1, -1)
+
+    def active(self, only: set[int] | None = None) -> list[Slot]:
+        return [s for s in self.slots.values() if s.state != "done" and (only is None or s.seq in only)]
+
+    # ---- the round --------------------------------------------------------------------------------------
+
+    def step(self, only: set[int] | None = None, whole_prefill: bool = False) -> list[RoundEvent | ErrorEvent]:
+        """One round for every active slot (or those in `only`); returns one event per slot that ran. A slot
+        whose prefill or round raised ends with an ErrorEvent and is released; the others go on.
+
+        A prompt is prefilled one chunk a step (N_BATCH rows; N_BATCH_BESIDE while others generate, shared by
+        every prompt in prefill), so the other slots' rounds run between its chunks; its prefill event comes
+        with the last chunk. whole_prefill:
+        all of it in this step (step mode, where each step is a click)."""
+        events: list[RoundEvent | ErrorEvent] = []
+        self._use_threads()
+        for slot in self.active(only):
+            if slot.stop_requested:
+                if slot.replay is not None and slot.grammar is not None:
+                    # stopped between a checkpoint restore and its replay: the user was given the decided
+                    # tokens, so the grammar takes them as the replay would have
+                    slot.grammar.consume_all(slot.replay.tokens[1:])
+                events.append(slot.end("stopped"))
+        prefilled = set()
+        beside = any(s.state == "generating" for s in self.active(only)) and not whole_prefill
+        # the prompt rows this step may forward: every prefilling slot draws from one allowance, so several
+        # prompts arriving together hold the others' streams for one chunk's time, not one chunk each
+        n_rows_left = N_BATCH_BESIDE if beside else None
+        for slot in [s for s in self.active(only) if s.state == "prefill"]:
+            if n_rows_left is not None and n_rows_left <= 0:
+                break
+            try:
+                n_before = len(slot.tokens)
+                ev = self._prefill(slot, n_rows_left if n_rows_left is not None else N_BATCH)
+                while ev is None and whole_prefill:
+                    ev = self._prefill(slot, N_BATCH)
+                if n_rows_left is not None:
+                    n_rows_left -= len(slot.tokens) - n_before
+                if ev is not None:
+                    events.append(ev)
+            except Exception as e:  # one prompt that breaks the model must not end the other chats
+                events.append(failure(slot.seq, "prefill", e))
+            prefilled.add(slot.seq)
+        for slot in [s for s in self.active(only) if s.refill]:
+            try:
+                self._refill(slot)
+            except Exception as e:
+                events.append(failure(slot.seq, "refill", e))
+                prefilled.add(slot.seq)
+        # a slot prefilled in this step drafts from the next one on: round 0 stands alone, as in step mode
+        generating = [s for s in self.active(only) if s.state == "generating" and s.seq not in prefilled]
+        if generating:
+            self._make_room(generating)
+            events.extend(self.round.run(generating))
+            self._govern_threads()
+        for ev in events:
+            if isinstance(ev, ErrorEvent):
+                self.release(ev.seq)
+        now = time.perf_counter()
+        n_used = self.ctx.cache.n_used()
+        for ev in events:
+            if isinstance(ev, RoundEvent):
+                ev.t_end = now
+                ev.n_cells_used = n_used
+                ev.seq_cells = len(self.slots[ev.seq].tokens)
+        return events
+
+    def _prefill(self, slot: Slot, n_rows: int) -> RoundEvent | None:
+        """Forward the prompt's next chunk of at most n_rows; the prefill's event once the last one ran (the
+        first answer token sampled from its logits), else None."""
+        t0 = time.perf_counter()
+        todo = slot.prompt[len(slot.tokens):]
+        if not todo:
+            raise RuntimeError("prefill with no prompt token left to forward")
+        chunk = todo[:n_rows]
+        last = len(chunk) == len(todo)
+        batch = Batch()
+        for i, tok in enumerate(chunk):
+            batch.add(tok, len(slot.tokens) + i, slot.seq, last and i == len(chunk) - 1)
+        res = self.ctx.decode(batch)
+        self.chain.process(batch, res)
+        slot.tokens.extend(chunk)
+        slot.prefill_rows += len(chunk)
+        slot.prefill_ms += (time.perf_counter() - t0) * 1e3
+        if not last:
+            return None
+        t0 = time.perf_counter()
+        row = res.logits[-1] if slot.grammar is None else slot.grammar.mask(res.logits[-1])
+        tok = slot.sampler.sample(row)
+        p = float(slot.sampler.probs(row)[tok])
+        if slot.grammar is not None:
+            slot.grammar.consume(tok)
+        slot.id_last = tok
+        slot.state = "generating"
+        ev = RoundEvent(seq=slot.seq, round=0, kind="prefill", drafter=None, pos_sampled=len(slot.tokens) - 1,
+                        p0=len(slot.tokens), bonus=tok, p_target=[p], batch_rows=slot.prefill_rows,
+                        t_verify_ms=slot.prefill_ms + (time.perf_counter() - t0) * 1e3, notes=list(slot.notes))
+        slot.round = 1
+        return self.round.emit(slot, [tok], ev)
+
+    def _make_room(self, generating: list[Slot]) -> None:
+        """Give the generating slots the cells that finished or parked slots keep for prefix reuse, when the
+        round could need them: an answer must not stop for 'context' while idle slots fill the cache."""
+        want = sum(1 + (min(s.params.spec.n_max, self.limits.per_seq - 1) if s.params.spec.types else 0)
+                   for s in generating)
+        idle = [seq for seq, s in self.slots.items() if s.state == "done"] + list(self.parked)
+        for seq in idle:
+            if self.ctx.n_ctx - self.ctx.cache.n_used() >= want:
+                return
+            self.release(seq)
+
+    def _refill(self, slot: Slot) -> None:
+        """Forward the confirmed tokens a resumed slot lost from the cache; nothing is sampled."""
+        for start in range(0, len(slot.refill), N_BATCH):
+            chunk = slot.refill[start:start + N_BATCH]
+            batch = Batch()
+            for i, tok in enumerate(chunk):
+                batch.add(tok, len(slot.tokens) + i, slot.seq, i == len(chunk) - 1)
+            self.chain.process(batch, self.ctx.decode(batch))
+            slot.tokens.extend(chunk)
+        slot.refill = []
+
+    # ---- convenience ------------------------------------------------------------------------------------
+
+    def generate(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Iterator[RoundEvent]:
+        """Run one slot to completion, yielding each round's event (other slots advance too)."""
+        slot = self.start(prompt, params, seq=seq)
+        while slot.state != "done":
+            for ev in self.step():
+                if ev.seq == slot.seq:
+                    yield ev
