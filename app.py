@@ -13,7 +13,7 @@ import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from engine.load.dtype import CHOICES
+    from engine import DTYPE_CHOICES as CHOICES
 
     p = argparse.ArgumentParser(description="Watch speculative decoding happen, round by round, in a browser.")
     p.add_argument("--target", default="embedded",
@@ -78,7 +78,7 @@ def model_load_allowed(args: argparse.Namespace) -> bool:
 
 def load_state(args: argparse.Namespace):
     """Models, engine, scheduler -> the app state. Raises ModelLoadError / ValueError with a one-line reason."""
-    from engine.load.models import load_model
+    from engine import load_model
     from ui.loader import make_runtime
     from ui.state import AppOptions, AppState
 
@@ -100,7 +100,7 @@ def load_state(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from engine.load.models import ModelLoadError
+    from engine import ModelLoadError
 
     try:
         state = load_state(args)

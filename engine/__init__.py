@@ -1,4 +1,66 @@
 """Speculative-decoding engine: llama.cpp-style drafting and verification on HF transformers models.
 
-Nothing heavy is imported here; import the submodules you need.
+This package's face: what the page, the bench and the scripts use, each name imported from where it lives on
+first use (PEP 562), so `import engine` loads nothing heavy. The layers, lowest first: the vocabulary in this
+folder (params, events, batch, sampling, grammar, prefix), `forward/`, `memory/`, `load/`, `cost/`, `draft/`,
+`round/`, `serve/`, and the bench (`bench/`) on top.
 """
+
+from __future__ import annotations
+
+import importlib
+
+_FACE = {  # public name -> (module, its name there)
+    # requests and what comes back
+    "GenParams": ("engine.params", "GenParams"),
+    "SpecParams": ("engine.params", "SpecParams"),
+    "SamplerParams": ("engine.sampling", "SamplerParams"),
+    "GrammarSpec": ("engine.grammar", "GrammarSpec"),
+    "ErrorEvent": ("engine.events", "ErrorEvent"),
+    "WaitEvent": ("engine.events", "WaitEvent"),
+    "RoundEvent": ("engine.events", "RoundEvent"),
+    # serving
+    "Engine": ("engine.serve.engine", "Engine"),
+    "Scheduler": ("engine.serve.scheduler", "Scheduler"),
+    "QueueFull": ("engine.serve.scheduler", "QueueFull"),
+    # models
+    "load_model": ("engine.load.models", "load_model"),
+    "ModelLoadError": ("engine.load.models", "ModelLoadError"),
+    "VocabMismatchError": ("engine.load.models", "VocabMismatchError"),
+    "DTYPE_CHOICES": ("engine.load.dtype", "CHOICES"),
+    "linear_paths": ("engine.forward.prepack", "linear_paths"),
+    # drafters and their counters
+    "NGRAM_CHAIN": ("engine.draft.chain", "NGRAM_CHAIN"),
+    "PRIORITY": ("engine.draft.chain", "PRIORITY"),
+    "DraftHeadParams": ("engine.draft.draft_head", "DraftHeadParams"),
+    "DraftModelParams": ("engine.draft.draft_model", "DraftModelParams"),
+    "head_fits": ("engine.draft.draft_head", "head_fits"),
+    "DrafterStats": ("engine.draft.stats", "DrafterStats"),
+    # the bench: its traces, figures and a live run
+    "FIGURES": ("engine.bench.plot", "FIGURES"),
+    "figures": ("engine.bench.plot", "figures"),
+    "load_rows": ("engine.bench.rows", "load_rows"),
+    "write_rows": ("engine.bench.rows", "write_rows"),
+    "sweep_summary": ("engine.bench.stats", "sweep_summary"),
+    "LiveBenchError": ("engine.bench.live", "LiveBenchError"),
+    "LivePlan": ("engine.bench.live", "LivePlan"),
+    "run_live": ("engine.bench.live", "run_live"),
+    # the colours, axes and layout the bench's plots and the page's charts share (the module itself)
+    "plotstyle": ("engine.plotstyle", None),
+}
+
+__all__ = sorted(_FACE)
+
+
+def __getattr__(name: str):
+    if name not in _FACE:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    module, attr = _FACE[name]
+    value = importlib.import_module(module)
+    value = value if attr is None else getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FACE))

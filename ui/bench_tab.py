@@ -13,9 +13,7 @@ import html
 import tempfile
 from pathlib import Path
 
-from engine.bench.plot import FIGURES, figures
-from engine.bench.rows import load_rows, write_rows
-from engine.bench.stats import sweep_summary
+from engine import FIGURES, figures, load_rows, sweep_summary, write_rows
 
 SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "bench" / "traces.csv"
 LIVE_PROMPT = ("Repeat the following list exactly, one item a line: red apple, green pear, yellow banana, "
@@ -61,7 +59,7 @@ def write_traces(rows: list[dict], directory: str | Path) -> Path:
 
 def run_live_bench(app, prompt: str, progress=None) -> tuple[list[dict], str, Path | None]:
     """A small benchmark on the loaded model through its scheduler: (rows, note, CSV path or None)."""
-    from engine.bench.live import LiveBenchError, LivePlan, run_live
+    from engine import LiveBenchError, LivePlan, run_live
 
     runtime = app.runtime
     if runtime is None:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import html
 
-from engine.plotstyle import BLUE, GREEN, MAGENTA, ORANGE, PURPLE, TEAL, axis, message
-from engine.plotstyle import layout as base_layout
-from engine.draft.stats import DrafterStats
+from engine import DrafterStats, plotstyle
 
-COLORS = [GREEN, BLUE, ORANGE, PURPLE, TEAL, MAGENTA]  # green first: drafters keep the colours the UI has always shown
+# green first: drafters keep the colours the UI has always shown
+COLORS = [plotstyle.GREEN, plotstyle.BLUE, plotstyle.ORANGE, plotstyle.PURPLE, plotstyle.TEAL, plotstyle.MAGENTA]
 
 
 def stats_from_events(events) -> dict[str, DrafterStats]:
@@ -30,7 +29,7 @@ def stats_from_events(events) -> dict[str, DrafterStats]:
 
 def layout(title: str, xaxis: dict, yaxis: dict, height: int = 360, **extra) -> dict:
     """The shared style with the legend under the x axis (long drafter names must not cover the bars)."""
-    return base_layout(title, xaxis, yaxis, title_y=0.97, height=height, margin=dict(l=60, r=20, t=40, b=100),
+    return plotstyle.layout(title, xaxis, yaxis, title_y=0.97, height=height, margin=dict(l=60, r=20, t=40, b=100),
                        legend=dict(orientation="h", yanchor="top", y=-0.32, xanchor="left", x=0, font=dict(size=12)),
                        **extra)
 
@@ -53,9 +52,11 @@ def acceptance_figure(stats: dict[str, DrafterStats]) -> dict:
         data.append(dict(type="scatter", x=xs[: len(rate)], y=rate, mode="markers", name=f"{name}: #acc rate/pos",
                          marker=dict(color=color, symbol="diamond-open", size=11, line=dict(width=2, color=color)),
                          hovertemplate="d%{x}: %{y:.0%} of all verified drafts<extra>llama.cpp</extra>"))
-    xaxis = axis("draft position", dtick=1, range=None if data else [0.5, 8.5])
-    fig_layout = layout("Acceptance rate per draft position", xaxis, axis("accepted", range=[0, 1.05], tickformat=".0%"),
-                        barmode="group", bargap=0.25, annotations=[] if data else [message("no verified drafts yet")])
+    xaxis = plotstyle.axis("draft position", dtick=1, range=None if data else [0.5, 8.5])
+    yaxis = plotstyle.axis("accepted", range=[0, 1.05], tickformat=".0%")
+    empty = [] if data else [plotstyle.message("no verified drafts yet")]
+    fig_layout = layout("Acceptance rate per draft position", xaxis, yaxis, barmode="group", bargap=0.25,
+                        annotations=empty)
     return dict(data=data, layout=fig_layout)
 
 
@@ -74,17 +75,17 @@ def speed_figure(rounds: list[int], emitted: list[int], seconds: list[float], pl
     data = [dict(type="bar", x=list(rounds), y=per_round, name="tokens this round", marker=dict(color="#9ec5f8"),
                  yaxis="y2", hovertemplate="round %{x}: %{y} token(s)<extra></extra>"),
             dict(type="scatter", x=list(rounds), y=running, mode="lines", name="tokens/s so far",
-                 line=dict(color=BLUE, width=3), hovertemplate="round %{x}: %{y:.1f} tok/s<extra></extra>")]
+                 line=dict(color=plotstyle.BLUE, width=3), hovertemplate="round %{x}: %{y:.1f} tok/s<extra></extra>")]
     shapes, notes = [], []
     if plain_tps:
         shapes.append(dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=plain_tps, y1=plain_tps,
-                           line=dict(color=ORANGE, dash="dash", width=2)))
+                           line=dict(color=plotstyle.ORANGE, dash="dash", width=2)))
         notes.append(dict(text=f"plain {plain_tps:.1f} tok/s", showarrow=False, xref="paper", x=1, xanchor="right",
-                          yref="y", y=plain_tps, yanchor="bottom", font=dict(color=ORANGE, size=13)))
+                          yref="y", y=plain_tps, yanchor="bottom", font=dict(color=plotstyle.ORANGE, size=13)))
     empty = not rounds
-    yaxis = axis("tokens/s", rangemode="tozero", range=[0, 10] if empty else None)
-    yaxis2 = axis("tokens/round", overlaying="y", side="right", rangemode="tozero", showgrid=False)
-    fig_layout = layout("Speed over rounds", axis("round", range=[0, 10] if empty else None), yaxis,
+    yaxis = plotstyle.axis("tokens/s", rangemode="tozero", range=[0, 10] if empty else None)
+    yaxis2 = plotstyle.axis("tokens/round", overlaying="y", side="right", rangemode="tozero", showgrid=False)
+    fig_layout = layout("Speed over rounds", plotstyle.axis("round", range=[0, 10] if empty else None), yaxis,
                         yaxis2=yaxis2, shapes=shapes, annotations=notes)
     return dict(data=data, layout=fig_layout)
 

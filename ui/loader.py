@@ -16,8 +16,8 @@ NO_DRAFT = ("", "none")
 
 def make_runtime(target, draft, options: AppOptions) -> Runtime:
     """Engine + Scheduler for these models. Raises VocabMismatchError (a ValueError) for an unusable draft."""
-    from engine.serve.scheduler import Scheduler
-    from engine.serve.engine import Engine
+    from engine import Scheduler
+    from engine import Engine
 
     engine = Engine(target, draft, n_ctx=options.n_ctx, n_seq_max=options.parallel, n_rs=options.n_rs,
                     fair=options.budget == "fair", threads=options.threads)
@@ -41,7 +41,7 @@ def _get(app: AppState, name: str, loaded: list) -> object:
 def load_models(app: AppState, target_name: str | None, draft_name: str | None) -> str:
     """Load target and draft as named and switch the app to them. Returns a status line; raises UserError
     with the reason when a model does not load or the draft's vocabulary differs (nothing changes then)."""
-    from engine.load.models import ModelLoadError, VocabMismatchError
+    from engine import ModelLoadError, VocabMismatchError
 
     target_name = clean_name(target_name) or "embedded"
     draft_name = clean_name(draft_name)

@@ -10,7 +10,7 @@ import queue
 import time
 from typing import Iterator
 
-from engine.events import ErrorEvent, WaitEvent
+from engine import ErrorEvent, WaitEvent
 from ui.formatcheck import format_html
 from ui.render import compare_html, user_bubble
 from ui.run import RunRecord
@@ -60,7 +60,7 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
         params = settings.gen_params(speculative=speculative)
     except ValueError as e:
         raise UserError(f"Invalid settings: {e}") from e
-    from engine.serve.scheduler import QueueFull
+    from engine import QueueFull
 
     if prompt_ids is None:
         limit = getattr(runtime.engine, "prompt_limit", None)

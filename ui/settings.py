@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.draft.chain import NGRAM_CHAIN, PRIORITY
-from engine.grammar import GrammarSpec
-from engine.params import GenParams, SpecParams
-from engine.sampling import SamplerParams
+from engine import NGRAM_CHAIN, PRIORITY, GenParams, GrammarSpec, SamplerParams, SpecParams
 
 DEFAULT_CHAIN = list(NGRAM_CHAIN)
 DRAFT_MODEL_TYPE = "draft-simple"
@@ -46,14 +43,13 @@ def format_box(kind: str, text: str):
 
 def own_p_min_text() -> str:
     """The drafters' own p_min values, for the control's label."""
-    from engine.draft.draft_head import DraftHeadParams
-    from engine.draft.draft_model import DraftModelParams
+    from engine import DraftHeadParams, DraftModelParams
 
     return f"draft model {DraftModelParams().p_min:g}, draft head {DraftHeadParams().p_min:g}"
 
 
 def _head_fits(target) -> bool:
-    from engine.draft.draft_head import head_fits  # torch and the head's model: only when a page is built
+    from engine import head_fits  # torch and the head's model: only when a page is built
 
     return head_fits(target)
 

@@ -39,8 +39,8 @@ class Runtime:
 
     target: object  # engine.load.models.LoadedModel
     draft: object | None  # LoadedModel or None
-    engine: object  # engine.serve.engine.Engine
-    scheduler: object  # engine.serve.scheduler.Scheduler
+    engine: object  # engine.Engine
+    scheduler: object  # engine.Scheduler
     vocab: Vocab
 
     def describe(self) -> str:
@@ -50,7 +50,7 @@ class Runtime:
         forward = ctx.describe_forward()
         model = getattr(self.target, "model", None)
         if model is not None:
-            from engine.forward.prepack import linear_paths
+            from engine import linear_paths
 
             forward += f", linears: {linear_paths(model)}"
         return (f"target {self.target.name} ({self.target.n_params / 1e6:.0f}M params, {self.target.device}, "
@@ -63,7 +63,7 @@ class Runtime:
 class AppState:
     runtime: Runtime | None
     options: AppOptions = field(default_factory=AppOptions)
-    loader: Callable | None = None  # (name, trust_remote_code) -> LoadedModel; app.py passes engine.load.models.load_model
+    loader: Callable | None = None  # (name, trust_remote_code) -> LoadedModel; app.py passes engine.load_model
     load_lock: threading.Lock = field(default_factory=threading.Lock)  # one model load at a time
     turn_lock: threading.Lock = field(default_factory=threading.Lock)  # a session's busy check and its claim
     # session hash -> (SessionState, time.monotonic() it opened), to free slots of closed tabs (AppState.opened)
@@ -87,7 +87,7 @@ class AppState:
 class Active:
     """A generation in flight: the scheduler it runs on and its handle there (id, events, counters)."""
 
-    scheduler: object  # engine.serve.scheduler.Scheduler
+    scheduler: object  # engine.Scheduler
     gen: object  # engine.serve.scheduler.Generation
     run: RunRecord
     manual: bool = False  # step mode: advanced only by scheduler.step
