@@ -1,1 +1,3 @@
-"""One speculative round for every generating slot: the batch of drafts, one forward, verification, the tree walk, rollback of the rejected tail, and the budget of draft rows."""
+"""One speculative round for every generating slot: the batch of drafts, one forward, verification, the tree walk,
+rollback of the rejected tail, and the budget of draft rows.
+"""
