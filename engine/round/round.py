@@ -10,20 +10,42 @@ before drafting is restored and a replay round follows (FULL, or forced). This i
 from __future__ import annotations
 
 import time
-from typing import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection
 
 from engine.memory import checkpoint
-from engine.round import verify
 from engine.batch import Batch, OutputLimits
 from engine.draft.base import DraftRequest
 from engine.draft.chain import DrafterChain
 from engine.events import ErrorEvent, RoundEvent, failure
 from engine.memory.probe import FULL, RS, ProbeResult
-from engine.sampling import argmax_rows
 from engine.round.slot import Slot
 from engine.round.slot_budget import SlotBudget
 from engine.draft.tree import sub_batch, tree_rows
+from engine.round.chain_verify import Verifying, replay_round, verify_chain
 from engine.round.tree_round import verify_tree
+
+
+@dataclass
+class RoundPlan:
+    """What a round decided before its forward."""
+    requests: dict[int, DraftRequest] = field(default_factory=dict)  # seq -> its drafting job (not for replays)
+    ckpts: dict[int, checkpoint.Checkpoint] = field(default_factory=dict)  # seq -> state taken before drafting
+    resting: dict[int, int] = field(default_factory=dict)  # seq -> rounds until it drafts again (BudgetState.rests)
+    vetoed: set[int] = field(default_factory=set)  # seqs the slot budget kept from drafting this round
+    veto_why: str = ""  # the budget's reason for its veto
+    failed: dict[int, ErrorEvent] = field(default_factory=dict)  # seq -> why its generation ends this round
+    winners: dict[int, str | None] = field(default_factory=dict)  # seq -> the drafter whose draft is verified
+    budget: Any = None  # the slot budget's plan over the slots' trees (None: none this round)
+    t_draft_ms: float = 0.0  # the round's drafting and budgeting, all slots together
+
+
+@dataclass
+class RoundBatch:
+    """The round's one batch and whose rows are where."""
+    batch: Batch
+    rows: dict[int, list[int]] = field(default_factory=dict)  # seq -> its rows in the batch
+    in_batch: list[Slot] = field(default_factory=list)  # the slots with rows, in slot order
 
 
 class Round:
@@ -54,25 +76,60 @@ class Round:
         return max(0, n) if slot.params.spec.types else 0
 
     def run(self, slots: list[Slot]) -> list[RoundEvent]:
-        """One round for these generating slots: one event per slot."""
+        """One round for these generating slots, one event per slot: plan, draft, batch, forward, verify,
+        settle."""
         n_cells_free = self.ctx.n_ctx - self.ctx.cache.n_used()
-        requests: dict[int, DraftRequest] = {}
-        ckpts: dict[int, checkpoint.Checkpoint] = {}
-        resting: dict[int, int] = {}  # seq -> rounds until it drafts again (BudgetState.rests)
+        plan = self._plan(slots, n_cells_free)
+        t0 = time.perf_counter()
+        self._draft_all(slots, plan)
+        plan.t_draft_ms = (time.perf_counter() - t0) * 1e3
+        rb, events = self._batch(slots, plan, n_cells_free)
+        if not rb.rows:
+            return events
+        t_forward = time.perf_counter()
+        try:
+            res = self._forward(rb.batch, rb.in_batch)
+        except Exception as e:  # it failed twice: these generations end, the engine serves the next round
+            return events + [failure(s.seq, "the forward", e) for s in rb.in_batch]
+        self._learn_from_forward(plan, rb, res.seconds)
+        events += self._verify_all(slots, plan, rb, res)
+        self._settle(plan, rb, events, time.perf_counter() - t0)
+        self._observe_cost(plan.budget, rb.batch, rb.in_batch, res.seconds,
+                           time.perf_counter() - t_forward - res.seconds)
+        n_emitted = sum(len(ev.emitted) for ev in events if isinstance(ev, RoundEvent))
+        self.chain.gate.note_round(time.perf_counter() - t0, n_emitted)
+        return events
+
+    def _plan(self, slots: list[Slot], n_cells_free: int) -> RoundPlan:
+        """How far each slot may draft (cells and logits rows the slots before it left), who rests or is
+        vetoed, the checkpoints, and each slot's drafting request."""
+        plan = RoundPlan()
         self.budget_state.next_round()
         self.chain.gate.crowd = len(slots)
-        # cells and logits rows left for drafts once every slot has its one row: all slots share one forward, so
-        # each draft is cut to what the slots before it left (in slot order), not to the round's total
+        sizes = self._sizes(slots, n_cells_free, plan.resting)
+        plan.vetoed, plan.veto_why = self.slot_budget.veto(slots, sizes)
+        for slot in slots:
+            if slot.replay is not None:
+                continue  # a replay round re-runs decided tokens and drafts nothing
+            n_max, tree_max = (0, 0) if slot.seq in plan.vetoed else sizes[slot.seq]
+            if slot.params.spec.types and self._needs_checkpoint(slot, n_max):
+                plan.ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache)
+            plan.requests[slot.seq] = self._request(slot, n_max, tree_max, len(slots))
+        return plan
+
+    def _sizes(self, slots: list[Slot], n_cells_free: int, resting: dict[int, int]) -> dict[int, tuple[int, int]]:
+        """seq -> (n_max, tree_max). All slots share one forward, so each draft is cut to the cells and logits
+        rows the slots before it left (in slot order) once every slot has its one row, not to the round's total."""
         n_free = n_cells_free - len(slots)
         n_out_free = self.limits.total - len(slots)
         for slot in slots:
             if slot.replay is not None:
                 n_free -= len(slot.replay.tokens) - 1
                 n_out_free -= len(slot.replay.tokens) - 1
-        sizes: dict[int, tuple[int, int]] = {}  # seq -> (n_max, tree_max)
+        sizes: dict[int, tuple[int, int]] = {}
         for slot in slots:
             if slot.replay is not None:
-                continue  # a replay round re-runs decided tokens and drafts nothing
+                continue
             n_max = max(0, min(self._n_draft_max(slot, n_free), n_out_free))
             tree_max = min(self._tree_max(slot), n_max)
             # alone, a slot's drafting costs only its own time, which the gate weighs for the draft head; beside
@@ -84,131 +141,138 @@ class Round:
             sizes[slot.seq] = n_max, tree_max
             n_free -= n_max
             n_out_free -= n_max
-        vetoed, veto_why = self.slot_budget.veto(slots, sizes)
+        return sizes
+
+    def _request(self, slot: Slot, n_max: int, tree_max: int, n_slots: int) -> DraftRequest:
+        budgeted = self.chain.uses_policy(slot.seq)
+        spec = slot.params.spec
+        return DraftRequest(
+            seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max, n_min=spec.n_min, p_min=spec.p_min,
+            want_q=slot.params.sampling.temp > 0 and tree_max == 0,
+            grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max,
+            tree_min_score=self.budget_state.threshold if budgeted else 0.0,
+            model_tree_max=(min(tree_max, 1 + self.budget_state.model_nodes.get(slot.seq, 0))
+                            if n_slots > 1 and budgeted and tree_max > 0 else 0),
+            probe=slot.seq in self.budget_state.waking,
+            token_seconds=(self.chain.gate.seconds_per_token or 0.0) if budgeted else 0.0)
+
+    def _draft_all(self, slots: list[Slot], plan: RoundPlan) -> None:
+        """The drafters' proposals for every request, then the budget's choice of tree nodes over all slots."""
+        plan.winners = self._draft(list(plan.requests.values()), plan.failed)
+        plan.budget = self.slot_budget.plan(slots, plan.requests)
+
+    def _batch(self, slots: list[Slot], plan: RoundPlan, n_cells_free: int) -> tuple[RoundBatch, list]:
+        """`[sampled, d1..dk]` (a tree's nodes, or a replay's tokens) of every slot at contiguous positions in one
+        batch; a slot that no longer fits the cells or the model's positions ends with "context"."""
+        rb = RoundBatch(batch=Batch())
         for slot in slots:
-            if slot.replay is not None:
-                continue
-            n_max, tree_max = (0, 0) if slot.seq in vetoed else sizes[slot.seq]
-            budgeted = self.chain.uses_policy(slot.seq)
-            if slot.params.spec.types and self._needs_checkpoint(slot, n_max):
-                ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache)
-            requests[slot.seq] = DraftRequest(
-                seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max,
-                n_min=slot.params.spec.n_min, p_min=slot.params.spec.p_min,
-                want_q=slot.params.sampling.temp > 0 and tree_max == 0,
-                grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max,
-                tree_min_score=self.budget_state.threshold if budgeted else 0.0,
-                model_tree_max=(min(tree_max, 1 + self.budget_state.model_nodes.get(slot.seq, 0))
-                                if len(slots) > 1 and budgeted and tree_max > 0 else 0),
-                probe=slot.seq in self.budget_state.waking,
-                token_seconds=(self.chain.gate.seconds_per_token or 0.0) if budgeted else 0.0)
-        t0 = time.perf_counter()
-        failed: dict[int, ErrorEvent] = {}  # seq -> why its generation ends this round
-        winners = self._draft(list(requests.values()), failed)
-        budget = self.slot_budget.plan(slots, requests)
-        t_draft = (time.perf_counter() - t0) * 1e3
-        batch = Batch()
-        rows: dict[int, list[int]] = {}
-        for slot in slots:
-            if slot.seq in failed:
+            if slot.seq in plan.failed:
                 continue
             p = len(slot.tokens)
-            tree = requests[slot.seq].tree if slot.replay is None else None
-            toks = slot.replay.tokens if slot.replay is not None else [slot.id_last] + requests[slot.seq].result
+            tree = plan.requests[slot.seq].tree if slot.replay is None else None
+            toks = slot.replay.tokens if slot.replay is not None else [slot.id_last] + plan.requests[slot.seq].result
             n_rows = 1 + len(tree) if tree is not None else len(toks)
             depth = 1 + tree.max_depth() if tree is not None else len(toks)
             if n_rows > n_cells_free or (self.n_pos_max is not None and p + depth > self.n_pos_max):
                 continue
             n_cells_free -= n_rows
             if tree is not None:
-                rows[slot.seq] = tree_rows(batch, tree, slot.id_last, p, slot.seq)
+                rb.rows[slot.seq] = tree_rows(rb.batch, tree, slot.id_last, p, slot.seq)
             else:
-                rows[slot.seq] = [batch.add(t, p + i, slot.seq, True) for i, t in enumerate(toks)]
-        events: list[RoundEvent | ErrorEvent] = list(failed.values())
-        for slot in slots:
-            if slot.seq not in rows and slot.seq not in failed:
-                events.append(slot.end("context"))
-        if not rows:
-            return events
-        in_batch = [s for s in slots if s.seq in rows]
-        t_forward = time.perf_counter()
-        try:
-            res = self._forward(batch, in_batch)
-        except Exception as e:  # it failed twice: these generations end, the engine serves the next round
-            return events + [failure(s.seq, "the forward", e) for s in in_batch]
+                rb.rows[slot.seq] = [rb.batch.add(t, p + i, slot.seq, True) for i, t in enumerate(toks)]
+        events: list[RoundEvent | ErrorEvent] = list(plan.failed.values())
+        events += [slot.end("context") for slot in slots if slot.seq not in rb.rows and slot.seq not in plan.failed]
+        rb.in_batch = [s for s in slots if s.seq in rb.rows]
+        return rb, events
+
+    def _learn_from_forward(self, plan: RoundPlan, rb: RoundBatch, seconds: float) -> None:
+        """The forward's time into the cost curve, the thread governor's sample, and what a draft row cost this
+        round for the drafters' gate (gate.py): the share of the forward beyond the base rows, per row."""
+        n_rows, budget = len(rb.batch), plan.budget
         if self.chain.policy is not None:
-            self.chain.policy.cost.observe(len(batch), res.seconds)
-        self.last_forward = (len(batch), res.seconds)  # for the engine's thread count (engine/serve/threads.py)
-        # the forward's cost in plain forwards by the cost curve, and what a draft row cost this round (the
-        # drafters' gate, gate.py): the share of the forward beyond the base rows, per row
-        curve_ratio = (budget.cost.c(len(batch)) / budget.cost.c(budget.n_base)
+            self.chain.policy.cost.observe(n_rows, seconds)
+        self.last_forward = (n_rows, seconds)  # for the engine's thread count (engine/serve/threads.py)
+        curve_ratio = (budget.cost.c(n_rows) / budget.cost.c(budget.n_base)
                        if budget is not None and budget.cost is not None else 1.0)
-        n_draft_rows = len(batch) - budget.n_base if budget is not None else 0
-        self.chain.gate.row_seconds = res.seconds * (1 - 1 / curve_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
-        drafted = budget is not None or any(r.tree_max > 0 and r.n_max > 0 and self.chain.uses_policy(r.seq)
-                                            for r in requests.values())
-        out_index = {row: i for i, row in enumerate(batch.output_rows())}
-        kept_rows: list[int] = []  # the rows whose cells stay: a tree's drafters hear only its kept path
-        for slot in in_batch:
-            at = [out_index[i] for i in rows[slot.seq]]
+        n_draft_rows = n_rows - budget.n_base if budget is not None else 0
+        self.chain.gate.row_seconds = seconds * (1 - 1 / curve_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
+
+    def _verify_all(self, slots: list[Slot], plan: RoundPlan, rb: RoundBatch, res) -> list[RoundEvent]:
+        """Each slot's verdict on its rows (a replay, a tree or a chain); a slot whose verification or rollback
+        breaks ends alone. A tree's drafters then hear only the rows whose cells stayed."""
+        v = Verifying(ctx=self.ctx, chain=self.chain, emit=self.emit, probe_kind=self.probe.kind,
+                      t_draft_ms=plan.t_draft_ms / len(slots), t_forward_ms=res.seconds * 1e3,
+                      batch_rows=len(rb.batch))
+        out_index = {row: i for i, row in enumerate(rb.batch.output_rows())}
+        events, kept_rows = [], []  # kept_rows: the rows whose cells stay
+        for slot in rb.in_batch:
+            rows, r = rb.rows[slot.seq], plan.requests.get(slot.seq)
+            at = [out_index[i] for i in rows]
             # a slot's rows are consecutive: a view, where a copy of a tree's logits took 0.1 ms a slot
             contiguous = at == list(range(at[0], at[0] + len(at)))
             logits = res.logits[at[0]:at[0] + len(at)] if contiguous else res.logits[at]
             try:
                 if slot.replay is not None:
-                    events.append(self._replay_round(slot, logits, res.seconds * 1e3, len(batch)))
-                    continue
-                if requests[slot.seq].tree is not None:
-                    cells = self.ctx.cache.last_cells[rows[slot.seq]]
-                    ev, kept = verify_tree(self, slot, requests[slot.seq], logits, cells, ckpts.get(slot.seq),
-                                           winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
-                                           len(batch))
+                    events.append(replay_round(v, slot, logits))
+                elif r.tree is not None:
+                    cells = self.ctx.cache.last_cells[rows]
+                    ev, kept = verify_tree(v, slot, r, logits, cells, plan.ckpts.get(slot.seq),
+                                           plan.winners.get(slot.seq))
                     events.append(ev)
-                    kept_rows += [rows[slot.seq][i] for i in kept]
-                    continue
-                kept_rows += rows[slot.seq]
-                events.append(self._verify_slot(slot, requests[slot.seq], logits, ckpts.get(slot.seq),
-                                                winners.get(slot.seq), t_draft / len(slots), res.seconds * 1e3,
-                                                len(batch)))
+                    kept_rows += [rows[i] for i in kept]
+                else:
+                    kept_rows += rows
+                    events.append(verify_chain(v, slot, r, logits, plan.ckpts.get(slot.seq),
+                                               plan.winners.get(slot.seq)))
             except Exception as e:  # this slot's verification or rollback broke: only its generation ends
                 events.append(failure(slot.seq, "verification", e))
-        if batch.has_tree():
-            self.chain.process(*sub_batch(batch, res, sorted(kept_rows)))
-        whole = time.perf_counter() - t0
-        ratios: dict[int, float] = {}  # ghosts beside a slot -> the round's cost in plain rounds
-        n_emitted = 0
-        for ev in events:
-            if isinstance(ev, RoundEvent):
-                ev.n_seqs = len(in_batch)
-                n_emitted += len(ev.emitted)
-                ghosts = self.slot_budget.ghosts_of(ev.seq)
-                if drafted or ghosts:
-                    if ghosts not in ratios:
-                        ratios[ghosts] = self.slot_budget.cost_ratio(budget, in_batch, whole, ghosts)
-                    self.budget_state.settle(ev.seq, len(ev.emitted), ratios[ghosts])
-                    ev.balance = self.budget_state.balance[ev.seq]
-                if budget is not None and ev.seq in requests:  # a replay slot drafted nothing
-                    ev.budget_why = budget.why
-                    ev.tree_offered = budget.offered.get(ev.seq, 0)
-                    if ev.seq in budget.kept and ev.verify_mode == "tree" and requests[ev.seq].tree is not None:
-                        self.budget_state.correction.observe(ev.seq, requests[ev.seq].tree, ev.tree_path,
-                                                            budget.factors[ev.seq])
-                skipped = self.chain.skipped.get(ev.seq)  # model drafters that do not pay for this slot (gate.py)
-                if ev.seq in resting:
-                    skipped = [f"its drafts were refused {self.budget_state.refused[ev.seq] - 1} rounds in a row: "
-                               f"it rests, and drafts a probe in {resting[ev.seq]} round(s)"]
-                elif ev.seq in vetoed:
-                    skipped = [veto_why]
-                if skipped:
-                    parts = ([ev.budget_why] if ev.budget_why else []) + ["not drafted: " + s for s in skipped]
-                    ev.budget_why = "; ".join(parts)
-        self.slot_budget.next_round()
-        for slot in in_batch:
-            if slot.state == "done":
-                self.slot_budget.leave(slot.seq, [s.seq for s in in_batch])
-        self._observe_cost(budget, batch, in_batch, res.seconds, time.perf_counter() - t_forward - res.seconds)
-        self.chain.gate.note_round(time.perf_counter() - t0, n_emitted)
+        if rb.batch.has_tree():
+            self.chain.process(*sub_batch(rb.batch, res, sorted(kept_rows)))
         return events
+
+    def _settle(self, plan: RoundPlan, rb: RoundBatch, events: list, whole: float) -> None:
+        """Charge each slot's balance with the round's cost, note why a slot drafted less, and let leaving
+        slots go from the budget."""
+        budget, ratios = plan.budget, {}  # ratios: ghosts beside a slot -> the round's cost in plain rounds
+        drafted = budget is not None or any(r.tree_max > 0 and r.n_max > 0 and self.chain.uses_policy(r.seq)
+                                            for r in plan.requests.values())
+        for ev in events:
+            if not isinstance(ev, RoundEvent):
+                continue
+            ev.n_seqs = len(rb.in_batch)
+            ghosts = self.slot_budget.ghosts_of(ev.seq)
+            if drafted or ghosts:
+                if ghosts not in ratios:
+                    ratios[ghosts] = self.slot_budget.cost_ratio(budget, rb.in_batch, whole, ghosts)
+                self.budget_state.settle(ev.seq, len(ev.emitted), ratios[ghosts])
+                ev.balance = self.budget_state.balance[ev.seq]
+            if budget is not None and ev.seq in plan.requests:  # a replay slot drafted nothing
+                self._note_budget(ev, plan)
+            self._note_skipped(ev, plan)
+        self.slot_budget.next_round()
+        for slot in rb.in_batch:
+            if slot.state == "done":
+                self.slot_budget.leave(slot.seq, [s.seq for s in rb.in_batch])
+
+    def _note_budget(self, ev: RoundEvent, plan: RoundPlan) -> None:
+        budget, r = plan.budget, plan.requests[ev.seq]
+        ev.budget_why = budget.why
+        ev.tree_offered = budget.offered.get(ev.seq, 0)
+        if ev.seq in budget.kept and ev.verify_mode == "tree" and r.tree is not None:
+            self.budget_state.correction.observe(ev.seq, r.tree, ev.tree_path, budget.factors[ev.seq])
+
+    def _note_skipped(self, ev: RoundEvent, plan: RoundPlan) -> None:
+        """Why a slot drafted less this round, in its event: model drafters that do not pay for it (gate.py),
+        a rest after refused drafts, or the budget's veto."""
+        skipped = self.chain.skipped.get(ev.seq)
+        if ev.seq in plan.resting:
+            skipped = [f"its drafts were refused {self.budget_state.refused[ev.seq] - 1} rounds in a row: "
+                       f"it rests, and drafts a probe in {plan.resting[ev.seq]} round(s)"]
+        elif ev.seq in plan.vetoed:
+            skipped = [plan.veto_why]
+        if skipped:
+            parts = ([ev.budget_why] if ev.budget_why else []) + ["not drafted: " + s for s in skipped]
+            ev.budget_why = "; ".join(parts)
 
     def _observe_cost(self, budget, batch: Batch, in_batch: list[Slot], forward: float, after: float) -> None:
         """What the round's draft rows cost against what the budget's curve said (CostModel.step_fit): the
@@ -266,104 +330,12 @@ class Round:
         rs_limit = getattr(self.ctx.cache, "rs_limit", None)
         return self.probe.kind == RS and rs_limit is not None and n_max > rs_limit
 
-    def _verify_slot(self, slot: Slot, r: DraftRequest, logits, ckpt, drafter: str | None, t_draft: float,
-                     t_forward: float, batch_rows: int) -> RoundEvent:
-        t1 = time.perf_counter()
-        use_rejection = r.result_q is not None and slot.params.sampling.temp > 0 and len(r.result) > 0
-        top = argmax_rows(logits)  # the target's own choice per row: the walk at temperature 0, the event
-        # row i is masked by the grammar after the draft tokens before it: the matcher walks the whole draft
-        # here, and after the verdict gives back the k - m tokens not kept and takes the target's own token
-        allowed = slot.grammar.masks_along(r.result, logits.shape[-1]) if slot.grammar is not None else None
-        if slot.coins is not None:
-            verdict = verify.synthetic(slot.sampler, logits, r.result, slot.params.spec.synthetic_accept, slot.coins,
-                                       allowed)
-        elif use_rejection:
-            verdict = verify.rejection(slot.sampler, logits, r.result, r.result_q, allowed)
-        else:
-            verdict = verify.sample_and_match(slot.sampler, logits, r.result, allowed, top)
-        k, m = len(r.result), verdict.n_accepted
-        if slot.grammar is not None:
-            slot.grammar.rollback(k - m)
-            slot.grammar.consume(verdict.tokens[-1])
-        t_verify = t_forward + (time.perf_counter() - t1) * 1e3
-        # the drafters hear the verdict before any rollback, while each still holds the draft it made; the
-        # checkpoint path leaves them as the range-removal path does (see checkpoint.py)
-        if k > 0:
-            self.chain.accept(slot.seq, m)
-        t2 = time.perf_counter()
-        p_sampled = len(slot.tokens)
-        p0 = p_sampled + 1
-        rollback, rm_range = "none", None
-        # the tail goes with seq_rm where the memory can (PART, or RS within its reach), else via the checkpoint
-        forced = slot.params.spec.rollback == "checkpoint"
-        if m < k and not forced and self.ctx.seq_rm(slot.seq, p0 + m, -1):
-            rollback, rm_range = "seq_rm", (p0 + m, p0 + k)
-        elif m < k and ckpt is not None:
-            # FULL path: back to the checkpoint, the whole batch leaves the cache, a replay round follows
-            restore_s = checkpoint.restore(slot, self.ctx.cache, ckpt)
-            slot.replay = checkpoint.Replay(tokens=[slot.id_last] + r.result[:m] + [verdict.tokens[-1]],
-                                            n_draws=verdict.n_draws, cost_ms=(ckpt.seconds + restore_s) * 1e3)
-            rollback, rm_range = "checkpoint", (p_sampled, p0 + k)
-        elif m < k:
-            raise RuntimeError(f"the memory refused to remove [{p0 + m}, {p0 + k}) of sequence {slot.seq} "
-                               f"and no checkpoint was taken (probe said {self.probe.kind})")
-        t_rollback = (time.perf_counter() - t2) * 1e3
-        if slot.replay is None:
-            slot.tokens.append(slot.id_last)
-            slot.tokens.extend(r.result[:m])
-            slot.id_last = verdict.tokens[-1]
-        q_draft = None
-        if r.result_q is not None and k > 0:
-            q_draft = [float(q[d]) for q, d in zip(r.result_q, r.result)]
-        elif r.result_p is not None and k > 0:
-            q_draft = list(r.result_p)
-        ev = RoundEvent(
-            seq=slot.seq, round=slot.round, kind="spec" if k > 0 else "plain", drafter=drafter,
-            pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
-            p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=q_draft,
-            target_top=top,
-            verify_mode="synthetic" if slot.coins is not None else "rejection" if use_rejection else "match",
-            rollback=rollback, rm_range=rm_range,
-            t_draft_ms=t_draft, t_verify_ms=t_verify, t_rollback_ms=t_rollback, batch_rows=batch_rows,
-        )
-        slot.round += 1
-        ev = self.emit(slot, verdict.tokens, ev)
-        if slot.state == "done":
-            slot.replay = None  # nothing follows: the decided tokens were all given out
-        return ev
-
     def _tree_max(self, slot: Slot) -> int:
         """Nodes a tree of drafts may have for this slot; 0 where trees are off or not possible (a memory with no
         tree mask, a grammar, whose masks follow one path, or synthetic acceptance, which draws per chain)."""
         if slot.params.spec.tree_nodes <= 0 or not getattr(self.ctx, "supports_trees", False):
             return 0
         return 0 if slot.grammar is not None or slot.coins is not None else slot.params.spec.tree_nodes
-
-    def _replay_round(self, slot: Slot, logits, t_forward: float, batch_rows: int) -> RoundEvent:
-        """Re-run the decided tokens: the sampler re-draws what the verification drew, then picks one new token."""
-        replay = slot.replay
-        t1 = time.perf_counter()
-        verify.replay(slot.sampler, replay.tokens[1:], replay.n_draws)
-        row = logits[-1]
-        if slot.grammar is not None:
-            # the restore put the grammar back after id_last: it takes the decided tokens again, as the first
-            # pass did, before it masks the one new token
-            slot.grammar.consume_all(replay.tokens[1:])
-            row = slot.grammar.mask(row)
-        tok = slot.sampler.sample(row)
-        p = float(slot.sampler.probs(row)[tok])
-        if slot.grammar is not None:
-            slot.grammar.consume(tok)
-        p_sampled = len(slot.tokens)
-        slot.tokens.extend(replay.tokens)  # every row of the replay batch is now in the cache
-        slot.id_last = tok
-        slot.replay = None
-        ev = RoundEvent(seq=slot.seq, round=slot.round, kind="replay", drafter=None, pos_sampled=p_sampled,
-                        p0=p_sampled + 1, bonus=tok, p_target=[p], rollback="checkpoint",
-                        t_verify_ms=t_forward + (time.perf_counter() - t1) * 1e3, t_rollback_ms=replay.cost_ms,
-                        batch_rows=batch_rows, target_top=argmax_rows(logits))
-        slot.round += 1
-        return self.emit(slot, [tok], ev)
 
 
 def fresh(r: DraftRequest, n_max: int) -> DraftRequest:

@@ -1,5 +1,6 @@
-"""Verifying a tree of drafts inside a round (engine/round/round.py): the target's walk, the cells of the branches it
-did not take, the kept path moved home, the drafters credited, and the round's event.
+"""Verifying a tree of drafts inside a round (engine/round/round.py; a chain's verdict is chain_verify.py): the
+target's walk, the cells of the branches it did not take, the kept path moved home, the drafters credited, and
+the round's event.
 
 The branches leave the cache by cell (CellCache.rm_cells): siblings share positions with the path the target
 took, so no position range names them. Under a checkpoint (rollback "checkpoint") the whole tree goes with the
@@ -15,19 +16,20 @@ from engine.round import verify
 from engine.draft.base import DraftRequest
 from engine.events import RoundEvent
 from engine.sampling import argmax_rows
+from engine.round.chain_verify import Verifying
 from engine.round.slot import Slot
 
 
-def verify_tree(rnd, slot: Slot, r: DraftRequest, logits, cells, ckpt, drafter: str | None, t_draft: float,
-                 t_forward: float, batch_rows: int) -> tuple[RoundEvent, list[int]]:
+def verify_tree(v: Verifying, slot: Slot, r: DraftRequest, logits, cells, ckpt,
+                drafter: str | None) -> tuple[RoundEvent, list[int]]:
     """The target walks the tree (verify.tree_match); the branches it did not take leave the cache by cell,
     since they share positions with the path it took. Returns the event and the slot's kept rows."""
     tree = r.tree
     t1 = time.perf_counter()
     top = argmax_rows(logits)  # the target's own choice per row, for the walk and the event
     verdict, path = verify.tree_match(slot.sampler, logits, tree, top)
-    t_verify = t_forward + (time.perf_counter() - t1) * 1e3
-    rnd.chain.accept_tree(slot.seq, tree, path)
+    t_verify = v.t_forward_ms + (time.perf_counter() - t1) * 1e3
+    v.chain.accept_tree(slot.seq, tree, path)
     k, m = len(tree), len(path)
     t2 = time.perf_counter()
     p_sampled = len(slot.tokens)
@@ -36,11 +38,11 @@ def verify_tree(rnd, slot: Slot, r: DraftRequest, logits, cells, ckpt, drafter: 
     path_tokens = [tree.tokens[n] for n in path]
     rollback, rm_range = "none", None
     if m < k and slot.params.spec.rollback != "checkpoint":
-        rnd.ctx.cache.rm_cells(cells[[i for i in range(1 + k) if i not in set(kept)]])
-        rnd.ctx.cache.settle(cells[kept].tolist())
+        v.ctx.cache.rm_cells(cells[[i for i in range(1 + k) if i not in set(kept)]])
+        v.ctx.cache.settle(cells[kept].tolist())
         rollback, rm_range = "tree", (p0 + m, p0 + tree.max_depth())
     elif m < k and ckpt is not None:
-        restore_s = checkpoint.restore(slot, rnd.ctx.cache, ckpt)
+        restore_s = checkpoint.restore(slot, v.ctx.cache, ckpt)
         slot.replay = checkpoint.Replay(tokens=[slot.id_last] + path_tokens + [verdict.tokens[-1]],
                                         n_draws=verdict.n_draws, cost_ms=(ckpt.seconds + restore_s) * 1e3)
         rollback, rm_range = "checkpoint", (p_sampled, p0 + tree.max_depth())
@@ -55,11 +57,11 @@ def verify_tree(rnd, slot: Slot, r: DraftRequest, logits, cells, ckpt, drafter: 
         seq=slot.seq, round=slot.round, kind="spec", drafter=drafter, pos_sampled=p_sampled, p0=p0,
         drafted=display_chain(tree, path), n_accepted=m, bonus=verdict.tokens[-1], p_target=verdict.p_target,
         target_top=top, verify_mode="tree", rollback=rollback,
-        rm_range=rm_range, t_draft_ms=t_draft, t_verify_ms=t_verify, t_rollback_ms=t_rollback,
-        batch_rows=batch_rows, tree_tokens=list(tree.tokens), tree_parents=list(tree.parents),
+        rm_range=rm_range, t_draft_ms=v.t_draft_ms, t_verify_ms=t_verify, t_rollback_ms=t_rollback,
+        batch_rows=v.batch_rows, tree_tokens=list(tree.tokens), tree_parents=list(tree.parents),
         tree_drafters=list(tree.drafters), tree_path=list(path))
     slot.round += 1
-    ev = rnd.emit(slot, verdict.tokens, ev)
+    ev = v.emit(slot, verdict.tokens, ev)
     if slot.state == "done":
         slot.replay = None
     return ev, kept
