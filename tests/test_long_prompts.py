@@ -13,7 +13,8 @@ import torch
 from engine.draft.chain import NGRAM_CHAIN
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
-from engine.serve.engine import N_BATCH, N_BATCH_BESIDE, Engine
+from engine.serve.engine import Engine
+from engine.serve.prefill import N_BATCH, N_BATCH_BESIDE
 from test_engine import SMALL_NGRAMS
 
 LONG = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "long.jsonl"

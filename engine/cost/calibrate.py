@@ -21,7 +21,7 @@ def calibrate(ctx, limits: OutputLimits, probe: ProbeResult, passes: int = 7,
 
     Another process can only slow a forward down, so each size keeps its fastest of `passes` timings, and
     the passes go over all sizes in turn so that a busy second hits one timing of many sizes rather than
-    every timing of one. Sizes up to 16 are then smoothed by one quadratic through them all (policy.py,
+    every timing of one. Sizes up to 16 are then smoothed by one quadratic through them all (curve.py,
     `smooth_small`), and the curve is made non-decreasing by pooling adjacent violators: a spike is
     averaged with its neighbours instead of lifting every size after it."""
     sizes = [n for n in sizes if n <= limits.total] or [1]

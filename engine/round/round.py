@@ -49,7 +49,7 @@ class RoundBatch:
 
 
 class Round:
-    """Runs rounds over the slots it is given; the engine (slots.py) owns the slots and their lifecycle."""
+    """Runs rounds over the slots it is given; the engine (serve/engine.py) owns the slots and their lifecycle."""
 
     def __init__(self, ctx, chain: DrafterChain, probe: ProbeResult, limits: OutputLimits, n_pos_max: int | None,
                  eos: Collection[int], detokenize: Callable[[list[int]], str]):

@@ -1,8 +1,8 @@
 """One slot: a chat's sequence in the shared memory, with its sampler, its tokens and what it has given out.
 
-A slot is llama-server's server_slot: the engine (slots.py) starts and frees it, the round (rounds.py) advances
-it, and both hand its new tokens to the user through `emit`, which cuts them at end-of-sequence or the token
-limit and keeps the text free of half-decoded characters.
+A slot is llama-server's server_slot: the engine (serve/engine.py) starts and frees it, the round
+(round/round.py) advances it, and both hand its new tokens to the user through `emit`, which cuts them at
+end-of-sequence or the token limit and keeps the text free of half-decoded characters.
 """
 
 from __future__ import annotations

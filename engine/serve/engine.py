@@ -2,8 +2,9 @@
 
 A slot is one sequence, with its own sampler, drafter state and statistics. Slots join (`start`) and leave
 (`stop`, `release`) between rounds; each `step()` prefills the slots that just arrived and runs one speculative
-round (rounds.py) for all generating slots together. A prompt prefix already in the memory is kept: the slot's
-own previous turn, or a prefix another slot holds (a shared system prompt, stored once with `seq_cp`).
+round (engine/round/round.py) for all generating slots together. A prompt prefix already in the memory is
+kept: the slot's own previous turn, or a prefix another slot holds (a shared system prompt, stored once with
+`seq_cp`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from typing import Iterator
 
 import torch
 
-from engine.batch import Batch, output_limits
+from engine.batch import output_limits
 from engine.memory.context import ModelContext
 from engine.draft.base import Drafter
 from engine.draft.chain import DrafterChain, default_params, make_drafter, parse_types
-from engine.events import ErrorEvent, RoundEvent, failure
+from engine.events import ErrorEvent, RoundEvent
 from engine.grammar import Grammar
 from engine.load.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
@@ -29,13 +30,10 @@ from engine.prefix import common_prefix
 from engine.round.round import Round
 from engine.round.slot import Slot
 from engine.memory.stateful import StatefulContext, has_own_state
+from engine.serve.prefill import N_BATCH, Prefiller
 from engine.serve.threads import ThreadGovernor
 from engine.sampling import Sampler
 
-N_BATCH = 512  # rows per forward: prompt chunks during prefill, and the cap on logits rows of a verification
-# a prompt chunk's rows while other slots are generating: one chunk runs between two of their rounds, so this
-# bounds how long a long prompt holds their streams (llama-server's n_ubatch interleaving, by alternation)
-N_BATCH_BESIDE = 128
 MIN_CELLS_PER_SLOT = 64  # a cache smaller than this per slot could not hold a useful chat in every slot
 
 
@@ -85,6 +83,7 @@ class Engine:
         self.eos = target.eos_ids()
         self._grammar_tokenizer = None  # llguidance's view of the target's tokenizer, built at the first grammar
         self.round = Round(self.ctx, self.chain, self.probe, self.limits, self.n_pos_max, self.eos, target.decode)
+        self.prefiller = Prefiller(self.ctx, self.chain, self.round.emit)
         # fair: no slot's answer may come slower than plain decoding would give it; False: the batch's goodput
         # alone chooses the draft rows (engine/round/budget.py)
         self.round.budget_state.fair = fair
@@ -325,10 +324,8 @@ class Engine:
         """One round for every active slot (or those in `only`); returns one event per slot that ran. A slot
         whose prefill or round raised ends with an ErrorEvent and is released; the others go on.
 
-        A prompt is prefilled one chunk a step (N_BATCH rows; N_BATCH_BESIDE while others generate, shared by
-        every prompt in prefill), so the other slots' rounds run between its chunks; its prefill event comes
-        with the last chunk. whole_prefill:
-        all of it in this step (step mode, where each step is a click)."""
+        A prompt is prefilled one chunk a step (engine/serve/prefill.py), so the other slots' rounds run between
+        its chunks; whole_prefill: all of it in this step (step mode, where each step is a click)."""
         events: list[RoundEvent | ErrorEvent] = []
         self._use_threads()
         for slot in self.active(only):
@@ -338,32 +335,10 @@ class Engine:
                     # tokens, so the grammar takes them as the replay would have
                     slot.grammar.consume_all(slot.replay.tokens[1:])
                 events.append(slot.end("stopped"))
-        prefilled = set()
-        beside = any(s.state == "generating" for s in self.active(only)) and not whole_prefill
-        # the prompt rows this step may forward: every prefilling slot draws from one allowance, so several
-        # prompts arriving together hold the others' streams for one chunk's time, not one chunk each
-        n_rows_left = N_BATCH_BESIDE if beside else None
-        for slot in [s for s in self.active(only) if s.state == "prefill"]:
-            if n_rows_left is not None and n_rows_left <= 0:
-                break
-            try:
-                n_before = len(slot.tokens)
-                ev = self._prefill(slot, n_rows_left if n_rows_left is not None else N_BATCH)
-                while ev is None and whole_prefill:
-                    ev = self._prefill(slot, N_BATCH)
-                if n_rows_left is not None:
-                    n_rows_left -= len(slot.tokens) - n_before
-                if ev is not None:
-                    events.append(ev)
-            except Exception as e:  # one prompt that breaks the model must not end the other chats
-                events.append(failure(slot.seq, "prefill", e))
-            prefilled.add(slot.seq)
-        for slot in [s for s in self.active(only) if s.refill]:
-            try:
-                self._refill(slot)
-            except Exception as e:
-                events.append(failure(slot.seq, "refill", e))
-                prefilled.add(slot.seq)
+        active = self.active(only)
+        beside = any(s.state == "generating" for s in active)
+        prefill_events, prefilled = self.prefiller.step(active, beside, whole_prefill)
+        events += prefill_events
         # a slot prefilled in this step drafts from the next one on: round 0 stands alone, as in step mode
         generating = [s for s in self.active(only) if s.state == "generating" and s.seq not in prefilled]
         if generating:
@@ -382,39 +357,6 @@ class Engine:
                 ev.seq_cells = len(self.slots[ev.seq].tokens)
         return events
 
-    def _prefill(self, slot: Slot, n_rows: int) -> RoundEvent | None:
-        """Forward the prompt's next chunk of at most n_rows; the prefill's event once the last one ran (the
-        first answer token sampled from its logits), else None."""
-        t0 = time.perf_counter()
-        todo = slot.prompt[len(slot.tokens):]
-        if not todo:
-            raise RuntimeError("prefill with no prompt token left to forward")
-        chunk = todo[:n_rows]
-        last = len(chunk) == len(todo)
-        batch = Batch()
-        for i, tok in enumerate(chunk):
-            batch.add(tok, len(slot.tokens) + i, slot.seq, last and i == len(chunk) - 1)
-        res = self.ctx.decode(batch)
-        self.chain.process(batch, res)
-        slot.tokens.extend(chunk)
-        slot.prefill_rows += len(chunk)
-        slot.prefill_ms += (time.perf_counter() - t0) * 1e3
-        if not last:
-            return None
-        t0 = time.perf_counter()
-        row = res.logits[-1] if slot.grammar is None else slot.grammar.mask(res.logits[-1])
-        tok = slot.sampler.sample(row)
-        p = float(slot.sampler.probs(row)[tok])
-        if slot.grammar is not None:
-            slot.grammar.consume(tok)
-        slot.id_last = tok
-        slot.state = "generating"
-        ev = RoundEvent(seq=slot.seq, round=0, kind="prefill", drafter=None, pos_sampled=len(slot.tokens) - 1,
-                        p0=len(slot.tokens), bonus=tok, p_target=[p], batch_rows=slot.prefill_rows,
-                        t_verify_ms=slot.prefill_ms + (time.perf_counter() - t0) * 1e3, notes=list(slot.notes))
-        slot.round = 1
-        return self.round.emit(slot, [tok], ev)
-
     def _make_room(self, generating: list[Slot]) -> None:
         """Give the generating slots the cells that finished or parked slots keep for prefix reuse, when the
         round could need them: an answer must not stop for 'context' while idle slots fill the cache."""
@@ -425,17 +367,6 @@ class Engine:
             if self.ctx.n_ctx - self.ctx.cache.n_used() >= want:
                 return
             self.release(seq)
-
-    def _refill(self, slot: Slot) -> None:
-        """Forward the confirmed tokens a resumed slot lost from the cache; nothing is sampled."""
-        for start in range(0, len(slot.refill), N_BATCH):
-            chunk = slot.refill[start:start + N_BATCH]
-            batch = Batch()
-            for i, tok in enumerate(chunk):
-                batch.add(tok, len(slot.tokens) + i, slot.seq, i == len(chunk) - 1)
-            self.chain.process(batch, self.ctx.decode(batch))
-            slot.tokens.extend(chunk)
-        slot.refill = []
 
     # ---- convenience ------------------------------------------------------------------------------------
 

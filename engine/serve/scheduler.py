@@ -11,7 +11,7 @@ A request that finds every slot taken waits in a bounded FIFO and hears its plac
 generation in step mode advances only on `step(id)`; when it has not stepped for `step_idle_s` and someone is
 waiting, it gives its slot back (`Engine.park`) and takes one again at its next step, its cells reused when
 nobody needed them meanwhile. An exception in a round ends the generations it touched
-with an `ErrorEvent` (the engine's own isolation ends only the slot at fault, see rounds.py) and the thread
+with an `ErrorEvent` (the engine's own isolation ends only the slot at fault, see engine/round/round.py) and the thread
 goes on serving the others.
 """
 
