@@ -57,7 +57,7 @@ def _head_fits(target) -> bool:
 def default_types(target) -> list[str]:
     """The chain a page starts with: the n-gram drafters, then the trained head where it fits the target. The
     head pays on open prompts, where the n-grams find nothing to copy, and after the n-grams it was the
-    fastest chain on open and copy prompts alike (README, "A trained draft head")."""
+    fastest chain on open and copy prompts alike (docs/measured.md, the draft head)."""
     return DEFAULT_CHAIN + ([HEAD_TYPE] if _head_fits(target) else [])
 
 

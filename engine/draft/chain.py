@@ -38,7 +38,7 @@ def default_params() -> dict:
     """Our defaults where they differ from llama.cpp's. Its 12-token keys (24 for ngram-mod, with 48-token
     minimum drafts) suit long code-editing sessions; a chat answer that copies a paragraph realigns with its
     source after every small change, and a 3-token key finds the source again within a few tokens; ngram-simple
-    then tries 2- and 1-token keys, which find it one token after the change (both measured in docs/engine.md).
+    then tries 2- and 1-token keys, which find it one token after the change (both measured: docs/measured.md).
     Drafts that do not pay are cut by the length policy, not by long keys."""
     from engine.draft.ngram import NgramMapParams, NgramSimpleParams
     from engine.draft.ngram_mod import NgramModParams

@@ -37,7 +37,7 @@ class DraftHeadParams:
     top_k: int = 10  # candidates kept in q when the target samples (llama.cpp's draft sampler keeps 10)
     grow: int = 256  # positions added at a time to the per-sequence stores
     # stop drafting below this top probability, when the request leaves it to the drafter: the value at which
-    # the shipped head was fastest on the held-out prompts (training.eval --p-min ...; README)
+    # the shipped head was fastest on the held-out prompts (training.eval --p-min ...; docs/draft-head.md)
     p_min: float = 0.3
     tree: HeadTreeParams = field(default_factory=HeadTreeParams)  # dynamic trees, in tree mode
     # a forward with at least this many rows of one sequence, extending the head's entries, is a prompt's

@@ -35,7 +35,7 @@ class HeadTreeParams:
     width: int = 4  # nodes expanded per depth (the best-scored of the newest depth)
     # a node scored below this is not expanded. Each depth costs a head step whether or not the budget keeps
     # what it adds; on open prompts trees cut at 0.02, 0.2 and 0.45 took the same number of target forwards,
-    # and 0.2 the least time (docs/trees.md)
+    # and 0.2 the least time (docs/measured.md, the head in trees)
     min_score: float = 0.2
 
 

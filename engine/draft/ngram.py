@@ -140,7 +140,7 @@ class NgramMapK(Drafter):
     Its key_num counts draft calls that hit the key, and key_only mode never reads min_hits.
     Ours: a dict indexes every key occurrence once; we copy after the latest occurrence (llama.cpp's hash slot
     keeps the first one it indexed); min_hits counts earlier occurrences of the key and applies to map-k too,
-    as docs/speculative.md describes; begin() rebuilds the index instead of pruning it.
+    as llama.cpp's docs/speculative.md describes; begin() rebuilds the index instead of pruning it.
     """
 
     name = "ngram-map-k"
