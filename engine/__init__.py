@@ -22,7 +22,7 @@ _FACE = {  # public name -> (module, its name there)
     # serving
     "Engine": ("engine.serve.engine", "Engine"),
     "Scheduler": ("engine.serve.scheduler", "Scheduler"),
-    "QueueFull": ("engine.serve.scheduler", "QueueFull"),
+    "QueueFull": ("engine.serve.requests", "QueueFull"),
     # models
     "load_model": ("engine.load.models", "load_model"),
     "ModelLoadError": ("engine.load.models", "ModelLoadError"),

@@ -367,7 +367,7 @@ def test_a_submit_the_engine_does_not_answer_in_time_is_cancelled(tiny_target, m
     s = make(tiny_target, slots=1)
     try:
         hold = threading.Event()
-        s.commands.put(sched._Command("call", lambda _engine: hold.wait(10)))  # the thread is busy
+        s.commands.put(sched.Command("call", lambda _engine: hold.wait(10)))  # the thread is busy
         monkeypatch.setattr(sched, "REPLY_TIMEOUT_S", 0.2)
         with pytest.raises(QueueFull, match="did not take the request"):
             s.submit(PROMPTS[0], params(300))

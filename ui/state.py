@@ -88,7 +88,7 @@ class Active:
     """A generation in flight: the scheduler it runs on and its handle there (id, events, counters)."""
 
     scheduler: object  # engine.Scheduler
-    gen: object  # engine.serve.scheduler.Generation
+    gen: object  # engine.serve.requests.Generation
     run: RunRecord
     manual: bool = False  # step mode: advanced only by scheduler.step
     finished: bool = False  # its last event was read (or the page left): nothing more to read

@@ -26,10 +26,10 @@ from engine.cost.calibrate import calibrate as time_forwards
 from engine.cost.curve import CostModel
 from engine.draft.policy import DraftLengthPolicy
 from engine.memory.probe import ProbeResult, probe_context
-from engine.prefix import common_prefix
 from engine.round.round import Round
 from engine.round.slot import Slot
 from engine.memory.stateful import StatefulContext, has_own_state
+from engine.serve.placement import Placement
 from engine.serve.prefill import N_BATCH, Prefiller
 from engine.serve.threads import ThreadGovernor
 from engine.sampling import Sampler
@@ -80,6 +80,7 @@ class Engine:
         self.chain = DrafterChain(self.pool, self.policy)
         self.slots: dict[int, Slot] = {}
         self.parked: dict[int, Slot] = {}  # seq -> a parked slot whose cells the sequence still holds
+        self.placement = Placement(self.ctx, self.chain, self.slots, self.parked)
         self.eos = target.eos_ids()
         self._grammar_tokenizer = None  # llguidance's view of the target's tokenizer, built at the first grammar
         self.round = Round(self.ctx, self.chain, self.probe, self.limits, self.n_pos_max, self.eos, target.decode)
@@ -179,46 +180,9 @@ class Engine:
         for name in params.spec.types:
             self.drafter(name)
 
-    def _cells(self, tokens: list[int], seq: int, n_keep_max: int) -> tuple[int, int, int, int, int]:
-        """What placing `tokens` in `seq` takes, keeping at most n_keep_max of them from the cache:
-        (n_own, src, n_shared, cells needed, cells free for it)."""
-        old = self.slots.get(seq)
-        if old is None and self.parked.get(seq) is not None:
-            old = self.parked[seq]
-        n_own = common_prefix(old.tokens, tokens, limit=n_keep_max) if old is not None else 0
-        src, n_shared = self._shared_prefix(seq, tokens, n_keep_max) if self.ctx.cache.can_share else (-1, 0)
-        n_owned = self.ctx.cache.seq_cells(seq).numel()
-        n_need = len(tokens) + 1 - max(n_own, n_shared)
-        n_free = self.ctx.n_ctx - self.ctx.cache.n_used() + n_owned
-        return n_own, src, n_shared, n_need, n_free
-
     def fits(self, tokens: list[int], seq: int) -> bool:
         """Whether the cache has room to place `tokens` (a prompt, or a parked slot's) in `seq` now."""
-        _, _, _, n_need, n_free = self._cells(tokens, seq, len(tokens) - 1)
-        return n_need <= n_free
-
-    def _place(self, tokens: list[int], seq: int, n_keep_max: int) -> int:
-        """Make `seq` hold the longest prefix of `tokens` the cache can give (its own cells, or a prefix another
-        slot holds, shared with seq_cp); return its length. Raises ValueError when the rest cannot fit."""
-        n_own, src, n_shared, n_need, n_free = self._cells(tokens, seq, n_keep_max)
-        if n_need > n_free:
-            raise ValueError(f"the cache is full: this prompt needs {n_need} more cells, {n_free} are free "
-                             f"(other slots hold the rest); wait for a slot to finish or raise n_ctx")
-        self.parked.pop(seq, None)  # whatever was parked in seq loses its cells now
-        if n_shared > n_own:
-            # a prefix another slot already holds (a shared system prompt): store it once, for both sequences
-            self.ctx.seq_rm(seq, -1, -1)
-            self.ctx.cache.seq_cp(src, seq, 0, n_shared)
-            kept = n_shared
-        elif self.ctx.seq_rm(seq, n_own, -1):
-            kept = n_own
-        else:  # a recurrent memory cannot go back to the shared prefix: start the sequence over
-            self.ctx.seq_rm(seq, -1, -1)
-            kept = 0
-        self.chain.seq_rm(seq)
-        if n_shared > n_own:
-            self.chain.seq_cp(src, seq, n_shared)
-        return kept
+        return self.placement.fits(tokens, seq)
 
     def start(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Slot:
         """Start a generation in a free slot. Raises ValueError on bad input; nothing changes then."""
@@ -230,7 +194,7 @@ class Engine:
         if old is not None and old.state != "done":
             raise ValueError(f"slot {seq} is busy")
         # the prompt's last token is always forwarded again: its logits give the first answer token
-        kept = self._place(prompt, seq, len(prompt) - 1)
+        kept = self.placement.place(prompt, seq, len(prompt) - 1)
         slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
                     tokens=list(prompt[:kept]))
         if params.grammar is not None:
@@ -262,16 +226,6 @@ class Engine:
             self.pool[name].retune(seq, params.sampling.temp, params.sampling.seed)
         return slot
 
-    def _shared_prefix(self, seq: int, tokens: list[int], n_keep_max: int) -> tuple[int, int]:
-        """The other slot whose cached tokens share the longest prefix with `tokens`: (its seq, the length)."""
-        best = (-1, 0)
-        for other in self.slots.values():
-            if other.seq != seq and other.replay is None:
-                n = common_prefix(other.tokens, tokens, limit=n_keep_max)
-                if n > best[1]:
-                    best = (other.seq, n)
-        return best
-
     def stop(self, seq: int) -> None:
         """Ask a slot to stop; it ends at the next round boundary, its cells stay for reuse."""
         if seq in self.slots:
@@ -296,7 +250,7 @@ class Engine:
             for other in old:
                 del self.parked[other]
             confirmed = list(slot.tokens)
-            kept = self._place(confirmed, seq, len(confirmed))  # may copy its prefix from its old cells
+            kept = self.placement.place(confirmed, seq, len(confirmed))  # may copy its prefix from its old cells
             slot.tokens, slot.refill = confirmed[:kept], confirmed[kept:]
             for other in old:  # then they belong to nobody: freed, not left for a later start to find
                 if other != seq and other not in self.slots:

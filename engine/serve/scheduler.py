@@ -22,17 +22,17 @@ import itertools
 import queue
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine.events import ErrorEvent, RoundEvent, WaitEvent
-from engine.grammar import GrammarSpec
+from engine.events import ErrorEvent, WaitEvent
 from engine.params import GenParams
 from engine.round.slot import Slot
 from engine.serve.engine import Engine
+from engine.serve.requests import Command, Generation, QueueFull, Request, stopped_without_a_slot
+from engine.serve.grammars import GrammarCache
 
 QUEUE_MAX = 64  # requests that may wait for a slot (llama-server has no bound; a class of 30 needs one)
 IDLE_WAIT_S = 1.0  # how long the thread sleeps on an empty command queue when nothing generates
@@ -41,47 +41,6 @@ STEP_IDLE_S = 60.0  # a step-mode generation idle this long gives its slot to a 
 # a step-mode generation nobody has stepped for this long is ended: its client has gone (an API client leaves no
 # unload event), and its slot or parked cells would otherwise be held for good
 STEP_ABANDON_S = 900.0
-GRAMMARS_KEPT = 16  # compiled grammars a scheduler keeps for the next request that brings the same one
-
-
-def stopped_without_a_slot() -> RoundEvent:
-    """The final event of a generation stopped while it had no slot (waiting in line, or parked)."""
-    return RoundEvent(seq=-1, round=0, kind="plain", drafter=None, pos_sampled=0, p0=0, done=True,
-                      stop_reason="stopped")
-
-
-class QueueFull(RuntimeError):
-    """Every slot is busy and the wait queue is full."""
-
-
-@dataclass
-class Generation:
-    """A caller's handle on one generation: its id and the queue its events arrive on."""
-
-    id: int  # never reused: stop and cancel address this, not a slot
-    manual: bool  # step mode: advanced only by Scheduler.step
-    events: queue.Queue = field(default_factory=queue.Queue)  # WaitEvent*, RoundEvent*, then done or ErrorEvent
-    seq: int | None = None  # the slot, once admitted (None while waiting or parked)
-    stats: dict = field(default_factory=dict)  # the slot's drafter counters, a copy refreshed after each round
-    t_active: float = 0.0  # time.monotonic() of its admission or last step (step mode's idle clock)
-
-
-@dataclass
-class _Request:
-    gen: Generation
-    prompt: list[int]
-    params: GenParams
-    place: int = 0  # the place in line last told to the caller (0: not told yet)
-    parked: Slot | None = None  # a step-mode slot coming back: resumed, not started
-    step_pending: bool = False  # step mode: the user asked for a round while it waited; run it on admission
-    group: list["_Request"] | None = None  # requests submitted together: admitted together or not at all
-
-
-@dataclass
-class _Command:
-    kind: str  # "submit" | "stop" | "cancel" | "step" | "call"
-    args: Any = None
-    reply: Future | None = None
 
 
 class Scheduler:
@@ -91,14 +50,13 @@ class Scheduler:
         self.queue_max = queue_max
         self.step_idle_s = step_idle_s
         self.abandon_s = abandon_s
-        self.commands: queue.Queue[_Command] = queue.Queue()
+        self.commands: queue.Queue[Command] = queue.Queue()
         self.ids = itertools.count(1)
-        self.waiting: deque[_Request] = deque()  # FIFO of requests without a slot (engine thread only)
+        self.waiting: deque[Request] = deque()  # FIFO of requests without a slot (engine thread only)
         self.running: dict[int, Generation] = {}  # seq -> its generation (engine thread only)
         self.parked: dict[int, tuple[Generation, Slot]] = {}  # id -> an idle step-mode generation without a slot
         self.closed = False
-        self._grammars: OrderedDict[tuple[str, str], GrammarSpec] = OrderedDict()  # compiled, latest used last
-        self._grammars_lock = threading.Lock()  # callers compile on their own threads
+        self.grammars = GrammarCache(engine.grammar_tokenizer)  # compiled on the callers' threads, kept
         self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self.thread.start()
 
@@ -108,7 +66,7 @@ class Scheduler:
         if self.closed:
             raise RuntimeError("the engine has shut down (a new model was loaded)")
         reply: Future = Future()
-        self.commands.put(_Command(kind, args, reply))
+        self.commands.put(Command(kind, args, reply))
         return reply.result(timeout=REPLY_TIMEOUT_S if timeout is None else timeout)
 
     def submit(self, prompt: list[int], params: GenParams, manual: bool = False) -> Generation:
@@ -119,9 +77,9 @@ class Scheduler:
         """Several generations admitted together or not at all (a benchmark's N slots start in one round)."""
         for _, params in requests:
             if params.grammar is not None:
-                self._prepare(params.grammar)
+                self.grammars.prepare(params.grammar)
         gens = [Generation(id=next(self.ids), manual=manual) for _ in requests]
-        batch = [_Request(g, list(p), params) for g, (p, params) in zip(gens, requests)]
+        batch = [Request(g, list(p), params) for g, (p, params) in zip(gens, requests)]
         for r in batch:
             r.group = batch if len(batch) > 1 else None
         try:
@@ -133,31 +91,13 @@ class Scheduler:
             raise QueueFull(f"the engine did not take the request within {REPLY_TIMEOUT_S:.0f} s; try again "
                             "in a minute") from None
 
-    def _prepare(self, spec: GrammarSpec) -> None:
-        """Compile a request's grammar on the caller's thread, within its time limit, once for every request
-        that brings the same grammar (a message and its plain comparison, a class given one schema): the
-        engine thread then only copies the matcher. Raises ValueError with the reason."""
-        key = (spec.kind, spec.text)
-        with self._grammars_lock:
-            known = self._grammars.get(key)
-            if known is not None:
-                self._grammars.move_to_end(key)
-        if known is None:
-            spec.prepare(self.engine.grammar_tokenizer())
-            with self._grammars_lock:
-                self._grammars[key] = spec
-                while len(self._grammars) > GRAMMARS_KEPT:
-                    self._grammars.popitem(last=False)
-        else:
-            spec.share_from(known)
-
     def stop(self, gen_id: int) -> None:
         """End a generation at the next round boundary (its done event says 'stopped'); leaves the queue too."""
-        self.commands.put(_Command("stop", gen_id))
+        self.commands.put(Command("stop", gen_id))
 
     def cancel(self, gen_id: int) -> None:
         """The caller left (a closed tab): stop it and send nothing more."""
-        self.commands.put(_Command("cancel", gen_id))
+        self.commands.put(Command("cancel", gen_id))
 
     def step(self, gen_id: int) -> int:
         """Step mode: one round of this generation; returns the events it produced (also on its queue)."""
@@ -169,7 +109,7 @@ class Scheduler:
         return self._ask("call", fn, timeout=timeout)
 
     def close(self) -> None:
-        self.commands.put(_Command("close"))
+        self.commands.put(Command("close"))
         self.thread.join(timeout=10)
         self.closed = True
 
@@ -203,7 +143,7 @@ class Scheduler:
             except Exception as e:  # a fault outside any one generation: end them all, keep serving
                 self._shutdown(f"the engine failed and ended every answer: {type(e).__name__}: {e}")
 
-    def _run_command(self, cmd: _Command) -> None:
+    def _run_command(self, cmd: Command) -> None:
         handler = getattr(self, f"_on_{cmd.kind}")
         try:
             result = handler(cmd.args)
@@ -214,7 +154,7 @@ class Scheduler:
         if cmd.reply is not None:
             cmd.reply.set_result(result)
 
-    def _on_submit(self, batch: list[_Request]) -> list[Generation]:
+    def _on_submit(self, batch: list[Request]) -> list[Generation]:
         for r in batch:
             self.engine.check(r.prompt, r.params)
         # the queue bounds those that would wait: with free slots and nobody ahead, a request starts at once
@@ -227,7 +167,7 @@ class Scheduler:
         self._admit()
         return [r.gen for r in batch]
 
-    def _find(self, gen_id: int) -> tuple[int | None, _Request | None]:
+    def _find(self, gen_id: int) -> tuple[int | None, Request | None]:
         for seq, g in self.running.items():
             if g.id == gen_id:
                 return seq, None
@@ -260,7 +200,7 @@ class Scheduler:
     def _on_step(self, gen_id: int) -> int:
         if gen_id in self.parked:  # back in line for a slot, at the end: the ones waiting came first
             gen, slot = self.parked.pop(gen_id)
-            self.waiting.append(_Request(gen, list(slot.tokens), slot.params, parked=slot))
+            self.waiting.append(Request(gen, list(slot.tokens), slot.params, parked=slot))
             self._admit()
         seq, waiting = self._find(gen_id)
         if waiting is not None:
@@ -342,7 +282,7 @@ class Scheduler:
                     self._step({seq}, whole_prefill=True)
         self._tell_places()
 
-    def _fits(self, members: list[_Request], free: list[int]) -> bool:
+    def _fits(self, members: list[Request], free: list[int]) -> bool:
         """Whether the cache has room for these prompts now; cells that finished slots keep for prefix reuse
         are given up first (llama-server clears idle slots the same way)."""
         def fit() -> bool:

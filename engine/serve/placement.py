@@ -1,0 +1,70 @@
+"""Where a prompt's tokens go in the cell cache: the longest prefix the cache already holds is kept, the
+sequence's own (its previous turn) or one another slot holds (a shared system prompt, stored once with
+`seq_cp`, as llama-server's `cache_prompt` reuses a slot's prefix), and the rest must fit the free cells.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.prefix import common_prefix
+from engine.round.slot import Slot
+
+
+@dataclass
+class Placement:
+    ctx: object  # the target's context: its cell cache and seq_rm
+    chain: object  # the DrafterChain: its drafters' per-sequence state follows the cells
+    slots: dict[int, Slot]  # the engine's slots by sequence (shared with it, never replaced)
+    parked: dict[int, Slot]  # the engine's parked slots by the sequence whose cells they left (shared too)
+
+    def cells(self, tokens: list[int], seq: int, n_keep_max: int) -> tuple[int, int, int, int, int]:
+        """What placing `tokens` in `seq` takes, keeping at most n_keep_max of them from the cache:
+        (n_own, src, n_shared, cells needed, cells free for it)."""
+        old = self.slots.get(seq)
+        if old is None and self.parked.get(seq) is not None:
+            old = self.parked[seq]
+        n_own = common_prefix(old.tokens, tokens, limit=n_keep_max) if old is not None else 0
+        src, n_shared = self.shared_prefix(seq, tokens, n_keep_max) if self.ctx.cache.can_share else (-1, 0)
+        n_owned = self.ctx.cache.seq_cells(seq).numel()
+        n_need = len(tokens) + 1 - max(n_own, n_shared)
+        n_free = self.ctx.n_ctx - self.ctx.cache.n_used() + n_owned
+        return n_own, src, n_shared, n_need, n_free
+
+    def fits(self, tokens: list[int], seq: int) -> bool:
+        """Whether the cache has room to place `tokens` (a prompt, or a parked slot's) in `seq` now."""
+        _, _, _, n_need, n_free = self.cells(tokens, seq, len(tokens) - 1)
+        return n_need <= n_free
+
+    def place(self, tokens: list[int], seq: int, n_keep_max: int) -> int:
+        """Make `seq` hold the longest prefix of `tokens` the cache can give (its own cells, or a prefix another
+        slot holds, shared with seq_cp); return its length. Raises ValueError when the rest cannot fit."""
+        n_own, src, n_shared, n_need, n_free = self.cells(tokens, seq, n_keep_max)
+        if n_need > n_free:
+            raise ValueError(f"the cache is full: this prompt needs {n_need} more cells, {n_free} are free "
+                             f"(other slots hold the rest); wait for a slot to finish or raise n_ctx")
+        self.parked.pop(seq, None)  # whatever was parked in seq loses its cells now
+        if n_shared > n_own:
+            # a prefix another slot already holds (a shared system prompt): store it once, for both sequences
+            self.ctx.seq_rm(seq, -1, -1)
+            self.ctx.cache.seq_cp(src, seq, 0, n_shared)
+            kept = n_shared
+        elif self.ctx.seq_rm(seq, n_own, -1):
+            kept = n_own
+        else:  # a recurrent memory cannot go back to the shared prefix: start the sequence over
+            self.ctx.seq_rm(seq, -1, -1)
+            kept = 0
+        self.chain.seq_rm(seq)
+        if n_shared > n_own:
+            self.chain.seq_cp(src, seq, n_shared)
+        return kept
+
+    def shared_prefix(self, seq: int, tokens: list[int], n_keep_max: int) -> tuple[int, int]:
+        """The other slot whose cached tokens share the longest prefix with `tokens`: (its seq, the length)."""
+        best = (-1, 0)
+        for other in self.slots.values():
+            if other.seq != seq and other.replay is None:
+                n = common_prefix(other.tokens, tokens, limit=n_keep_max)
+                if n > best[1]:
+                    best = (other.seq, n)
+        return best

@@ -1,0 +1,54 @@
+"""What the scheduler's callers and its thread pass each other: a caller's handle on a generation, a request
+waiting for a slot, a command for the engine thread, and what a request that cannot wait hears.
+"""
+
+from __future__ import annotations
+
+import queue
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.events import RoundEvent
+from engine.params import GenParams
+from engine.round.slot import Slot
+
+
+def stopped_without_a_slot() -> RoundEvent:
+    """The final event of a generation stopped while it had no slot (waiting in line, or parked)."""
+    return RoundEvent(seq=-1, round=0, kind="plain", drafter=None, pos_sampled=0, p0=0, done=True,
+                      stop_reason="stopped")
+
+
+class QueueFull(RuntimeError):
+    """Every slot is busy and the wait queue is full."""
+
+
+@dataclass
+class Generation:
+    """A caller's handle on one generation: its id and the queue its events arrive on."""
+
+    id: int  # never reused: stop and cancel address this, not a slot
+    manual: bool  # step mode: advanced only by Scheduler.step
+    events: queue.Queue = field(default_factory=queue.Queue)  # WaitEvent*, RoundEvent*, then done or ErrorEvent
+    seq: int | None = None  # the slot, once admitted (None while waiting or parked)
+    stats: dict = field(default_factory=dict)  # the slot's drafter counters, a copy refreshed after each round
+    t_active: float = 0.0  # time.monotonic() of its admission or last step (step mode's idle clock)
+
+
+@dataclass
+class Request:
+    gen: Generation
+    prompt: list[int]
+    params: GenParams
+    place: int = 0  # the place in line last told to the caller (0: not told yet)
+    parked: Slot | None = None  # a step-mode slot coming back: resumed, not started
+    step_pending: bool = False  # step mode: the user asked for a round while it waited; run it on admission
+    group: list["Request"] | None = None  # requests submitted together: admitted together or not at all
+
+
+@dataclass
+class Command:
+    kind: str  # "submit" | "stop" | "cancel" | "step" | "call"
+    args: Any = None
+    reply: Future | None = None
