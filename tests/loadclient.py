@@ -27,6 +27,7 @@ os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
 os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 import httpx  # noqa: E402
+import pytest  # noqa: E402
 from gradio_client import Client  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +72,22 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> N
         except OSError:
             time.sleep(1)
     raise RuntimeError(f"app.py did not answer within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def serving(args: list[str], log: Path, timeout: float):
+    """The app started with `args` (a port among them) until the caller is done: yields (url, process, log),
+    fails the test with the log's tail if it never answers, and always stops it."""
+    port = args[args.index("--port") + 1]
+    proc = start_app(args, log)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        try:
+            wait_ready(url, proc, log, timeout)
+        except RuntimeError as e:
+            pytest.fail(str(e))
+        yield url, proc, log
+    finally:
+        stop_app(proc)
 
 
 def stop_app(proc: subprocess.Popen) -> None:

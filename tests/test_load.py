@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import pytest
 
 from loadclient import (connect, free_port, has_tokens, lossless, run_bad, run_cancel, run_close_tab, run_regular,
-                        run_step, run_stop, start_app, started_nothing, stop_app, stop_reason, wait_ready)
+                        run_step, run_stop, serving, started_nothing, stop_reason)
 from tiny import save_tiny
 
 SLOTS = 2
@@ -37,16 +37,7 @@ def app(tmp_path_factory):
     port = free_port()
     log = root / "app.log"
     args = ["--target", str(target), "--port", str(port), "--parallel", str(SLOTS), "--n-ctx", str(N_CTX)]
-    proc = start_app(args, log)
-    try:
-        url = f"http://127.0.0.1:{port}/"
-        try:
-            wait_ready(url, proc, log, START_TIMEOUT_S)
-        except RuntimeError as e:
-            pytest.fail(str(e))
-        yield url, proc, log
-    finally:
-        stop_app(proc)
+    yield from serving(args, log, START_TIMEOUT_S)
 
 
 def load_phase(api) -> tuple[list, dict]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from loadclient import (CHAT, Outcome, connect, free_port, has_tokens, keep_last, lossless, new_client, run_regular,
-                        send_args, start_app, stop_app, stop_reason, view, wait_ready, watch)
+                        send_args, serving, stop_reason, view, watch)
 
 SLOTS = 3
 START_TIMEOUT_S = 240  # the embedded model's load (its first conversion about 30 s) and calibration
@@ -38,17 +38,8 @@ def big_schema(n: int = 300) -> str:
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     log = tmp_path_factory.mktemp("load-long") / "app.log"
-    port = free_port()
-    proc = start_app(["--port", str(port), "--parallel", str(SLOTS), "--n-ctx", "8192"], log)
-    try:
-        url = f"http://127.0.0.1:{port}/"
-        try:
-            wait_ready(url, proc, log, START_TIMEOUT_S)
-        except RuntimeError as e:
-            pytest.fail(str(e))
-        yield url, proc, log
-    finally:
-        stop_app(proc)
+    args = ["--port", str(free_port()), "--parallel", str(SLOTS), "--n-ctx", "8192"]
+    yield from serving(args, log, START_TIMEOUT_S)
 
 
 def stream_gaps(api, prompt: str, streaming: threading.Event, done: threading.Event) -> tuple[Outcome, list]:
