@@ -55,11 +55,11 @@ __all__ = sorted(_FACE)
 def __getattr__(name: str):
     if name not in _FACE:
         raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    # looked up at each use, not kept here: a name patched where it lives (a test's monkeypatch) is the one
+    # the page then gets; the module itself is imported once, like any import
     module, attr = _FACE[name]
     value = importlib.import_module(module)
-    value = value if attr is None else getattr(value, attr)
-    globals()[name] = value
-    return value
+    return value if attr is None else getattr(value, attr)
 
 
 def __dir__() -> list[str]:
