@@ -116,17 +116,17 @@ def test_a_training_cache_file_is_read_as_data_only(tmp_path, monkeypatch):
 
 
 def test_two_gguf_files_of_one_name_get_their_own_converted_copy(tmp_path, monkeypatch):
-    from engine.load import models
+    from engine.load import gguf
 
     monkeypatch.setenv("SPECPLAY_CACHE", str(tmp_path / "cache"))
     a, b = tmp_path / "a" / "model.Q4_1.gguf", tmp_path / "b" / "model.Q4_1.gguf"
     for path, body in ((a, b"GGUF one"), (b, b"GGUF two")):
         path.parent.mkdir()
         path.write_bytes(body)
-    assert models._converted_dir(a) != models._converted_dir(b)
-    before = models._converted_dir(a)
+    assert gguf._converted_dir(a) != gguf._converted_dir(b)
+    before = gguf._converted_dir(a)
     a.write_bytes(b"GGUF one, rewritten")
-    assert models._converted_dir(a) != before
+    assert gguf._converted_dir(a) != before
 
 
 @pytest.mark.parametrize("field,value", [("temp", float("nan")), ("temp", float("inf")), ("top_p", float("nan")),

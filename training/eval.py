@@ -112,7 +112,7 @@ def fastest(repeat: int, fn, *args):
     return events, best
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="Held-out acceptance and speed of the draft head.")
     ap.add_argument("--prompts", type=Path, nargs="+", default=[ROOT / "assets" / "prompts" / "heldout.jsonl"])
     ap.add_argument("--weights", type=Path, default=None, help="head weights (default: the shipped ones)")
@@ -129,22 +129,21 @@ def main(argv=None) -> int:
                     "(timings on a shared machine wander)")
     ap.add_argument("--no-speed", action="store_true", help="acceptance runs only (a quick p_min sweep: the "
                     "acceptance counts do not depend on the machine's load)")
-    args = ap.parse_args(argv)
-    import torch
+    return ap.parse_args(argv)
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+
+def load_engine(dtype: str, weights: Path | None):
+    """(target, engine): the embedded model, and an engine of one slot on it with the head's weights."""
     from engine.draft.draft_head import DraftHeadParams
     from engine.load.models import load_model
     from engine.serve.engine import Engine
 
-    p_mins = args.p_min or [DraftHeadParams().p_min]
-    runs = configs(args.n_max, p_mins, speed=not args.no_speed)
-    rows = [json.loads(line) for p in args.prompts for line in p.read_text().splitlines() if line.strip()]
-    target = load_model("embedded", dtype=args.dtype)
-    extra = {"draft-head": DraftHeadParams(weights=args.weights)} if args.weights else None
-    engine = Engine(target, n_ctx=4096, n_seq_max=1, drafter_params=extra)
-    t1 = engine.cost.seconds[0]
+    target = load_model("embedded", dtype=dtype)
+    extra = {"draft-head": DraftHeadParams(weights=weights)} if weights else None
+    return target, Engine(target, n_ctx=4096, n_seq_max=1, drafter_params=extra)
+
+
+def print_setup(args: argparse.Namespace, target, engine, rows: list[dict], p_mins: list[float], t1: float) -> None:
     print(f"target: {target.dtype} ({target.dtype_reason}), plain and speculative runs alike")
     print(f"{len(rows)} held-out prompts: " + ", ".join(r["id"] for r in rows))
     speed_runs = ("none (--no-speed)" if args.no_speed
@@ -152,6 +151,12 @@ def main(argv=None) -> int:
     print(f"speed runs: {speed_runs}; acceptance runs: fixed {args.n_max}-token drafts, p_min 0 and {p_mins}")
     print(f"one-token target forward: {t1 * 1e3:.1f} ms; verify cost c(k+1) = "
           + ", ".join(f"k={k}: {engine.cost.c(k + 1):.2f}" for k in range(1, args.n_max + 1)))
+
+
+def run_prompts(args: argparse.Namespace, target, engine, runs: list[Config], rows: list[dict]):
+    """Every prompt in plain decoding and in every configuration, one line each with the speedups ("!": not
+    plain decoding's tokens). Returns (acceptance counters by configuration, speedups by configuration and prompt
+    kind, whether every run was lossless)."""
     stats = {c.name: AcceptStats(args.n_max) for c in runs if c.acceptance}
     speed: dict[str, dict[str, list[float]]] = {}
     lossless = True
@@ -174,9 +179,13 @@ def main(argv=None) -> int:
                 stats[name].add(events)
         print(f"{row['id'][:22]:22s} {row.get('kind', ''):5s} {len(plain):4d} {len(plain) / plain_s:5.1f}/s "
               + " ".join(cells), flush=True)
+    return stats, speed, lossless
+
+
+def report_acceptance(n_max: int, runs: list[Config], stats: dict[str, AcceptStats]) -> None:
     for c in [c for c in runs if c.acceptance]:
         st = stats[c.name]
-        print(f"\nfixed {args.n_max}-token drafts, p_min {c.p_min}: the head drafted in {st.n_rounds} of "
+        print(f"\nfixed {n_max}-token drafts, p_min {c.p_min}: the head drafted in {st.n_rounds} of "
               f"{st.n_steps} rounds")
         print("  kept at each draft position, of the rounds that drafted it: "
               + ", ".join(f"{i + 1}: {r:.3f}" for i, r in enumerate(st.rates())))
@@ -191,14 +200,17 @@ def main(argv=None) -> int:
         print(f"{c.p_min:6.2f} {st.n_rounds / max(1, st.n_steps):15.3f} {st.rates()[0]:10.3f} "
               f"{st.mean_len():12.2f} {st.n_emitted / max(1, st.n_steps):18.2f}")
     print("  (mean acc len: over rounds with a draft; tokens per forward: over all rounds of the run)")
-    fixed = stats[runs[0].name]
+
+
+def report_cost(n_max: int, engine, fixed: AcceptStats, t1: float) -> None:
+    """The head's draft cost, and the speedup the formula expects from the fixed drafts' acceptance at each k."""
     mean_len, n_rounds = fixed.mean_len(), fixed.n_rounds
     per_tok = fixed.t_draft_ms / max(1, fixed.n_drafted)
     uncond = [k / max(1, n_rounds) for k in fixed.kept]
     print(f"\ndraft cost: {per_tok:.2f} ms per drafted token (catch-up included) = "
           f"{per_tok / (t1 * 1e3):.3f} of a one-token target forward")
     # a: the per-position rate that gives the measured mean acceptance length at k = n_max
-    k = args.n_max
+    k = n_max
     a = next((x / 1000 for x in range(1, 1000) if formula(x / 1000, k, 0) >= mean_len), 0.999)
     print(f"estimate: a = {a:.3f} (fits the mean length; per-position unconditional "
           f"{', '.join(f'{u:.2f}' for u in uncond)})")
@@ -206,11 +218,34 @@ def main(argv=None) -> int:
         c = engine.cost.c(kk + 1) - 1 + kk * per_tok / (t1 * 1e3)
         even = next((x / 1000 for x in range(1, 1000) if formula(x / 1000, kk, c) >= 1.0), 1.0)
         print(f"  k={kk}: c = {c:.2f}, estimated speedup {formula(a, kk, c):.2f}x, pays while a > {even:.2f}")
+
+
+def report_speed(speed: dict[str, dict[str, list[float]]], lossless: bool) -> None:
     print("\nmeasured speedup over plain decoding (geometric mean per prompt kind; timings noisy, ratios "
           "measured back to back):")
     for name, kinds in speed.items():
         print(f"  {name:15s} " + "  ".join(f"{kind}: {geomean(v):.2f}x ({len(v)})" for kind, v in kinds.items()))
     print("lossless: " + ("yes, every run token-identical to plain decoding" if lossless else "NO"))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    from engine.draft.draft_head import DraftHeadParams
+
+    p_mins = args.p_min or [DraftHeadParams().p_min]
+    runs = configs(args.n_max, p_mins, speed=not args.no_speed)
+    rows = [json.loads(line) for p in args.prompts for line in p.read_text().splitlines() if line.strip()]
+    target, engine = load_engine(args.dtype, args.weights)
+    t1 = engine.cost.seconds[0]
+    print_setup(args, target, engine, rows, p_mins, t1)
+    stats, speed, lossless = run_prompts(args, target, engine, runs, rows)
+    report_acceptance(args.n_max, runs, stats)
+    report_cost(args.n_max, engine, stats[runs[0].name], t1)
+    report_speed(speed, lossless)
     return 0 if lossless else 1
 
 

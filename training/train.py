@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -116,7 +117,7 @@ def run_epoch(head, records, batch_list, cols, t2d, n_steps, weights, opt=None, 
     return [(float(t[0] / t[2].clamp(min=1)), float(t[1] / t[2].clamp(min=1))) for t in tot]
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="Train the EAGLE-style draft head of the embedded model.")
     ap.add_argument("--target", default="embedded", help="target model (the head is trained for this one)")
     ap.add_argument("--dtype", choices=DTYPES, default="float32",
@@ -145,20 +146,23 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--limit-records", type=int, default=0, help="use only this many records (a quick check)")
-    args = ap.parse_args(argv)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    from tqdm import tqdm
+    return ap.parse_args(argv)
 
-    from engine.load.models import cache_dir, load_model
 
-    t_start = time.time()
-    torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
+def load_target(name: str, dtype: str):
+    from engine.load.models import load_model
+
     # prepacked linears are fine here: the target only runs under inference_mode (data.py), and only its embedding
     # table is read (a table, never a packed linear's weight)
-    target = load_model(args.target, device="cpu", dtype=args.dtype)
-    print(f"target {args.target}: {target.dtype} ({target.dtype_reason})")
+    target = load_model(name, device="cpu", dtype=dtype)
+    print(f"target {name}: {target.dtype} ({target.dtype_reason})")
+    return target
+
+
+def load_records(args: argparse.Namespace, target) -> tuple[list[dict], list[int]]:
+    """Every part's records (made where the cache has none of them), and the target layers their features hold."""
+    from engine.load.models import cache_dir
+
     records, layers = [], None
     for part in range(args.parts):
         params = DataParams(n_topic=args.n_topic, n_copy=args.n_copy, max_new_tokens=args.max_new_tokens,
@@ -169,20 +173,29 @@ def main(argv=None) -> int:
         data = load_or_build(args.data[part] if args.data else path, target, params, HELD_OUT)
         records += data["records"]
         layers = data["layers"]
-    t_data = time.time() - t_start
-    if args.limit_records:
-        records = records[: args.limit_records]
+    return records, layers
+
+
+def split(records: list[dict], gen: torch.Generator) -> tuple[list[dict], list[dict]]:
+    """(train, val): a seeded thirtieth of the records, at least one, held out for validation."""
     perm = torch.randperm(len(records), generator=gen).tolist()
     n_val = max(1, len(records) // 30)
-    val = [records[i] for i in perm[:n_val]]
-    train = [records[i] for i in perm[n_val:]]
+    return [records[i] for i in perm[n_val:]], [records[i] for i in perm[:n_val]]
 
+
+def head_config(args: argparse.Namespace, target) -> HeadConfig:
     embed = target.model.get_input_embeddings().weight.detach()
     text_cfg = target.model.config
-    cfg = HeadConfig(hidden=int(text_cfg.hidden_size), target_vocab=int(embed.shape[0]),
-                     draft_vocab=args.draft_vocab, layers=tuple(args.layers),
-                     rope_theta=float(text_cfg.rope_parameters["rope_theta"]), rms_eps=float(text_cfg.rms_norm_eps),
-                     target_fingerprint=target_fingerprint(embed), target_fingerprint_bf16=bf16_fingerprint(embed))
+    return HeadConfig(hidden=int(text_cfg.hidden_size), target_vocab=int(embed.shape[0]),
+                      draft_vocab=args.draft_vocab, layers=tuple(args.layers),
+                      rope_theta=float(text_cfg.rope_parameters["rope_theta"]), rms_eps=float(text_cfg.rms_norm_eps),
+                      target_fingerprint=target_fingerprint(embed), target_fingerprint_bf16=bf16_fingerprint(embed))
+
+
+def build_head(cfg: HeadConfig, target, layers: list[int], train: list[dict]):
+    """(head, cols, t2d): a new head with its draft vocabulary and feature statistics taken from the training
+    records, the feature columns of its layers, and the map of target tokens to draft ones (-1: none)."""
+    embed = target.model.get_input_embeddings().weight.detach()
     layer_pos = [list(layers).index(i) for i in cfg.layers]
     cols = torch.cat([torch.arange(p * cfg.hidden, (p + 1) * cfg.hidden) for p in layer_pos])
     head = DraftHead(cfg)
@@ -193,12 +206,27 @@ def main(argv=None) -> int:
     head.attach_target(embed)
     t2d = torch.full((cfg.target_vocab,), -1, dtype=torch.long)
     t2d[head.d2t] = torch.arange(cfg.draft_vocab)
-    cover = sum(float((t2d[r["top_ids"][r["first_label"]:, 0].long()] >= 0).float().sum()) for r in val)
-    cover /= sum(len(r["tokens"]) - r["first_label"] for r in val)
-    print(f"data: {len(train)} train / {len(val)} val records, "
-          f"{sum(len(r['tokens']) for r in records)} tokens, draft vocab covers {cover:.3f} of val labels")
+    return head, cols, t2d
 
-    weights = [0.8 ** j for j in range(args.steps)]
+
+def label_coverage(t2d: torch.Tensor, val: list[dict]) -> float:
+    """The share of the validation labels (the target's top-1 tokens) that the draft vocabulary holds."""
+    cover = sum(float((t2d[r["top_ids"][r["first_label"]:, 0].long()] >= 0).float().sum()) for r in val)
+    return cover / sum(len(r["tokens"]) - r["first_label"] for r in val)
+
+
+@dataclass
+class Schedule:
+    """The optimiser, its learning-rate schedule, the batches of an epoch, and when training must stop."""
+
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    n_batches: int
+    deadline: float | None  # time.time() past which no batch starts (None: no time limit)
+
+
+def schedule(head: DraftHead, train: list[dict], args: argparse.Namespace) -> Schedule:
+    """AdamW, with a linear warm-up over a thirtieth of the steps, then a cosine to zero."""
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.95))
     n_batches = len(batches(train, args.batch_tokens, torch.Generator().manual_seed(0)))
@@ -216,22 +244,55 @@ def main(argv=None) -> int:
 
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * progress(s))))
+    return Schedule(opt=opt, sched=sched, n_batches=n_batches, deadline=deadline)
+
+
+def train_epochs(head: DraftHead, train: list[dict], val: list[dict], cols: torch.Tensor, t2d: torch.Tensor,
+                 args: argparse.Namespace, plan: Schedule, gen: torch.Generator) -> tuple[list, int]:
+    """Up to args.epochs passes over the training records, each followed by one over the validation records.
+    Returns the last validation's per-step (loss, accuracy) and the epochs run."""
+    from tqdm import tqdm
+
+    weights = [0.8 ** j for j in range(args.steps)]
     val_batches = batches(val, args.batch_tokens, torch.Generator().manual_seed(1))
-    t_train = time.time()
     for epoch in range(args.epochs):
         head.train()
-        with tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{args.epochs}", unit="batch") as bar:
+        with tqdm(total=plan.n_batches, desc=f"epoch {epoch + 1}/{args.epochs}", unit="batch") as bar:
             tr = run_epoch(head, train, batches(train, args.batch_tokens, gen), cols, t2d, args.steps, weights,
-                           opt, sched, bar, deadline, args.dropout, gen)
+                           plan.opt, plan.sched, bar, plan.deadline, args.dropout, gen)
         head.eval()
         va = run_epoch(head, val, val_batches, cols, t2d, args.steps, weights)
         print(f"epoch {epoch + 1}: train acc/pos {[round(a, 3) for _, a in tr]}  "
               f"val loss/pos {[round(l, 3) for l, _ in va]}  val acc/pos {[round(a, 3) for _, a in va]}",
               flush=True)
-        if deadline is not None and time.time() > deadline:
+        if plan.deadline is not None and time.time() > plan.deadline:
             print("time limit reached")
             break
-    cfg.extra = {"val_acc_per_step": [round(a, 4) for _, a in va], "epochs_run": epoch + 1,
+    return va, epoch + 1
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    t_start = time.time()
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    target = load_target(args.target, args.dtype)
+    records, layers = load_records(args, target)
+    t_data = time.time() - t_start
+    if args.limit_records:
+        records = records[: args.limit_records]
+    train, val = split(records, gen)
+    cfg = head_config(args, target)
+    head, cols, t2d = build_head(cfg, target, layers, train)
+    cover = label_coverage(t2d, val)
+    print(f"data: {len(train)} train / {len(val)} val records, "
+          f"{sum(len(r['tokens']) for r in records)} tokens, draft vocab covers {cover:.3f} of val labels")
+    plan = schedule(head, train, args)
+    t_train = time.time()
+    va, epochs_run = train_epochs(head, train, val, cols, t2d, args, plan, gen)
+    cfg.extra = {"val_acc_per_step": [round(a, 4) for _, a in va], "epochs_run": epochs_run,
                  "train_records": len(train), "data_seconds": round(t_data), "seed": args.seed,
                  "train_seconds": round(time.time() - t_train), "threads": torch.get_num_threads(),
                  "draft_vocab_coverage": round(cover, 4), "parts": args.parts, "dropout": args.dropout,

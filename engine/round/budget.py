@@ -17,16 +17,8 @@ acceptance estimates behind its scores can recover (as the length policy's probe
 the forward can afford the row. Beside other slots, one refused twice rests: it drafts only on probe rounds,
 every 4, 8, ... up to `probe_max` rounds while its probes keep being refused.
 
-Goodput alone would let a copying slot take rows that slow an open slot beside it: the batch emits more, the
-open answer comes slower than plain decoding would give it. So the budget is also fair: a forward that costs
-c(n_rows) / c(n_base) plain forwards spends tau = that ratio - 1 more on every slot in it than plain decoding
-would, and each slot must expect to make it up: its kept nodes' scores plus its balance (the tokens it got so
-far beyond plain decoding, counted on what the rounds emitted) reach tau. A slot ahead can share a dearer
-forward; one whose scores promised more than its rounds gave asks more of them; one without a tree has only its
-balance. Probes, too, go in only where the other slots can afford their rows. A slot that wants fewer tokens
-than another leaves the batch first, and each token it gains is a forward earlier that the other runs without
-it, cheaper by that slot's share of the forward (its row and what a sequence costs beyond one): the tokens it
-expects from its kept nodes count that much towards the other's share (`leaves_first`, RoundCost.seq_share).
+The budget is also fair (engine/round/fair_share.py): no slot of the forward should expect to fall behind plain
+decoding for the rows the others take, unless `BudgetState.fair` is off.
 
 The goodput is only as good as the scores. The draft head's are calibrated (docs/draft-head.md); an n-gram
 drafter's are a product of per-position acceptance rates that start from priors and are learned only where its
@@ -39,11 +31,11 @@ at 1.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 
 from engine.cost.curve import CostModel, RoundCost
 from engine.draft.tree import DraftTree
+from engine.round.fair_share import fair_take, leaves_first, others_afford
 
 
 @dataclass
@@ -198,8 +190,8 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel | RoundCost, 
     if state.fair and len(set(trees) | set(bare)) > 1:
         balance = {seq: state.balance.get(seq, 0.0) for seq in list(trees) + bare}
         share = cost.seq_share() if isinstance(cost, RoundCost) else 0.0
-        take = _fair_take(trees, ranked, n_base, cost, balance, bare, leaves_first(remaining, list(trees) + bare),
-                          share)
+        take = fair_take(trees, ranked, n_base, cost, balance, bare, leaves_first(remaining, list(trees) + bare),
+                         share)
     else:
         take = _greedy_take(ranked, n_base, cost)
     kept: dict[int, list[int]] = {seq: [] for seq in trees}
@@ -215,7 +207,7 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel | RoundCost, 
         state.back_off(seq)
         if state.probes(seq):
             probe = t.path(max(range(len(t)), key=lambda v: (t.scores[v], -t.depth(v))))
-            if not state.fair or _others_afford(trees, kept, bare, seq, len(probe), n_base, cost, state.balance):
+            if not state.fair or others_afford(trees, kept, bare, seq, len(probe), n_base, cost, state.balance):
                 kept[seq] = probe
     n_nodes = sum(len(k) for k in kept.values())
     expected = n_base + sum(trees[seq].scores[v] for seq, vs in kept.items() for v in vs)
@@ -235,19 +227,6 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel | RoundCost, 
                   threshold=state.threshold, cost=cost)
 
 
-def _others_afford(trees, kept, bare: list[int], seq: int, n_probe: int, n_base: int, cost: CostModel,
-                   balance: dict[int, float]) -> bool:
-    """Whether slot `seq` may add a probe of n_probe rows: it explores on its own account, and every other slot
-    of the forward can pay the dearer forward from its kept scores and its balance (or the rows are free)."""
-    n_rows = n_base + sum(len(k) for k in kept.values())
-    tau = cost.c(n_rows + n_probe) / cost.c(n_base) - 1.0
-    if tau <= 1e-12:
-        return True
-    own = {other: sum(trees[other].scores[v] for v in vs) for other, vs in kept.items() if other != seq}
-    own.update({other: 0.0 for other in bare})
-    return all(score + balance.get(other, 0.0) >= tau for other, score in own.items())
-
-
 def _greedy_take(ranked, n_base: int, cost: CostModel) -> dict[int, int]:
     """seq -> how many of its best nodes to keep: the prefix of `ranked` with the best goodput."""
     best_n, best_value = 0, n_base / cost.c(n_base)
@@ -261,96 +240,3 @@ def _greedy_take(ranked, n_base: int, cost: CostModel) -> dict[int, int]:
     for _, _, seq, _ in ranked[:best_n]:
         take[seq] = take.get(seq, 0) + 1
     return take
-
-
-def leaves_first(remaining: dict[int, int] | None, seqs: list[int]) -> dict[int, list[int]]:
-    """seq -> the slots of the forward that want fewer tokens than it: those leave the batch before it does, and
-    every token they gain now is a forward earlier that it runs without them."""
-    if not remaining:
-        return {seq: [] for seq in seqs}
-    return {seq: [k for k in seqs if k != seq and k in remaining and seq in remaining
-                  and remaining[k] < remaining[seq]] for seq in seqs}
-
-
-def _fair_take(trees, ranked, n_base: int, cost: CostModel, balance: dict[int, float], bare: list[int],
-               before: dict[int, list[int]] | None = None, share: float = 0.0) -> dict[int, int]:
-    """seq -> how many of its best nodes to keep: the set of the best goodput among those under which no slot
-    expects to fall behind plain decoding.
-
-    A forward of n_base + n rows costs c(n_base + n) / c(n_base) plain forwards, tau(n) more than plain decoding
-    spends on a slot, so a slot must expect at least tau(n) - (its balance) tokens from its kept nodes: the
-    balance (`BudgetState.balance`, what it got so far beyond plain decoding, measured on emitted tokens, not
-    scores) lets a slot that is ahead share a dearer forward, and makes a slot whose scores promised more than
-    its rounds gave ask more of them. A slot without a tree has only its balance. For each n the cheapest way
-    to give every slot its share is the shortest prefix of its own ranking that reaches it; the rows left go to
-    the best remaining nodes of any slot. A prefix of the one global ranking would not do: a copying slot's deep
-    chain ranks first and makes the forward too dear for the open slots beside it before their one likely node
-    is reached.
-
-    A slot that leaves the batch early saves those still generating its share of every later forward (`share`,
-    RoundCost.seq_share): each token the slots before it in `before` expect from their kept nodes counts that
-    much towards its own share. A copying slot's sure chain then pays the open slot beside it for its rows where
-    a sequence costs more than a row (on the AVX2 host 4.6% of a forward against 3.5%)."""
-    before = before or {}
-    credited = share > 0 and any(before.values())
-    c_base = cost.c(n_base)
-    best: dict[int, int] = {}
-    best_value = n_base / c_base
-    mine: dict[int, list[float]] = {seq: [0.0] for seq in trees}  # seq -> sums of its best 0, 1, 2, ... scores
-    rank = []  # rank[i]: how many nodes of its own slot come before ranked[i]
-    for score, _, seq, _ in ranked:
-        rank.append(len(mine[seq]) - 1)
-        mine[seq].append(mine[seq][-1] + score)
-    lowest_bare = min((balance[seq] for seq in bare), default=float("inf"))
-
-    def credit(take: dict[int, int]) -> dict[int, float]:
-        return {seq: share * sum(mine[k][take[k]] for k in before.get(seq, []) if k in take)
-                for seq in list(mine) + bare}
-
-    def fill(need: dict[int, int], n: int) -> dict[int, int] | None:
-        spare = n - sum(need.values())
-        if spare < 0:
-            return None
-        take = dict(need)
-        for i in range(len(ranked)):
-            if spare == 0:
-                break
-            seq = ranked[i][2]
-            if rank[i] >= take[seq]:  # the next of its slot's ranking: the one before it is in already
-                take[seq] += 1
-                spare -= 1
-        return take
-
-    prefix = [0.0]  # the best n scores of any slots: (n_base + prefix[n]) / c(n_base + n) bounds a fair set of n
-    for score, _, _, _ in ranked:
-        prefix.append(prefix[-1] + score)
-    for n in range(1, len(ranked) + 1):
-        c_n = cost.c(n_base + n)
-        tau = c_n / c_base - 1.0
-        bound = (n_base + prefix[n]) / c_n
-        # (from the second node: the first row also pays a drafted round's fixed cost, CostModel.step_fit)
-        if n > 1 and bound <= best_value * 1.001 and bound < (n_base + prefix[n - 1]) / cost.c(n_base + n - 1):
-            break  # past its peak the bound only falls (prefix concave, c increasing): no larger set does better
-        if tau > 1e-12 and tau > lowest_bare and not credited:
-            break  # a slot without a tree would fall behind, the more so in a larger forward
-        # a forward that costs no more than the plain one takes nothing from anyone
-        gets = dict.fromkeys(list(mine) + bare, 0.0)
-        take = None
-        for _ in range(2 if credited else 1):  # what the others' nodes promise lowers each share: once more
-            need = {seq: min(len(sums) - 1, bisect.bisect_left(sums, tau - balance[seq] - gets[seq] - 1e-12))
-                    if tau > 1e-12 else 0 for seq, sums in mine.items()}
-            take = fill(need, n)
-            if take is None:
-                break
-            gets = credit(take)
-        if take is None:
-            continue
-        if tau > 1e-12 and (any(mine[seq][k] + balance[seq] + gets[seq] < tau - 1e-12 for seq, k in take.items())
-                            or any(balance[seq] + gets[seq] < tau - 1e-12 for seq in bare)):
-            if not credited:
-                break  # some slot cannot reach its share with all its nodes, nor the larger share of a larger forward
-            continue
-        value = (n_base + sum(mine[seq][k] for seq, k in take.items())) / c_n
-        if value > best_value * 1.001:
-            best, best_value = take, value
-    return best

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Collection
 
-from engine.round.budget import Budget, BudgetState, leaves_first, plan as budget_plan
+from engine.round.budget import Budget, BudgetState, plan as budget_plan
 from engine.draft.base import DraftRequest
 from engine.draft.chain import DrafterChain
+from engine.round.fair_share import leaves_first
 from engine.round.slot import Slot
 
 
@@ -32,7 +33,7 @@ class SlotBudget:
         """The budgeted tree slots that need not draft this round, and why: beside a slot that drafts nothing this
         round (it rests, replays, or has no room), whose balance cannot pay for one row and which no drafting
         slot will leave before (one that may pay it for its rows), the fair budget keeps no node of anyone's
-        tree and no probe (engine/round/budget.py, `_fair_take`, `_others_afford`), so their drafting would only
+        tree and no probe (engine/round/fair_share.py, `fair_take`, `others_afford`), so their drafting would only
         delay the round. Four answers of which two copy and two write freely spent 0.7 ms a round drafting for
         nodes refused this way."""
         state, policy = self.state, self.chain.policy
@@ -47,7 +48,7 @@ class SlotBudget:
         tau = cost.c(n_base + 1) / cost.c(n_base) - 1.0  # what one draft row costs every slot, in tokens
         if tau <= 1e-12:
             return set(), ""
-        # a slot that drafts may leave before the bare one and pay it for its rows (budget.leaves_first)
+        # a slot that drafts may leave before the bare one and pay it for its rows (fair_share.leaves_first)
         paid = leaves_first({s.seq: s.n_remaining for s in slots}, [s.seq for s in slots]) \
             if cost.seq_share() > 0 else {}
         poor = [seq for seq in bare if state.balance.get(seq, 0.0) < tau and not set(paid.get(seq, [])) & trees]
