@@ -10,22 +10,13 @@ same bits in any batch, so a sequence's tree is the one grown alone.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from engine.forward.gemm import SmallGemm
+from engine.forward.kernels import registry
 
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-_C = ctypes.c_int
-# each piece's last argument: 1 where the weights are Q8_0 groups for the integer kernel, 0 for float16
-_SIGNATURES = {
-    "head_fuse": [_P, _I, _I, _P, _P, _P, _I, _P, _C],
-    "head_qkv": [_P, _P, _I, _I, _P, _P, _F, _P, _I, _C, _C, _P, _P, _P, _C],
-    "head_finish": [_P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _C],
-    "head_logits": [_P, _I, _I, _P, _F, _P, _I, _P, _C],
-}
-_KINDS = {"float16": 0, "q8_0_dot": 1}  # SmallGemm.label -> the pieces' weight flag
+# SmallGemm.label -> each piece's last argument: 1 where the weights are Q8_0 groups for the integer kernel
+_KINDS = {"float16": 0, "q8_0_dot": 1}
 
 
 def _packed(module) -> SmallGemm | None:
@@ -46,11 +37,7 @@ def _rows(x: torch.Tensor, width: int, what: str) -> int:
 
 class HeadStep:
     def __init__(self, lib, head, linears: dict[str, SmallGemm]):
-        self.fns = {}
-        for name, args in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = ctypes.c_int, args
-            self.fns[name] = fn
+        self.fns = {fn.name: getattr(lib, fn.name) for fn in registry.LIBRARIES["head_step"].functions}
         self.head = head
         self.w = linears
         self.dot = _KINDS[next(iter(linears.values())).label]
@@ -69,9 +56,7 @@ class HeadStep:
         if len(linears) != 7 or any(w is None for w in linears.values()) \
                 or len({w.label for w in linears.values()}) != 1:
             return None
-        from engine.forward.kernels.build import build
-
-        lib, _ = build("head_step", ("WEIGHT_F16",))
+        lib, _ = registry.load("head_step")
         return None if lib is None else cls(lib, head, linears)
 
     def _call(self, name: str, *args) -> None:

@@ -24,13 +24,14 @@ function; a forward without it (a plain HF call on the same model) takes the nor
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from engine.forward.kernels import registry
 
 NAME = "spec_cells"  # the attention implementation name registered with transformers
 
@@ -137,22 +138,18 @@ class RowAttention:
                  defines: tuple[str, ...] = ()):
         """defines: -D options of the kernel's build (("BLOCK8",): AVX2's 8-wide vectors on an AVX512 CPU)."""
         self.kernel = None
+        entry = registry.LIBRARIES["cell_attention"]
         if not use_kernel:
-            self.reason = "torch per row (kernel turned off)"
+            self.reason = f"{entry.fallback} (kernel turned off)"
         elif torch.device(device).type != "cpu" or cache_dtype != torch.float32:
-            self.reason = f"torch per row (the kernel needs float32 on CPU, not {cache_dtype} on {device})"
+            self.reason = f"{entry.fallback} (the kernel needs float32 on CPU, not {cache_dtype} on {device})"
         else:
-            from engine.forward.kernels.build import build
-
-            lib, where = build("cell_attention", defines)
+            lib, where = registry.load("cell_attention", defines)
             if lib is None:
-                self.reason = f"torch per row ({where})"
+                self.reason = f"{entry.fallback} ({where})"
             else:
                 self.kernel = lib.cell_attention
-                self.kernel.restype = ctypes.c_int
-                self.kernel.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] + [ctypes.c_void_p] * 3 + [
-                    ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float]
-                self.reason = "C kernel per row"
+                self.reason = entry.runs
 
     def rows(self, layout: CellLayout) -> "CellRows":
         return CellRows(layout, self)

@@ -31,31 +31,29 @@ bias, a width the kernel's blocks do not divide): the caller keeps oneDNN for th
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
 
 import torch
+
+from engine.forward.kernels import registry
 
 POST = {"none": 0, "swish": 1, "add": 2, "mul": 3}  # the kernels' epilogues, by oneDNN's names
 
 
 @dataclass(frozen=True)
 class _Spec:
-    source: str  # engine/forward/kernels/<source>.c
-    flags: tuple[str, ...]  # /proc/cpuinfo flags it needs
-    n_block: int  # outputs per packed block, N must be a multiple (the library's "<symbol>_block" if it has one)
+    library: str  # its entry in engine/forward/kernels/registry.py: sources, CPU flags, signatures
+    symbol: str  # the multiply; "<symbol>_pack" packs, "<symbol>_block" (where the library has it) says N's step
+    n_block: int  # outputs per packed block where the library has no "<symbol>_block": N must be a multiple
     k_pair: int  # inputs packed together: K must be a multiple
-    symbol: str = ""  # the multiply's name in the library (the source's name if empty); "<symbol>_pack" packs
-    defines: tuple[str, ...] = ()  # -D options of its build
     act: torch.dtype | None = None  # dtype of the inputs and outputs (the weights' if None)
 
 
 # float16 weights with float32 inputs, sums and outputs: for a drafter trained and stored in float16 (the draft
 # head), whose every step reads all its weights for a few rows: half the bytes, and no value it did not have
-SPECS = {torch.bfloat16: _Spec("small_gemm", ("avx512_bf16",), 16, 2),
-         torch.float32: _Spec("small_gemm_f32", ("avx2", "fma"), 8, 1),
-         torch.float16: _Spec("small_gemm_f32", ("avx2", "fma", "f16c"), 8, 1, "small_gemm_f16w",
-                              ("WEIGHT_F16",), torch.float32)}
+SPECS = {torch.bfloat16: _Spec("small_gemm", "small_gemm", 16, 2),
+         torch.float32: _Spec("small_gemm_f32", "small_gemm_f32", 8, 1),
+         torch.float16: _Spec("small_gemm_f16w", "small_gemm_f16w", 8, 1, torch.float32)}
 
 
 @dataclass
@@ -70,31 +68,18 @@ class Kernels:
 
 
 def load(dtypes=(torch.bfloat16, torch.float32, torch.float16), defines: tuple[str, ...] = ()) -> Kernels:
-    """Build (once per host, engine/forward/kernels/build.py) and load the kernels of these dtypes that this CPU runs;
-    `defines` are added to every build (`("BLOCK8",)`: the float32 kernel's AVX2 layout on an AVX512 CPU)."""
-    from engine.forward.kernels.build import build, cpu_flags
-
+    """Build (once per host, engine/forward/kernels/registry.py) and load the kernels of these dtypes that this CPU
+    runs; `defines` are added to every build (`("BLOCK8",)`: the float32 kernel's AVX2 layout on an AVX512 CPU)."""
     out = Kernels()
-    flags = cpu_flags()
     for dtype in dtypes:
         spec = SPECS[dtype]
-        missing = [f for f in spec.flags if f not in flags]
-        if missing:
-            out.why_not[dtype] = f"the CPU has no {', '.join(f.upper() for f in missing)}"
-            continue
-        lib, where = build(spec.source, spec.defines + tuple(defines))
+        lib, where = registry.load(spec.library, defines)
         if lib is None:
             out.why_not[dtype] = where
             continue
-        symbol = spec.symbol or spec.source
-        fn, pack = getattr(lib, symbol), getattr(lib, symbol + "_pack")
-        fn.restype, pack.restype = None, None
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-        block = getattr(lib, symbol + "_block", None)
-        if block is not None:
-            block.restype, block.argtypes = ctypes.c_int, []
-        out.fns[dtype] = (fn, pack, block() if block is not None else spec.n_block)
+        block = getattr(lib, spec.symbol + "_block", None)
+        out.fns[dtype] = (getattr(lib, spec.symbol), getattr(lib, spec.symbol + "_pack"),
+                          block() if block is not None else spec.n_block)
     return out
 
 

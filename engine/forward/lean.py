@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.forward import prepack
+from engine.forward.kernels import registry
 from engine.forward.lean_fused import FusedLayers
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -174,7 +175,8 @@ class LeanForward:
         return logits, side
 
     def describe(self) -> str:
-        return "layers in one C call" if self.fused is not None else f"torch layers: {self.fused_reason}"
+        entry = registry.LIBRARIES["lean_layers"]
+        return entry.runs if self.fused is not None else f"{entry.fallback}: {self.fused_reason}"
 
     def _torch_layers(self, x, cos, sin, cache, cell_rows, inner: list[int]):
         """x [T, D]; cos, sin [T, 1, hd] -> (x after the last layer [T, D], {layer: x after it} for `inner`)."""

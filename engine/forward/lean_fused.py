@@ -16,6 +16,7 @@ import ctypes
 import torch
 
 from engine.forward.gemm import SmallGemm
+from engine.forward.kernels import registry
 
 _NAMES = ("q", "k", "v", "o", "gate", "up", "down")
 # how lean_layers.c reads a weight: float32, GGUF blocks as float32, or GGUF blocks by integer dot products
@@ -60,17 +61,10 @@ class FusedLayers:
                 return None, "a layer linear is not our float32 kernel without a bias"
             if layer.q_norm is not None or layer.head_dim % 2 or layer.head_dim > 512:
                 return None, "per-head norms or a head size the fused layers do not take"
-        from engine.forward.kernels.build import build
-
-        lib, where = build("lean_layers")
+        lib, where = registry.load("lean_layers")
         if lib is None:
             return None, where
-        fn = lib.lean_layers
-        fn.restype = ctypes.c_int
-        fn.argtypes = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int] + [ctypes.c_void_p] * 5 +
-                       [ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_int64] +
-                       [ctypes.c_float] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int])
-        return cls(fn, lean), "C layers"
+        return cls(lib.lean_layers, lean), registry.LIBRARIES["lean_layers"].runs
 
     def applies(self, cache, cell_rows) -> bool:
         """The context attends with the C kernel over a float32 cache laid out [1, H_kv, n_cells, hd]."""

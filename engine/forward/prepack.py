@@ -24,6 +24,7 @@ from torch import nn
 
 from engine.forward import gemm
 from engine.forward.gemm import SmallGemm
+from engine.forward.kernels import registry
 
 BATCH_HINT = 4  # rows the weight layout is tuned for: a verification batch of k + 1 ~ 4
 DTYPES = (torch.float32, torch.bfloat16)  # what oneDNN packs on the CPU
@@ -118,13 +119,14 @@ def is_packed(module: nn.Module) -> bool:
 
 def linear_paths(model: nn.Module) -> str:
     """Which path the model's packed linears take, counted: "our float32 kernel 211" or "our bfloat16 kernel
-    210, oneDNN 1" (the status line shows it: the kernels depend on the CPU)."""
+    210, oneDNN 1" (the status line shows it: the kernels depend on the CPU), named as the kernel registry
+    (engine/forward/kernels/registry.py) names them."""
     counts: dict[str, int] = {}
     for module in model.modules():
         w = getattr(module, "_packed_weight", None)
         if w is None:
             continue
-        name = f"our {w.label} kernel" if isinstance(w, SmallGemm) else "oneDNN"
+        name = registry.linear_path(w.fn if isinstance(w, SmallGemm) else None)
         counts[name] = counts.get(name, 0) + 1
     return ", ".join(f"{name} {n}" for name, n in sorted(counts.items())) or "not packed"
 

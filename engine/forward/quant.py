@@ -15,7 +15,6 @@ another family or quantisation, a linear with a bias, or a weight that differs k
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 from torch import nn
 
 from engine.forward.gemm import SmallGemm
+from engine.forward.kernels import registry
 
 GROUP = 32  # weights per GGUF block along the inputs, both types
 # llama.cpp's tensor names -> the Llama-family module names transformers gives them
@@ -171,24 +171,11 @@ def load_kernels(defines: tuple[str, ...] = ()) -> tuple[dict[str, object], int,
     "q8_0" read the blocks as float32 (small_gemm_q.c); "q4_1_dot" and "q8_0_dot" (VNNI, or AVX2's byte pairs)
     multiply them by 8-bit inputs in integers (small_gemm_qdot.c). defines: -D options of the build
     (("BLOCK8",): AVX2's 8-wide layout on an AVX512 CPU)."""
-    from engine.forward.kernels.build import build, cpu_flags
-
-    missing = [f for f in ("avx2", "fma") if f not in cpu_flags()]
-    if missing:
-        return {}, 0, f"the CPU has no {', '.join(f.upper() for f in missing)}"
-    lib, where = build("small_gemm_qdot", defines)
+    lib, where = registry.load("small_gemm_q", defines)
     if lib is None:
         return {}, 0, where
-    fns = {}
-    for kind in ("q4_1", "q8_0", "q4_1_dot", "q8_0_dot"):
-        if kind.endswith("_dot") and not lib.small_gemm_qdot_ok():
-            continue
-        fn = getattr(lib, f"small_gemm_{kind}")
-        fn.restype = ctypes.c_int if kind.endswith("_dot") else None
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        fns[kind] = fn
-    lib.small_gemm_f32_block.restype = ctypes.c_int
-    return fns, lib.small_gemm_f32_block(), ""
+    kinds = ("q4_1", "q8_0") + (("q4_1_dot", "q8_0_dot") if lib.small_gemm_qdot_ok() else ())
+    return {kind: getattr(lib, f"small_gemm_{kind}") for kind in kinds}, lib.small_gemm_f32_block(), ""
 
 
 def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool = False) -> tuple[int, str]:

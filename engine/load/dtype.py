@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from engine.forward.kernels import registry
 from engine.forward.kernels.build import cpu_flags
 
 CHOICES = ("auto", "float32", "bfloat16", "int8")
@@ -208,7 +209,8 @@ def _blocks_choice(requested: str, config, device: str, blocks: str) -> DtypeCho
     why = ("no GGUF with Q4_1 / Q8_0 blocks" if not blocks else f"on {device}" if device != "cpu"
            else dot_reason())
     if why:
-        return DtypeChoice("float32", f"{requested}: {exact}; int8 needs AVX2 and a GGUF's blocks ({why})")
+        needs = ", ".join(f.upper() for f in registry.LIBRARIES["small_gemm_q"].cpu_flags)
+        return DtypeChoice("float32", f"{requested}: {exact}; int8 needs {needs} and a GGUF's blocks ({why})")
     if requested == "int8":
         return DtypeChoice("int8", f"int8 as asked (its {blocks} blocks times 8-bit inputs)")
     ms = time_kernels(_layer_shapes(config))

@@ -1,7 +1,7 @@
 """Compile the engine's C kernels for this host and load them with ctypes.
 
-A kernel is built once per source, compiler and CPU (it is compiled with -march=native) into a cache directory
-(`$SPECPLAY_CACHE/kernels`, else `~/.cache/specplay/kernels`), in a second or so, and loaded from there
+A kernel is built once per set of sources, compiler and CPU (it is compiled with -march=native) into a cache
+directory (`$SPECPLAY_CACHE/kernels`, else `~/.cache/specplay/kernels`), in a second or so, and loaded from there
 afterwards. A library is code this process runs, so the cache is trusted only when it is private: a directory of
 this user's with mode 0700 inside one nobody else can rename it out of, holding files of ours that nobody else
 can write. Anything else (a shared or read-only cache) gets a build in a fresh private directory of this
@@ -92,16 +92,17 @@ def _compiler() -> str | None:
 
 
 def _source_text(source: Path) -> str:
-    """The source and the local files it includes (`#include "x.c"`): a change to any of them is a new build."""
+    """The source and the local files it includes (`#include "x.h"`): a change to any of them is a new build."""
     text = source.read_text()
     included = re.findall(r'^#include "([^"]+)"', text, flags=re.M)
     return "\0".join([text, *(_source_text(HERE / name) for name in included)])
 
 
-def build(name: str, defines: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded library, where it came from) or (None, why not) for HERE/<name>.c, compiled with these
-    -D options (one source may build several kernels)."""
-    source = HERE / f"{name}.c"
+def build(name: str, defines: tuple[str, ...] = (), sources: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, where it came from) or (None, why not) for the library `name`: the files `sources`
+    of HERE (HERE/<name>.c if none) compiled and linked together, with these -D options (one source may build
+    several kernels). engine/forward/kernels/registry.py lists each library's sources and defines."""
+    files = [HERE / f for f in sources] or [HERE / f"{name}.c"]
     cc = _compiler()
     if cc is None:
         return None, "no C compiler (cc) found"
@@ -110,31 +111,32 @@ def build(name: str, defines: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None,
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{cc} --version failed: {e}"
     flags = [*FLAGS, *(f"-D{d}" for d in defines)]
-    key = hashlib.sha256("\0".join([_source_text(source), version, " ".join(flags),
+    key = hashlib.sha256("\0".join([*(_source_text(f) for f in files), version, " ".join(flags),
                                     " ".join(sorted(cpu_flags()))]).encode())
     file_name = f"{name}-{key.hexdigest()[:16]}.so"
     where = cache_dir()
     if _make_private(where) and os.access(where, os.W_OK):
-        return _build_at(where / file_name, cc, flags, source)
+        return _build_at(where / file_name, cc, flags, files)
     # the cache is not ours alone, or cannot be written: a build of this process's own, in a fresh directory
     # (mkdtemp: an unpredictable name, mode 0700) removed once the library is loaded (its mapping stays)
     with tempfile.TemporaryDirectory(prefix="specplay-kernels-") as fresh:
-        return _build_at(Path(fresh) / file_name, cc, flags, source)
+        return _build_at(Path(fresh) / file_name, cc, flags, files)
 
 
-def _build_at(target: Path, cc: str, flags: list[str], source: Path) -> tuple[ctypes.CDLL | None, str]:
+def _build_at(target: Path, cc: str, flags: list[str], files: list[Path]) -> tuple[ctypes.CDLL | None, str]:
+    names = " ".join(f.name for f in files)
     try:
         if not _ours(target):
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 out = Path(tmp) / target.name
-                done = subprocess.run([cc, *flags, "-o", str(out), str(source), "-lm"], capture_output=True,
+                done = subprocess.run([cc, *flags, "-o", str(out), *map(str, files), "-lm"], capture_output=True,
                                       text=True, timeout=300)
                 if done.returncode != 0:
-                    return None, f"{cc} could not build {source.name}: {done.stderr.strip()[-300:]}"
+                    return None, f"{cc} could not build {names}: {done.stderr.strip()[-300:]}"
                 os.chmod(out, 0o700)
                 os.replace(out, target)  # atomic: a concurrent build leaves one whole file
     except (OSError, subprocess.SubprocessError) as e:
-        return None, f"building {source.name} failed: {e}"
+        return None, f"building {names} failed: {e}"
     try:
         return ctypes.CDLL(str(target)), str(target)
     except OSError as e:

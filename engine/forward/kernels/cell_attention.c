@@ -14,6 +14,7 @@
  * its own). -DROW_AT_A_TIME builds the kernel without groups, to compare the two.
  */
 #include "attention_row.h"
+#include "cell_attention.h"
 
 #if defined(WIDE) && !defined(ROW_AT_A_TIME)
 #define GROUPS 1
@@ -206,17 +207,9 @@ static int grouped_attention(const float *q, const float *k, const float *v, int
 }
 #endif
 
-/* A forward's rows by groups (start[gi] .. start[gi + 1], sharing their first shared[gi] cells), made once for
- * all its layers: every layer sees the same cells. n = 0: rows one at a time (no groups in this build, or a
- * head shape the groups do not take). */
-typedef struct {
-    int64_t *start, *shared;
-    int64_t n;
-} RowGroups;
-
-/* Returns 0, or -1 where memory for the groups could not be had. */
-static int row_groups(RowGroups *g, const int64_t *row_ptr, const int64_t *cells, int64_t n_rows, int n_heads,
-                      int n_kv_heads, int head_dim) {
+/* the groups of a forward's rows (cell_attention.h) */
+int row_groups(RowGroups *g, const int64_t *row_ptr, const int64_t *cells, int64_t n_rows, int n_heads,
+               int n_kv_heads, int head_dim) {
     *g = (RowGroups){NULL, NULL, 0};
 #ifdef GROUPS
     if (head_dim != 64 || n_heads / n_kv_heads > 4)
@@ -232,17 +225,15 @@ static int row_groups(RowGroups *g, const int64_t *row_ptr, const int64_t *cells
     return 0;
 }
 
-static void row_groups_free(RowGroups *g) {
+void row_groups_free(RowGroups *g) {
     free(g->start), free(g->shared);
     *g = (RowGroups){NULL, NULL, 0};
 }
 
-/* q [n_rows, n_heads, head_dim]; k, v: key head h at k + h * head_stride, cell c at + c * head_dim;
- * row r sees cells[row_ptr[r] .. row_ptr[r + 1]) in position order; out [n_rows, n_heads, head_dim];
- * groups: row_groups() of this layout. Returns 0, or -1 if scratch memory could not be had. */
-static int attend_rows(const float *q, const float *k, const float *v, int64_t head_stride, const int64_t *row_ptr,
-                       const int64_t *cells, float *out, int64_t n_rows, int n_heads, int n_kv_heads, int head_dim,
-                       float scale, const RowGroups *groups) {
+/* every row of a forward over one layer's cells (cell_attention.h), by groups where there are some */
+int attend_rows(const float *q, const float *k, const float *v, int64_t head_stride, const int64_t *row_ptr,
+                const int64_t *cells, float *out, int64_t n_rows, int n_heads, int n_kv_heads, int head_dim,
+                float scale, const RowGroups *groups) {
     const int group = n_heads / n_kv_heads;
 #ifdef GROUPS
     if (groups->n > 0)

@@ -1,5 +1,5 @@
 /* The draft head's dense pieces (engine/draft/head_net.py) in one call each: float16 weights in our packed
- * layout, float32 inputs, sums and outputs (small_gemm_f32.c built with -DWEIGHT_F16).
+ * layout, float32 inputs, sums and outputs (small_gemm_f32.c built with -DWEIGHT_F16, linked beside it).
  *
  * The weights are float16, or Q8_0 groups for the integer kernel beside a target that runs it (dot = 1).
  *
@@ -11,15 +11,17 @@
  * rms(x) = x / sqrt(mean(x^2) + eps), its sum of squares in 8 lanes in a fixed order, then pairwise: a row gives
  * the same bits in any batch, as the linears do, so the head's tree for a sequence is the one grown alone.
  */
-#include "small_gemm_qdot.c"
+#include <stdlib.h>
 
 #include "row_ops.h"
+#include "small_gemm_f32.h"
+#include "small_gemm_qdot.h"
 
 /* a head linear: float16 weights (dot 0), or Q8_0 groups times 8-bit inputs (dot 1, small_gemm_qdot.c) */
 static int lin(int dot, const float *x, const void *w, float *y, const float *other, int64_t m, int64_t k,
                int64_t n, int post) {
     if (dot) return small_gemm_q8_0_dot(x, w, y, other, m, k, n, post);
-    GEMM(x, w, y, other, m, k, n, post);
+    small_gemm_f16w(x, w, y, other, m, k, n, post);
     return 0;
 }
 

@@ -5,7 +5,7 @@
  * rotary embedding, copies into the cache, reshapes, dtype round trips. At one to a few rows each costs its
  * dispatch, not its arithmetic, and on the embedded model (30 layers) they come to 10 to 15 ms of a 55 ms
  * forward. Here they are a few loops over a few rows, and the linears and the attention are the same kernels
- * the Python path calls (included below), so a layer's output differs from it only where the norms sum: a
+ * the Python path calls (linked beside it), so a layer's output differs from it only where the norms sum: a
  * row's sum of squares runs in 8 lanes in a fixed order, then pairwise, whatever the batch. Each row is still
  * computed alone: a row gets the same bits in any batch, and plain decoding and verification agree.
  *
@@ -16,10 +16,13 @@
  * rope(z)[i] = z[i] cos[i] - z[i + hd/2] sin[i] for i < hd/2, z[i] cos[i] + z[i - hd/2] sin[i] above
  * (transformers' rotate_half), cos and sin [t, hd] from the model's own rotary module.
  */
-#include "small_gemm_qdot.c"
-#include "cell_attention.c"
+#include <stdlib.h>
 
+#include "cell_attention.h"
 #include "row_ops.h"
+#include "small_gemm_f32.h"
+#include "small_gemm_q.h"
+#include "small_gemm_qdot.h"
 
 /* one linear: kind 0 float32 (packed [N/NB][K][NB]), 1 Q4_1 and 2 Q8_0 blocks read as float32 (small_gemm_q.c),
  * 3 Q4_1 and 4 Q8_0 blocks by integer dot products (small_gemm_qdot.c); nonzero where it could not run */

@@ -5,7 +5,7 @@
  * model's linears come from a Q4_1 GGUF (0.625 bytes a weight) and its LM head from Q8_0 (1.06): as float32
  * they are 4 bytes each, 540 MB a forward. Here a weight stays in its block until a pass reaches it and is
  * widened in a register: a pass of m rows over B blocks of NB outputs (B x m sums in registers, as the float32
- * kernel's passes, small_gemm_f32.c, included for its helpers) turns each input's quants into one vector of
+ * kernel's passes, with its helpers from small_gemm_f32.h) turns each input's quants into one vector of
  * float32 weights per block and adds x[r][k] w[k] into each row's sums, one fused multiply-add per k, in k
  * order: the float32 kernel's arithmetic over the same weights, so a row gets its bits, alone or in any batch.
  * Rows beyond a pass's 16 (10 with AVX2) go in further passes that widen the blocks again: past a few rows
@@ -21,7 +21,8 @@
  *               nibble and q[2p + 1][j] in its high one (24 NB bytes for 32 NB weights)
  *   Q8_0 group: d [NB] f32, then 32 rows of NB int8 (q[k][j]) (36 NB bytes)
  */
-#include "small_gemm_f32.c"
+#include "small_gemm_f32.h"
+#include "small_gemm_q.h"
 
 #define Q41_GROUP (2 * NB * 4 + 16 * NB) /* bytes of one 32-input group of a block */
 #define Q80_GROUP (NB * 4 + 32 * NB)
@@ -33,7 +34,6 @@
 #define ISRL4(a) _mm512_srli_epi32(a, 4)
 #define ISET1 _mm512_set1_epi32
 #define ITOF _mm512_cvtepi32_ps
-#define VMUL _mm512_mul_ps
 typedef __m512i ivec;
 #else
 #define U8_TO_I32(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
@@ -42,7 +42,6 @@ typedef __m512i ivec;
 #define ISRL4(a) _mm256_srli_epi32(a, 4)
 #define ISET1 _mm256_set1_epi32
 #define ITOF _mm256_cvtepi32_ps
-#define VMUL _mm256_mul_ps
 typedef __m256i ivec;
 #endif
 

@@ -27,9 +27,11 @@
  * Built where the CPU has AVX512-VNNI (16 outputs a vector), AVX-VNNI (8) or AVX2 alone (8, in byte pairs, see
  * QDOT_PAIRS); small_gemm_qdot_ok() says so.
  */
-#include "small_gemm_q.c"
-
 #include <omp.h>
+#include <stdlib.h>
+
+#include "small_gemm_f32.h"
+#include "small_gemm_qdot.h"
 
 #if NB == 16 && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define QDOT_OK 1
