@@ -31,7 +31,7 @@ def _one_line(msg: str) -> str:
     return " ".join(words[:1] + [ln for ln in words[1:] if ln.startswith("error:")]) or msg.strip()
 
 
-MAX_GRAMMAR_CHARS = 200_000  # a grammar's text at most: compiling costs about 30 ms per KB of JSON schema
+MAX_GRAMMAR_CHARS = 200_000  # a grammar's text at most: compiling takes time in proportion to a JSON schema's size
 MAX_SCHEMA_DEPTH = 64  # objects and arrays nested in a JSON schema at most: llguidance crashes far past its own limit
 COMPILE_TIMEOUT_S = 20.0  # prepare() gives up waiting for a compilation after this long
 

@@ -15,7 +15,7 @@ What runs is as plain as our own greedy path:
   applies and every call pays for its whole prompt, as a fresh request would.
 
 Time it on an idle machine: with as many threads as cores, llama.cpp's OpenMP threads spin at each op's
-barrier, and another busy process can stretch a 0.2 s call to seconds (torch's threads suffer the same way).
+barrier, and another busy process can stretch a call many times over (torch's threads suffer the same way).
 """
 
 from __future__ import annotations

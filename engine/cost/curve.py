@@ -18,7 +18,7 @@ class CostModel:
     engine runs.
 
     The calibration times one sequence on an idle engine, 5 timings a size, and on a shared 2-core machine two
-    calibrations put 8 rows at 1.00x and at 1.10x of 4 rows: a budget that believes the first adds rows that
+    calibrations put 8 rows at the cost of 4 and well above it: a budget that believes the first adds rows that
     cost every slot of the forward. Forwards in service have the slots' real contexts, several sequences'
     attention and the tree mask. So every forward the engine runs is observed (`observe`): a size seen at least
     `min_seen` times takes its decaying average; another size n takes the calibrated curve's step from the
@@ -44,9 +44,9 @@ class CostModel:
     # of its base rows (its forward's extra rows, and its work after the forward beyond a plain round's:
     # building rows, the walk, dropping the branches, the drafters' catch-up). y = fixed + factor * x by least
     # squares over decayed sums, from a prior of one round that met the curve exactly. Four copying slots on a
-    # 2-core Xeon verified 12 rows in rounds of 1.9x a plain round where the curve said 1.5x (it times one
-    # sequence's chain at its fastest of 7, and a round does more than its forward); one open slot's drafted
-    # rounds spent 0.5 ms more than its plain ones after the forward. RoundCost.c adds both to every round's rows
+    # 2-core Xeon verified rows in rounds far dearer than the curve said (it times one sequence's chain at its
+    # fastest of 7, and a round does more than its forward); one open slot's drafted rounds spent more than its
+    # plain ones after the forward (docs/measured.md). RoundCost.c adds both to every round's rows
     step_sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # decayed n, sum x, sum y, sum xx, sum xy
     step_prior: tuple[float, float] = (0.5e-3, 3e-3)  # x of the prior's two rounds (y = x), seconds
     step_decay: float = 0.97  # per observed round, the weight left to the rounds before it
@@ -150,10 +150,9 @@ class RoundCost:
     """c(n) for one round: rows beyond the round's base rows cost the curve's step less the attention they do
     not do (at most half the step), where the slots' contexts are shorter than the calibration's prefix, times
     what draft rows were measured to cost in service against that, plus a drafted round's fixed cost
-    (CostModel.step_fit). A forward of 4 slots with 150 cells each timed 1.025x / 1.039x / 1.084x of its 4 rows
-    at 5 / 6 / 8 rows, where the curve of one sequence after 256 cells said 1.043x / 1.085x / 1.21x (AVX2,
-    float32, the layers in one C call): the budget refused rows that paid. Only the step is corrected: the base
-    rows' cost is what the forwards in service measured."""
+    (CostModel.step_fit). A forward of 4 slots with short contexts timed its 5th to 8th rows well below what
+    the curve of one sequence after 256 cells said (docs/measured.md): the budget refused rows that paid. Only
+    the step is corrected: the base rows' cost is what the forwards in service measured."""
 
     curve: CostModel
     n_base: int  # rows the forward has anyway
@@ -175,7 +174,7 @@ class RoundCost:
         base = self.curve.c(self.n_base)
         step = self.curve.c(n_rows) - base
         # at most half the step: the attention saved is timed as the difference of two timings, which moved
-        # between 4e-7 and 2.2e-6 s a cell from one calibration to the next on a shared machine
+        # several-fold from one calibration to the next on a shared machine
         return max(0.0, step - min((n_rows - self.n_base) * self.saved, 0.5 * step))
 
     def step_seconds(self, n_rows: int) -> float:
@@ -197,12 +196,12 @@ def smooth_small(sizes: list[int], seconds: list[float], upto: int = 16) -> list
     """The timings of sizes up to `upto` replaced by the least-squares quadratic a + b n + c n^2 through them.
 
     A few rows cost nearly what one does, so the ratios that decide a draft (c(8) / c(4) beside four slots) are
-    differences of a few percent between timings that each move by 10% on a shared machine: four calibrations
-    of 5 passes put c(8) / c(4) at 1.00, 1.06, 1.13 and 1.24, and a budget that believes 1.00 gives every slot
-    rows that slow them all. The fit pools every size's timing into three numbers; on the same host it put
-    c(8) / c(4) at 1.15 to 1.18 in four calibrations of 7 passes, where a forward of 4 slots with 1 draft row
-    each timed 1.09x to 1.12x the plain one. Larger sizes keep their own timing: there the rows cost enough to
-    be measured."""
+    small differences between timings that each move more than that on a shared machine: calibrations of the
+    fastest timings alone scattered c(8) / c(4) from no step at all to a large one, and a budget that believes
+    no step gives every slot rows that slow them all. The fit pools every size's timing into three numbers,
+    which held c(8) / c(4) within a narrow range over repeated calibrations, near what a forward of 4 slots
+    with 1 draft row each timed (docs/measured.md). Larger sizes keep their own timing: there the rows cost
+    enough to be measured."""
     import torch
 
     small = [i for i, n in enumerate(sizes) if n <= upto]

@@ -176,10 +176,10 @@ class DrafterChain:
 
     def _gate_ngrams(self, r: DraftRequest) -> bool:
         """Tree mode under the length policy: whether the slot's n-gram drafters draft this round, weighed as one
-        drafter (engine/draft/gate.py). Each costs a tenth of a millisecond or so, all of them together about a tenth
-        of a one-row forward of the embedded model read from its Q4_1 blocks: on open text, where their nodes
-        are seldom kept, that was a round's cost for nothing. Weighed one by one, two that find the same
-        continuation would each have no gain of its own and both stop."""
+        drafter (engine/draft/gate.py). Each is cheap, but all of them together are a noticeable share of a
+        one-row forward of the embedded model read from its Q4_1 blocks (docs/measured.md): on open text, where
+        their nodes are seldom kept, that was a round's cost for nothing. Weighed one by one, two that find the
+        same continuation would each have no gain of its own and both stop."""
         if r.tree_max == 0 or not self.uses_policy(r.seq) or r.probe:
             return True
         if not any(is_ngram(name) for name in self.types.get(r.seq, [])):

@@ -42,7 +42,7 @@ class DraftHeadParams:
     tree: HeadTreeParams = field(default_factory=HeadTreeParams)  # dynamic trees, in tree mode
     # a forward with at least this many rows of one sequence, extending the head's entries, is a prompt's
     # prefill: the head makes their entries then (process), not in the first draft. With four open slots the
-    # first draft read the prompts in 7 to 22 ms, a round's time that every slot waited for
+    # first draft read the prompts, up to a round's time that every slot waited for
     prefill_rows: int = 16
 
 
@@ -114,9 +114,9 @@ class DraftHeadDrafter(Drafter):
         self.hidden_layers = tuple(head.cfg.layers)
         self.states: dict[int, _SeqState] = {}
         # forwards' features not yet sorted into the sequences' stores: (seq, pos, token of each row, features
-        # [rows, n_feat]). A slot that rests or that the gate skips is not drafted for, and a forward of four
-        # slots spent 0.1 ms noting each row where it belongs; they are sorted when the head next drafts, for
-        # all forwards at once (or every `sort_every` forwards: each holds its hidden states in memory)
+        # [rows, n_feat]). A slot that rests or that the gate skips is not drafted for, and noting each row of a
+        # forward of four slots where it belongs cost every round its share; they are sorted when the head next
+        # drafts, for all forwards at once (or every `sort_every` forwards: each holds its hidden states in memory)
         self.unsorted: list[tuple[list[int], list[int], list[int], torch.Tensor]] = []
         self.sort_every = 64
         self.streams = DraftStreams()  # per-seq temperature, seed and random stream

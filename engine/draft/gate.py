@@ -24,13 +24,13 @@ are not gated.
 A new answer has no rounds of its own yet. Alone, a slot drafts from the start. Beside others, it starts from
 what the drafter gave the answers before it at the same number of slots (the engine's memory, `by_crowd`),
 probing as seldom as their last probes had come to: with four open answers on a CPU, the head's first two
-rounds cost 21 and 11 ms (most of it reading the prompt) for nodes the budget then refused, every time, while
-one answer alone gains from it from its first round. Where nobody has measured that many slots yet (a fresh
+rounds were dear (most of it reading the prompt) for nodes the budget then refused, every time, while one
+answer alone gains from it from its first round. Where nobody has measured that many slots yet (a fresh
 engine), a model drafter starts on the probe rounds, and its first probe's gain stands alone, without the
 prior: four open answers in a fresh engine drafted with the head for their first 5 to 20 rounds while the
-prior kept their estimates near break-even, and those rounds took 1.33x the time plain rounds would have for
-the same tokens. The n-gram drafters (`cheap`) keep the prior and draft from the start: a copying answer gains
-from its first rounds, and an unlucky first round of theirs costs microseconds.
+prior kept their estimates near break-even, and those rounds took clearly longer than plain rounds would have
+for the same tokens (docs/measured.md). The n-gram drafters (`cheap`) keep the prior and draft from the start:
+a copying answer gains from its first rounds, and an unlucky first round of theirs costs microseconds.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class GateParams:
     # shut a drafter out for probe_every rounds
     probe_every: int = 8  # a drafter that does not pay for a slot still drafts for it this often at first
     # each probe that still does not pay doubles the slot's interval, up to this; one that pays resets it. With
-    # four open slots the head's probe rounds cost a third of a round each, every 8th round
+    # four open slots each of the head's probe rounds costs a large share of a round, every 8th round
     probe_max: int = 64
     covered_at: float = 0.5  # the drafters before it guess the next token with this chance: a "covered" round
     # rounds of earlier answers at the same number of slots before their estimate stands in for a new answer's

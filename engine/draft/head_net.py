@@ -219,8 +219,8 @@ class DraftHead(nn.Module):
         """k, v for every row [n, kv_heads, d] and q for q_rows only [len(q_rows), heads, d], RoPE applied:
         catching up on a prompt makes every position's KV entry, but a query only where drafting starts, and q
         is 60% of the three projections. In our kernel each output is its own sum, so k and v carry the bits
-        that `qkv` gives them. Below 12 rows without a query the second call costs more than it saves (4 slots:
-        0.79 against 0.69 ms at 8 rows, 0.89 against 0.90 at 16, 3.6 against 6.0 at 170)."""
+        that `qkv` gives them. Below 12 rows without a query the second call costs more than it saves, and
+        the saving grows with the rows (docs/measured.md)."""
         if "kv" not in self.fused or feat.shape[0] - len(q_rows) < 12:
             q, k, v = self.qkv(feat, tokens, pos)
             return q[q_rows], k, v

@@ -190,8 +190,8 @@ def tree_rows(batch, tree: DraftTree, id_last: int, pos: int, seq: int) -> list[
 def sub_batch(batch, result, rows: list[int]):
     """The rows of a forward that stayed in the cache, as a batch and result of their own, for the drafters that
     mirror the target's forwards (Drafter.process: the draft head reads hidden states by position). The result
-    carries no logits: no drafter reads them there, and copying the kept rows' logits (49152 floats each) took
-    0.3 ms of a round of four copying slots."""
+    carries no logits: no drafter reads them there, and copying the kept rows' logits (a vocabulary's floats
+    each) was a measurable part of a round of four copying slots (docs/measured.md)."""
     from engine.batch import Batch
     from engine.memory.context import DecodeResult
 

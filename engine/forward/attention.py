@@ -15,8 +15,8 @@ prompt prefilled at once leaves the cache a prompt prefilled in parts leaves.
 Two implementations of the same contract, chosen once per context (`RowAttention`):
 - `kernel`: engine/forward/kernels/cell_attention.c, one call per layer for all rows, a fixed order of arithmetic per
   row (float32, CPU; built on first use);
-- `torch`: one SDPA call per row over its cells (a slice when they form one run). Any dtype and device; about
-  1 ms per verified row per forward on the embedded model, which is what the kernel removes.
+- `torch`: one SDPA call per row over its cells (a slice when they form one run). Any dtype and device; every
+  verified row adds a call's fixed cost per layer to the forward, which is what the kernel removes.
 
 The engine passes `cell_rows` (a `CellRows`) as a forward kwarg, which transformers hands to the attention
 function; a forward without it (a plain HF call on the same model) takes the normal SDPA path.
@@ -97,7 +97,8 @@ def batch_layout(cell_pos: torch.Tensor, cell_seq: torch.Tensor, n_live: int, ba
     builds that mask; CellCache.claim does the rest): a chain row sees its sequence's cells at positions up to
     its own (and within `window`); a tree row sees those its forward did not write, and its ancestors' cells and
     its own. cells: the cell of each batch row. Each row is then one slice of its sequence's cells in position
-    order, with no [T, n_live] step: the mask and its reading cost 0.4 ms of a 10 ms forward of four slots."""
+    order, with no [T, n_live] step: the mask and its reading were a measurable share of a forward of four
+    slots (docs/measured.md)."""
     pos_all = cell_pos[:n_live].numpy()
     cells_np = cells.numpy()
     written = np.zeros(n_live, dtype=bool)

@@ -3,27 +3,23 @@ float32 where it has AVX2 and FMA, and float16 weights over float32 inputs where
 head's, engine/draft/head_net.py).
 
 A decoding or verification forward multiplies 1 to 16 rows by each weight matrix: the cost is reading the
-weights, plus whatever each call spends around that. oneDNN's packed linear (engine/forward/prepack.py) spends about
-20 us a call at these sizes, the embedded model makes 211 calls a forward, and at a few rows it reads the
-weights at well under the memory's speed. Both kernels stream each packed weight once per call and keep one
+weights, plus whatever each call spends around that. oneDNN's packed linear (engine/forward/prepack.py) spends a
+fixed time on every call at these sizes, the embedded model makes 211 calls a forward, and at a few rows it reads
+the weights at well under the memory's speed. Both kernels stream each packed weight once per call and keep one
 accumulator per (row, output) that runs over the inputs in a fixed order, so a row gets the same bits alone or
 in a batch.
 
-- bfloat16 (`small_gemm.c`, vdpbf16ps, 16 rows per pass). The embedded model's 210 layer linears (AMD EPYC,
-  2 cores, `scripts/gemm_speed.py`): 1 row 7.1 ms against oneDNN's 13.8, 4 rows 7.3 against 11.5, 8 rows 11.3
-  against 13.3, and the same from 12 rows on, where both are bound by the multiplications.
+- bfloat16 (`small_gemm.c`, vdpbf16ps, 16 rows per pass). On the embedded model's 210 layer linears it is
+  faster than oneDNN at a few rows and as fast from 12 rows on, where both are bound by the multiplications
+  (`scripts/gemm_speed.py`; docs/measured.md).
 - float32 (`small_gemm_f32.c`, vfmadd231ps, up to 12 rows a pass over a block of 8 outputs, two blocks at a
-  time up to 6 rows, weights prefetched 16 KB ahead; 16 outputs and 24 rows with AVX512F). The same 210 linears on an AMD EPYC with AVX2 only,
-  2 cores, weights from memory, fastest and median of 30 timings interleaved with the layout it replaced
-  (3 rows a pass over blocks of 32 outputs): 1 row 22.9 / 27.1 ms against 22.0 / 27.7, 4 rows 25.9 / 28.8
-  against 28.4 / 33.9, 8 rows 27.0 / 31.3 against 30.6 / 34.5, 12 rows 27.9 / 39.4 against 30.2 / 41.5,
-  16 rows 37.1 / 52.2 against 37.6 / 51.7. oneDNN took 1.5x to 1.8x as long at 1 to 8 rows
-  (`scripts/gemm_speed.py --dtype float32`). With AVX512F the blocks hold 16 outputs (zmm) and a pass 24 rows:
-  the broadcast loads that bound the 8-wide passes feed twice the sums. The same 210 linears on an Intel Xeon
-  with AVX512, medians of 11 interleaved timings, 16-wide against 8-wide: 1 row 28.0 against 29.1 ms, 8 rows
-  29.1 against 30.6, 12 rows 28.9 against 35.7, 16 rows 32.7 against 45.7, 24 rows 44.5 against 67.8. The
-  embedded model's whole forward (the engine's calibration) then costs 1.47 single-row forwards at 16 rows
-  instead of 2.05, and 1.87 at 24 instead of 3.0: the tree verifications the round's budget buys.
+  time up to 6 rows, weights prefetched 16 KB ahead; 16 outputs and 24 rows with AVX512F). On AVX2 this layout
+  beat the one it replaced (3 rows a pass over blocks of 32 outputs) at 4 to 12 rows and matched it at 1 and
+  16, and oneDNN was slower than either at 1 to 8 rows (`scripts/gemm_speed.py --dtype float32`). With AVX512F
+  the blocks hold 16 outputs (zmm) and a pass 24 rows: the broadcast loads that bound the 8-wide passes feed
+  twice the sums, so the 16-wide passes gain the more rows they hold, and the embedded model's whole forward at
+  16 and 24 rows costs far fewer single-row forwards: the tree verifications the round's budget buys
+  (docs/measured.md).
 
 `SmallGemm.pack` returns None where no kernel applies (no such CPU feature, no C compiler, another dtype, a
 bias, a width the kernel's blocks do not divide): the caller keeps oneDNN for that weight.

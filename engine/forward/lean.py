@@ -1,8 +1,8 @@
 """A lean forward for the Llama family on the cell cache, reading the HF model's own modules (gpt-fast's idea).
 
 transformers' forward is written for every feature of every model; for one decode step of a small model its
-bookkeeping (mask builders, kwargs plumbing, output records, dtype round trips) costs about a quarter of the
-step. This forward does only what a Llama-shaped decoder needs, with three fused oneDNN calls per layer
+bookkeeping (mask builders, kwargs plumbing, output records, dtype round trips) is a large share of the step.
+This forward does only what a Llama-shaped decoder needs, with three fused oneDNN calls per layer
 (o_proj + residual, gate + silu, up * gate, down + residual: engine/forward/prepack.py), and reads the same weights, so
 there is one copy of them and every other user of the model (generate, training, a recurrent cache) keeps
 transformers' forward.

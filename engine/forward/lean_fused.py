@@ -1,12 +1,12 @@
 """The lean forward's decoder layers in one C call (engine/forward/kernels/lean_layers.c), where everything is float32.
 
 Between its linears the lean forward makes about 40 small torch calls a layer (norms, rotary embedding, cache
-writes, reshapes); at a few rows each costs its dispatch, and on the embedded model they were a fifth of a
-one-row forward. The C loop does the same layers with the same linear and attention kernels. It applies when
-the model is float32, every layer linear is our float32 kernel without a bias (engine/forward/gemm.py; its weights as
-float32 or as a GGUF's Q4_1 / Q8_0 blocks, engine/forward/quant.py), the model has
-no per-head norms (Qwen3 keeps the torch path), and the context attends with the C kernel; anything else runs
-the torch layers of engine/forward/lean.py.
+writes, reshapes); at a few rows each costs its dispatch, and on the embedded model they added up to a large
+share of a one-row forward. The C loop does the same layers with the same linear and attention kernels. It
+applies when the model is float32, every layer linear is our float32 kernel without a bias
+(engine/forward/gemm.py; its weights as float32 or as a GGUF's Q4_1 / Q8_0 blocks, engine/forward/quant.py), the
+model has no per-head norms (Qwen3 keeps the torch path), and the context attends with the C kernel; anything
+else runs the torch layers of engine/forward/lean.py.
 """
 
 from __future__ import annotations

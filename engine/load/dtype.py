@@ -6,10 +6,9 @@ Without them oneDNN emulates bfloat16 and it can be slower than float32. "auto" 
 model of the same config (every layer, weights zero, no values read from disk) in both dtypes, at one row and at a
 verification batch of four, and keeps the faster; an explicit dtype is taken as asked. The whole forward, not the
 linears alone: the lean forward runs float32 layers as one C call each and bfloat16 layers through torch
-(engine/forward/lean.py). On an Intel CPU with AVX512-BF16 a layer's linears alone took 0.89 ms in bfloat16 against 1.07
-in float32, while the embedded model's forwards of 1 / 4 / 8 rows took 29.9 / 35.0 / 44.2 ms in bfloat16 against
-29.1 / 31.3 / 36.8 in float32 (medians of 30, interleaved). Where the config cannot be built (a model of remote
-code) or its float32 weights would take over 2 GiB, one layer's linears are timed instead.
+(engine/forward/lean.py). On an Intel CPU with AVX512-BF16 a layer's linears alone were faster in bfloat16 while
+the embedded model's whole forwards were faster in float32 (docs/measured.md). Where the config cannot be built
+(a model of remote code) or its float32 weights would take over 2 GiB, one layer's linears are timed instead.
 
 A GGUF whose Q4_1 / Q8_0 blocks are its weights exactly (engine/forward/quant.py) is read from its blocks, in one of
 two arithmetics: "float32" widens each weight to the float32 value the loader made of it (the float32 model's
@@ -105,7 +104,7 @@ def time_layer(config, dtype: str, copies: int = 4, reps: int = 7) -> float:
 def time_forward(config, dtype: str, reps: int = 5) -> float:
     """Fastest of `reps` timings, in ms, of the engine's forward (engine/memory/context.py, prepacked as a loaded model
     is) at 1 row plus at 4 rows after a 16-token prompt, on a model of `config` whose weights are all zero: a
-    dense kernel takes as long on any values, and zeros cost a memset where random ones took 3 s to draw."""
+    dense kernel takes as long on any values, and zeros cost a memset where random ones are slow to draw."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights

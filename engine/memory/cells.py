@@ -156,7 +156,7 @@ class CellCache(Cache):
     def claim(self, batch: Batch) -> torch.Tensor:
         """Claim and record a cell for every batch row (in row order, returned); what `prepare` does without the
         mask, for a forward that reads which cells a row sees from the batch (attention.batch_layout). numpy on
-        views of the cell arrays: a torch indexing step costs about 10 us, several times numpy's."""
+        views of the cell arrays: a torch indexing step costs several times numpy's."""
         n = len(batch)
         if min(batch.seq) < 0 or max(batch.seq) >= self.n_seq_max:
             raise ValueError(f"sequence id out of range [0, {self.n_seq_max})")
@@ -184,7 +184,7 @@ class CellCache(Cache):
         """One cell per (seq, pos): a position of a sequence must not be written twice, neither over a cell it
         holds (cells past n_live are free) nor twice in the batch, except a tree's siblings, which share one.
         Only cells at or past the batch's first position can hold one of its rows: a batch that appends looks
-        at the other sequences' last few cells, not at every live cell (0.1 ms of a forward of four slots)."""
+        at the other sequences' last few cells, not at every live cell, which grows with the context."""
         cell_pos = self.cell_pos[: self.n_live].numpy()
         hits = np.flatnonzero(cell_pos >= min(batch.pos))
         held: set[tuple[int, int]] = set()

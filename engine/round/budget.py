@@ -91,12 +91,13 @@ class BudgetState:
     probe_every: int = 4  # rounds a slot may go without a single node before it gets a probe
     # a slot beside others whose nodes were all refused this many rounds in a row rests: it drafts only every
     # probe_every rounds, and what it drafts then is a probe. On open text the budget refuses nearly every
-    # draft, and the drafting (about 0.1 ms per drafter and slot) is then all a round costs beyond plain
-    # decoding, paid by every slot of the forward. All slots probe on the same rounds: the others are plain
+    # draft, and then the drafting, small per drafter and slot but paid every round by every slot of the
+    # forward, is all a round costs beyond plain decoding. All slots probe on the same rounds: the others are plain
     rest_after: int = 2
     # each probe a resting slot makes that still wins no row on its merit doubles its interval, up to this; a
-    # node kept on its merit ends the rest. Four open slots probing every 4th round spent about 2% of every
-    # round on drafts nobody verified (the head's draft alone, 8 ms of a 65 ms round each time)
+    # node kept on its merit ends the rest. Four open slots probing every 4th round still spent a measurable
+    # share of every round on drafts nobody verified, the head's draft alone a sizeable slice of the round
+    # each time (docs/measured.md)
     probe_max: int = 32
     n_rounds: int = 0  # rounds run: probe rounds are those with n_rounds % (the slot's interval) == 0
     interval: dict[int, int] = field(default_factory=dict)  # seq -> rounds between its probes (probe_every if none)

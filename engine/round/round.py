@@ -208,7 +208,7 @@ class Round:
         for slot in rb.in_batch:
             rows, r = rb.rows[slot.seq], plan.requests.get(slot.seq)
             at = [out_index[i] for i in rows]
-            # a slot's rows are consecutive: a view, where a copy of a tree's logits took 0.1 ms a slot
+            # a slot's rows are consecutive: a view, where a copy of a tree's logits costs time every round
             contiguous = at == list(range(at[0], at[0] + len(at)))
             logits = res.logits[at[0]:at[0] + len(at)] if contiguous else res.logits[at]
             try:

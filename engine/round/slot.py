@@ -35,8 +35,9 @@ class Slot:
     state: str = "prefill"  # "prefill" | "generating" | "done"
     round: int = 0  # rounds run (prefill is round 0)
     text: str = ""  # detokenised text given out so far
-    # the text is decoded over a window of the last generated tokens, not all of them each round (a decode of
-    # 1000 tokens took 250 us, of 16 about 8): the window's first token, and the window's text already given out
+    # the text is decoded over a window of the last generated tokens, not all of them each round (decoding the
+    # whole answer each round grows with its length; a short window does not): the window's first token, and
+    # the window's text already given out
     dec_from: int = 0
     dec_done: str = ""
     stop_reason: str | None = None

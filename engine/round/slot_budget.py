@@ -34,8 +34,8 @@ class SlotBudget:
         round (it rests, replays, or has no room), whose balance cannot pay for one row and which no drafting
         slot will leave before (one that may pay it for its rows), the fair budget keeps no node of anyone's
         tree and no probe (engine/round/fair_share.py, `fair_take`, `others_afford`), so their drafting would only
-        delay the round. Four answers of which two copy and two write freely spent 0.7 ms a round drafting for
-        nodes refused this way."""
+        delay the round. Four answers of which two copy and two write freely spent a measurable part of every
+        round drafting for nodes refused this way (docs/measured.md)."""
         state, policy = self.state, self.chain.policy
         if len(slots) < 2 or policy is None or not state.fair:
             return set(), ""
@@ -69,8 +69,8 @@ class SlotBudget:
                 self.state.rest(r.seq)  # a probe round that found nothing: the slot rests on
             elif r.tree is None and r.tree_max > 0 and len(slots) > 1 and self.chain.uses_policy(r.seq):
                 # drafted for nothing: beside other slots it counts as a refused round, so a slot whose drafters
-                # find nothing rests too, instead of drafting every round (four open answers spent 1.3 ms a
-                # round on n-gram lookups that found nothing, for a whole answer)
+                # find nothing rests too, instead of drafting every round (four open answers otherwise paid
+                # for n-gram lookups that found nothing in every round of a whole answer)
                 self.state.refused[r.seq] = self.state.refused.get(r.seq, 0) + 1
         trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
         if self.chain.policy is None or not trees:
@@ -102,11 +102,11 @@ class SlotBudget:
         charge, not a kinder one); with `ghosts` more slots in that plain round where slots beside this one left
         ahead of plain decoding (`leave`).
 
-        Charged by the curve, whose calibration moves by 10% between runs on a shared machine, four open slots
-        once verified trees whose rounds took 1.37x where the curve said 1.05x, and the balances never showed
-        it, nor drafting time spent on nodes the budget then refused. Charged forward and drafting only, the
-        slots beside a copying one stood above plain decoding by their balances and ran at 0.87x to 0.99x of it
-        by the clock: a tree round's walk and bookkeeping took 1.5 ms against a plain round's 0.8."""
+        Charged by the curve, whose calibration moves between runs on a shared machine, four open slots once
+        verified trees whose rounds took far longer than the curve said, and the balances never showed it, nor
+        drafting time spent on nodes the budget then refused. Charged forward and drafting only, the slots
+        beside a copying one stood above plain decoding by their balances and ran below it by the clock: a tree
+        round's walk and bookkeeping cost well more than a plain round's (docs/measured.md)."""
         n_base = budget.n_base if budget is not None else base_rows(in_batch)
         cost = self.chain.policy.cost
         after = cost.after_plain_seconds() or 0.0

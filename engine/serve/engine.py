@@ -109,7 +109,7 @@ class Engine:
         return time_forwards(self.ctx, self.limits, self.probe, passes)
 
     def grammar_tokenizer(self):
-        """The target's tokenizer for grammar matchers (about 0.5 s to build, so once per engine). Its end of
+        """The target's tokenizer for grammar matchers (slow to build, so once per engine). Its end of
         sequence is the engine's: a complete grammar allows exactly the tokens that end the answer."""
         if self._grammar_tokenizer is None:
             from llguidance.hf import from_tokenizer
