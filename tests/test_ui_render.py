@@ -379,7 +379,10 @@ class FakeScheduler:
             raise QueueFull("all 1 slots are busy and 64 requests are waiting (the queue holds 64)")
         params.validate()
         self.submitted.append(params)
-        self.held = list(self.scripts.pop(0))
+        # the comparison's unseen speculative run, when no script is left for it, replays the answer's
+        replay = [ev for ev in getattr(self, "first", []) if not isinstance(ev, WaitEvent)]
+        self.held = list(self.scripts.pop(0) if self.scripts else replay)
+        self.first = getattr(self, "first", self.held)
         self.gen = SimpleNamespace(id=len(self.submitted), events=queue.Queue(), manual=manual,
                                    stats={"ngram-simple": DrafterStats("ngram-simple")})
         if not manual:
@@ -750,9 +753,9 @@ def test_one_session_has_one_turn_at_a_time_even_between_its_two_runs():
         with pytest.raises(UserError, match="still generating"):
             next(converse(app, session, "again", Settings(), manual=False))
     assert steps > 2 and not session.busy
-    assert len(app.runtime.scheduler.submitted) == 2  # the answer and its comparison, nothing else
+    assert len(app.runtime.scheduler.submitted) == 3  # the answer and its comparison's two runs, nothing else
     list(converse(app, session, "again", Settings(max_new_tokens=8), manual=False))
-    assert len(app.runtime.scheduler.submitted) == 4
+    assert len(app.runtime.scheduler.submitted) == 6
 
 
 def test_a_run_cut_by_the_full_cache_is_judged_on_the_tokens_both_runs_have():
@@ -785,3 +788,26 @@ def test_a_conversation_longer_than_the_context_drops_its_oldest_turns_and_says_
     long_chat = SessionState(history=list(session.history))
     list(converse(app, long_chat, "hi", Settings(max_new_tokens=9), manual=False))
     assert "2 oldest turns are left out" in long_chat.notice[0] and long_chat.notice[1] == "warn"
+
+
+def timed_answer(seconds: float) -> list:
+    """answer()'s events stamped by the engine `seconds` apart: its decode speed is 3 tokens / seconds."""
+    events = answer()
+    for i, ev in enumerate(events):
+        ev.t_end = 100.0 + i * seconds
+    return events
+
+
+def test_the_speedup_is_timed_on_runs_the_page_does_not_draw():
+    """The streamed answer was slow (the page took the cores); the ratio comes from the plain run and an unseen
+    speculative run, both timed while the page shows progress only, and the page says how it was taken."""
+    from ui.session import converse
+    from ui.state import SessionState
+
+    app, session = fake_app([timed_answer(2.0), timed_answer(0.5), timed_answer(0.25)]), SessionState()
+    list(converse(app, session, "hi", Settings(max_new_tokens=8), manual=False))
+    types = [bool(p.spec.types) for p in app.runtime.scheduler.submitted]
+    assert types == [True, False, True]  # the answer, plain decoding, the answer again unseen
+    assert "2.00&times;" in session.compare_html  # 12 tok/s unseen against 6 plain, not 1.5 streamed
+    assert "both runs timed with the page idle" in session.compare_html and "1.5 tok/s" in session.compare_html
+    assert "lossless-ok" in session.compare_html

@@ -166,10 +166,11 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def compare_html(spec_ids: list[int], plain_ids: list[int], tps_spec: float | None, tps_plain: float | None,
-                 vocab: Vocab, sampled: bool = False, load: str = "", cut: str = "") -> str:
+                 vocab: Vocab, sampled: bool = False, load: str = "", cut: str = "", note: str = "") -> str:
     """Speedup of speculative over plain decoding and the lossless badge (same seed, same prompt). `load` says
     why the ratio was taken under load; the figure is then shown greyed, with that reason beside it. `cut`
-    names the run that the full shared cache ended early: the badge then judges the tokens both runs have."""
+    names the run that the full shared cache ended early: the badge then judges the tokens both runs have.
+    `note` says how the two speeds were taken."""
     if tps_spec and tps_plain:
         ratio = tps_spec / tps_plain
         cls = "speedup-load" if load else "speedup-up" if ratio >= 1.0 else "speedup-down"
@@ -195,7 +196,8 @@ def compare_html(spec_ids: list[int], plain_ids: list[int], tps_spec: float | No
         badge = (f'<span class="badge lossless-diff">differs at token {diff}: speculative {a}, plain {b}</span>'
                  f'<span class="cmp-detail">{why}</span>')
     under_load = f'<div class="cmp-load">{html.escape(load)}</div>' if load else ""
-    return f'<div class="compare">{speed} {badge}{under_load}</div>'
+    how = f'<div class="cmp-how">{html.escape(note)}</div>' if note else ""
+    return f'<div class="compare">{speed} {badge}{under_load}{how}</div>'
 
 
 def notice_html(text: str, level: str = "info") -> str:

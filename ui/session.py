@@ -128,7 +128,7 @@ def wait_text(position: int, manual: bool, comparing: bool = False) -> str:
     if position == 0:
         return ("Step mode was idle while others waited, so this answer gave its slot to them; the next Step "
                 "takes a slot again and goes on where it stopped.")
-    then = ("the plain run for the speedup comparison starts" if comparing else
+    then = ("the runs of the speedup comparison start" if comparing else
             "the next round runs" if manual else "the answer starts")
     return f"Waiting for a slot: {ordinal(position)} in line. Other sessions are generating; {then} when one frees."
 
@@ -143,7 +143,7 @@ def take(session: SessionState, active: Active, events: list) -> None:
     now = time.perf_counter()
     for ev in events:
         if isinstance(ev, WaitEvent):
-            session.notice = (wait_text(ev.position, active.manual, active.run is session.plain), "info")
+            session.notice = (wait_text(ev.position, active.manual, active.run is not session.run), "info")
             continue
         if isinstance(ev, ErrorEvent):  # the engine ended this generation and already released its slot
             active.run.fail(ev.message)
@@ -222,33 +222,50 @@ def check_format(session: SessionState) -> None:
 
 
 def compare(app: AppState, session: SessionState, settings: Settings) -> Iterator[None]:
-    """Plain decoding of the same prompt with the same seed: speedup and the lossless check."""
+    """Plain decoding of the same prompt with the same seed, then the speculative run once more: the speedup
+    and the lossless check. The answer streamed to a page that drew every round, and the browser took the same
+    cores; the two runs of the ratio both run with the page showing a progress line only, so the ratio is the
+    prompt's, not the page's."""
+    run = session.run
+    plain = yield from measure(app, session, settings, speculative=False, what="plain decoding")
+    if plain is None or plain.stop_reason == "stopped" or plain.error is not None:
+        session.compare_html = '<div class="compare muted">comparison stopped</div>' if plain is not None else ""
+        yield
+        return
+    quiet = yield from measure(app, session, settings, speculative=True, what="the speculative run, unseen")
+    timed = quiet if quiet is not None and quiet.done and quiet.error is None and quiet.ids == run.ids else None
+    sampled = settings.temp > 0 and run.used_rejection()
+    cut = " and ".join(name for name, r in (("speculative", run), ("plain", plain)) if r.stop_reason == "context")
+    note = (f"both runs timed with the page idle; while it streamed to the page the speculative run made "
+            f"{run.tps:.1f} tok/s" if timed is not None and run.tps else
+            "the speculative run timed as it streamed to the page (its unseen run did not finish alike)")
+    session.compare_html = compare_html(run.ids, plain.ids, (timed or run).tps, plain.tps, run.vocab,
+                                        sampled=sampled, load=load_note(timed or run, plain), cut=cut, note=note)
+    yield
+
+
+def measure(app: AppState, session: SessionState, settings: Settings, speculative: bool,
+            what: str) -> Iterator[None]:
+    """One run of the comparison, the page showing its progress only; returns its record (None: not started)."""
     run = session.run
     try:
-        active = submit(app, session, "", settings, speculative=False, prompt_ids=run.prompt_ids)
+        active = submit(app, session, "", settings, speculative=speculative, prompt_ids=run.prompt_ids)
     except UserError as e:
         session.compare_html = ""
         session.notice = (f"Comparison skipped: {e}", "warn")
-        return
-    session.active, session.plain = active, active.run
-    session.compare_html = '<div class="compare muted">running plain decoding for the comparison…</div>'
+        return None
+    session.active = active
+    if not speculative:
+        session.plain = active.run
+    session.compare_html = f'<div class="compare muted">timing {what} for the comparison…</div>'
     due = 0.0
     for _ in follow(session, active):
         if time.perf_counter() >= due or active.finished:
             due = time.perf_counter() + COMPARE_REFRESH_S
-            n = len(active.run.ids)
-            session.compare_html = (f'<div class="compare muted">running plain decoding for the comparison… '
-                                    f'{n}/{len(run.ids)} tokens</div>')
+            session.compare_html = (f'<div class="compare muted">timing {what} for the comparison… '
+                                    f'{len(active.run.ids)}/{len(run.ids)} tokens</div>')
             yield
-    plain = active.run
-    if plain.stop_reason != "stopped" and plain.error is None:
-        sampled = settings.temp > 0 and run.used_rejection()
-        cut = " and ".join(name for name, r in (("speculative", run), ("plain", plain)) if r.stop_reason == "context")
-        session.compare_html = compare_html(run.ids, plain.ids, run.tps, plain.tps, run.vocab, sampled=sampled,
-                                            load=load_note(run, plain), cut=cut)
-    else:
-        session.compare_html = '<div class="compare muted">comparison stopped</div>'
-    yield
+    return active.run
 
 
 def load_note(spec: RunRecord, plain: RunRecord) -> str:
