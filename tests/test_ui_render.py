@@ -811,3 +811,24 @@ def test_the_speedup_is_timed_on_runs_the_page_does_not_draw():
     assert "2.00&times;" in session.compare_html  # 12 tok/s unseen against 6 plain, not 1.5 streamed
     assert "both runs timed with the page idle" in session.compare_html and "1.5 tok/s" in session.compare_html
     assert "lossless-ok" in session.compare_html
+
+
+def test_each_drafter_shows_what_it_cost_and_gained_and_why_it_sat_out():
+    """From the llama.cpp counters and the answer's events: drafting ms per round, the rounds it won and their
+    tokens per forward, the rounds drafted without it and the gate's latest reason."""
+    from ui.drafter_costs import drafter_costs, drafter_costs_html
+
+    head, ngram = DrafterStats("draft-head"), DrafterStats("ngram-simple")
+    head.n_call_draft, head.t_draft_us = 4, 10_000.0
+    ngram.n_call_draft, ngram.t_draft_us = 10, 1_000.0
+    why = "draft-head: 0.10 tokens only it found when the others guess little x 9.0 ms a token vs 2.5 ms drafting"
+    events = [spec_event(drafter="ngram-simple", emitted=[5, 6, 11]), spec_event(drafter="ngram-simple", emitted=[7]),
+              spec_event(drafter="draft-head", emitted=[5, 6]),
+              spec_event(drafter=None, kind="plain", emitted=[9], budget_why=f"not drafted: {why}")]
+    rows = {r.name: r for r in drafter_costs({"ngram-simple": ngram, "draft-head": head}, events)}
+    assert rows["ngram-simple"].rounds_won == 2 and rows["ngram-simple"].tokens_per_forward == 2.0
+    assert rows["ngram-simple"].ms_per_round == pytest.approx(0.1) and rows["ngram-simple"].rounds_out == 0
+    assert rows["draft-head"].ms_per_round == pytest.approx(2.5) and rows["draft-head"].tokens_per_forward == 2.0
+    assert rows["draft-head"].rounds_out == 1 and rows["draft-head"].why_out == why
+    page = drafter_costs_html({"ngram-simple": ngram, "draft-head": head}, events)
+    assert "9.0 ms a token" in page and page.count("<tr>") == 3

@@ -10,6 +10,7 @@ import html
 import time
 
 from ui import charts
+from ui.drafter_costs import drafter_costs_html
 from ui.kvview import kv_html
 from ui.render import notice_html, transcript_html, user_bubble
 from ui.session import counters
@@ -66,13 +67,15 @@ def chart_views(session: SessionState) -> dict[str, object]:
         "kpis": charts.kpi_html(stats, run.n_decode, run.n_rounds),
         "acc_plot": charts.plotly_figure(charts.acceptance_figure(stats)),
         "speed_plot": charts.plotly_figure(charts.speed_figure(run.rounds, run.emitted, run.elapsed, plain_tps)),
-        "counters": counters_view(counters(session)),
+        "counters": counters_view(counters(session), run.events),
     }
 
 
-def counters_view(seq_stats: dict) -> str:
-    """llama.cpp's statistics lines for this session's sequence, live while it generates."""
-    return f'<pre class="counters">{html.escape(charts.counters_text(seq_stats))}</pre>'
+def counters_view(seq_stats: dict, events: list | None = None) -> str:
+    """What each drafter cost and gained in this answer, then llama.cpp's statistics lines for its sequence,
+    live while it generates."""
+    costs = drafter_costs_html(seq_stats, events or [])
+    return f'{costs}<pre class="counters">{html.escape(charts.counters_text(seq_stats))}</pre>'
 
 
 def waiting_views(session: SessionState) -> dict[str, object]:
