@@ -372,10 +372,11 @@ def with_follow_up(api: Api, kind: str, prompt: str, timeout: float, start: thre
 
 
 def run_stop(api: Api, prompt: str, max_new: int, timeout: float,
-             start: threading.Barrier | None = None) -> list[Outcome]:
+             start: threading.Barrier | None = None, **settings) -> list[Outcome]:
     """Stop pressed once the answer streams; then the same session asks again and must be served."""
     def turn(client, o: Outcome, t0: float) -> bool:
-        job = client.submit(*send_args(api, prompt, temp=0.0, max_new_tokens=max_new), api_name="/send")
+        job = client.submit(*send_args(api, prompt, **{"temp": 0.0, "max_new_tokens": max_new, **settings}),
+                            api_name="/send")
         watch(job, o, t0, t0 + timeout, until_tokens=True)
         if not o.hung:
             client.submit(api_name="/stop").result(timeout=STOP_S)
