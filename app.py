@@ -10,7 +10,6 @@ import argparse
 import ipaddress
 import os
 import sys
-import threading
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,9 +41,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="forwards on this many threads; default: all cores, fewer while another busy process "
                         "holds some of them (the status line says how many)")
-    p.add_argument("--web-nice", type=int, default=5,
-                   help="how much nicer (lower priority) the web server's threads run than the engine's, so a burst "
-                        "of requests does not take the cores from the answers streaming (Linux; 0: same priority)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow --target and --draft models whose code lives in their repository (off by "
                         "default); a model loaded from the page never runs such code")
@@ -56,10 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(--host not loopback, or --share); on loopback alone it is always allowed; off by default "
                         "so one visitor cannot swap the model under a class")
     args = p.parse_args(argv)
-    if args.parallel < 1 or args.n_rs < 0 or args.n_ctx < 1 or args.queue < 0 or (args.threads or 1) < 1 \
-            or args.web_nice < 0:
+    if args.parallel < 1 or args.n_rs < 0 or args.n_ctx < 1 or args.queue < 0 or (args.threads or 1) < 1:
         # the engine checks the slots fit the cache
-        p.error("--parallel, --n-ctx and --threads must be >= 1, --n-rs, --queue and --web-nice >= 0")
+        p.error("--parallel, --n-ctx and --threads must be >= 1, --n-rs and --queue >= 0")
     args.share = args.share or share_from_environment()
     return args
 
@@ -103,20 +98,6 @@ def load_state(args: argparse.Namespace):
     return AppState(runtime=make_runtime(target, draft, options), options=options, loader=page_loader)
 
 
-def lower_web_priority(nice: int) -> None:
-    """Make this thread, and so every thread it starts from now on (Linux threads inherit their creator's
-    nice value), `nice` steps nicer: the web server and its workers. The engine's thread, started with the
-    runtime before this, keeps its priority with the forwards' OpenMP threads it starts, and so does an engine a
-    page load builds, since it is built on the engine's thread. Raising a nice value needs no privilege."""
-    if nice <= 0 or not sys.platform.startswith("linux"):
-        return
-    tid = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-    except OSError as e:  # a sandbox that forbids it: serve at one priority
-        print(f"app.py: the web threads keep the engine's priority ({e})", file=sys.stderr)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from engine import ModelLoadError
@@ -128,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from ui.app import build, launch_options
 
-    lower_web_priority(args.web_nice)
     print(f"ready: {state.runtime.describe()}", flush=True)
     demo = build(state)
     demo.queue(default_concurrency_limit=None)

@@ -1,13 +1,6 @@
 """The thread governor: fewer threads while another process holds cores, all of them again once it leaves, and
 no change where fewer threads would not help; a fixed count never moves. Timings are given, so the decisions are
-tested on any machine. The web server's threads run nicer than the engine's."""
-
-import os
-import sys
-import threading
-import time
-
-import pytest
+tested on any machine."""
 
 from engine.serve.threads import ThreadGovernor
 
@@ -47,39 +40,3 @@ def test_a_fixed_count_and_a_single_core_never_change():
     one = ThreadGovernor(n_max=1)
     assert drive(one, {1: 5.0}, 100, 0.0)[0] == [1] * 100
     assert fixed.describe() == "2 threads (fixed)"
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
-def test_the_web_threads_yield_the_cores_to_the_engine_thread():
-    """app.lower_web_priority renices the calling thread and so every thread it starts afterwards (the web
-    server's workers); a thread started before it (the engine's) and the rest of the process keep theirs."""
-    import app
-
-    def nice() -> int:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    seen: dict[str, int] = {}
-    engine_ready, web_done = threading.Event(), threading.Event()
-
-    def engine_thread():
-        engine_ready.set()
-        web_done.wait(10)
-        seen["engine"] = nice()
-
-    def web_main():
-        threading.Thread(target=engine_thread).start()
-        engine_ready.wait(10)
-        app.lower_web_priority(3)
-        seen["web"] = nice()
-        worker = threading.Thread(target=lambda: seen.setdefault("worker", nice()))
-        worker.start()
-        worker.join()
-        web_done.set()
-
-    base = nice()
-    t = threading.Thread(target=web_main)
-    t.start()
-    t.join(20)
-    time.sleep(0.1)
-    assert seen == {"web": min(19, base + 3), "worker": min(19, base + 3), "engine": base}
-    assert nice() == base  # the test's own thread
