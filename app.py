@@ -1,7 +1,8 @@
 """Speculative-decoding playground: python app.py [--target MODEL] [--draft MODEL] [--port N] ...
 
-Loads the models, starts the engine and its scheduler, and serves the Gradio UI. Heavy imports (torch,
-transformers, gradio) happen inside main(), so `import app` and `--help` stay fast.
+Loads the models, starts the engine and its scheduler, and serves the Gradio UI, with an OpenAI-compatible API
+and /metrics on the same port unless --no-api (ui/api.py). Heavy imports (torch, transformers, gradio) happen
+inside main(), so `import app` and `--help` stay fast.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="let visitors load other models from the page when the app is reachable from another host "
                         "(--host not loopback, or --share); on loopback alone it is always allowed; off by default "
                         "so one visitor cannot swap the model under a class")
+    p.add_argument("--no-api", action="store_true",
+                   help="serve the page only: no OpenAI-compatible /v1/chat/completions and no /metrics (both are "
+                        "on by default, on the page's host and port, through the same slots and line)")
     args = p.parse_args(argv)
     if args.parallel < 1 or args.n_rs < 0 or args.n_ctx < 1 or args.queue < 0 or (args.threads or 1) < 1:
         # the engine checks the slots fit the cache
@@ -78,7 +82,7 @@ def model_load_allowed(args: argparse.Namespace) -> bool:
 
 def load_state(args: argparse.Namespace):
     """Models, engine, scheduler -> the app state. Raises ModelLoadError / ValueError with a one-line reason."""
-    from engine import load_model
+    from engine import SpecCounters, load_model
     from ui.loader import make_runtime
     from ui.state import AppOptions, AppState
 
@@ -95,7 +99,9 @@ def load_state(args: argparse.Namespace):
 
     target = start_loader(args.target)
     draft = start_loader(args.draft) if args.draft and args.draft.lower() != "none" else None
-    return AppState(runtime=make_runtime(target, draft, options), options=options, loader=page_loader)
+    counters = SpecCounters()  # the app's, not the runtime's: a model load keeps counting on from here
+    return AppState(runtime=make_runtime(target, draft, options, counters.observe), options=options,
+                    loader=page_loader, counters=counters)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,8 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ready: {state.runtime.describe()}", flush=True)
     demo = build(state)
     demo.queue(default_concurrency_limit=None)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share,
-                **launch_options(state.options))
+    options = launch_options(state.options)
+    if not args.no_api:
+        from ui.api import api_routes
+
+        # the routes join the FastAPI app Gradio builds (FastAPI(routes=...), ahead of Gradio's own), so the
+        # API shares the page's host, port and --share link
+        options["app_kwargs"] = {"routes": api_routes(state)}
+        print(f"API: /v1/chat/completions and /metrics on port {args.port}", flush=True)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, **options)
     return 0
 
 

@@ -23,6 +23,7 @@ _FACE = {  # public name -> (module, its name there)
     "Engine": ("engine.serve.engine", "Engine"),
     "Scheduler": ("engine.serve.scheduler", "Scheduler"),
     "QueueFull": ("engine.serve.requests", "QueueFull"),
+    "SpecCounters": ("engine.serve.metrics", "SpecCounters"),
     # models
     "load_model": ("engine.load.models", "load_model"),
     "ModelLoadError": ("engine.load.models", "ModelLoadError"),

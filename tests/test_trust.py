@@ -83,7 +83,7 @@ def test_a_page_load_never_runs_remote_code(monkeypatch):
         return object()
 
     monkeypatch.setattr("engine.load.models.load_model", fake_load)
-    monkeypatch.setattr("ui.loader.make_runtime", lambda target, draft, options: None)
+    monkeypatch.setattr("ui.loader.make_runtime", lambda target, draft, options, on_event=None: None)
     state = app.load_state(_args(["--trust-remote-code", "--target", "mine"]))
     state.loader("a-visitors-model")
     assert seen == [("mine", True), ("a-visitors-model", False)]

@@ -550,7 +550,7 @@ def test_failed_loads_keep_the_models_that_were_loaded(monkeypatch):
             raise ModelLoadError("cannot load model 'missing/model': not in the local cache")
         return FakeTarget(name=name)
 
-    def no_vocab_match(target, draft, options):
+    def no_vocab_match(target, draft, options, on_event=None):
         raise VocabMismatchError("vocab types differ: target BPE, draft WordLevel")
 
     app.loader = loader
@@ -580,7 +580,7 @@ def test_loading_another_target_takes_the_head_out_of_the_chain_and_back(monkeyp
     from ui.handlers import load
     from ui.state import Runtime
 
-    def runtime_for(target, draft, options):
+    def runtime_for(target, draft, options, on_event=None):
         sched = FakeScheduler([])
         return Runtime(target=target, draft=None, engine=sched.engine, scheduler=sched,
                        vocab=Vocab.of(FakeTokenizer()))
@@ -679,7 +679,7 @@ def test_a_shared_demo_refuses_model_loads_from_the_page(monkeypatch):
     app = fake_app([])
     built_on = []
 
-    def runtime_for(target, draft, options):
+    def runtime_for(target, draft, options, on_event=None):
         built_on.append(target.name)
         return fake_app([]).runtime
 

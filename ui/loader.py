@@ -14,15 +14,16 @@ from ui.tokens import Vocab
 NO_DRAFT = ("", "none")
 
 
-def make_runtime(target, draft, options: AppOptions) -> Runtime:
-    """Engine + Scheduler for these models. Raises VocabMismatchError (a ValueError) for an unusable draft."""
+def make_runtime(target, draft, options: AppOptions, on_event=None) -> Runtime:
+    """Engine + Scheduler for these models; on_event hears every round (AppState.counters.observe). Raises
+    VocabMismatchError (a ValueError) for an unusable draft."""
     from engine import Scheduler
     from engine import Engine
 
     engine = Engine(target, draft, n_ctx=options.n_ctx, n_seq_max=options.parallel, n_rs=options.n_rs,
                     fair=options.budget == "fair", threads=options.threads)
-    return Runtime(target=target, draft=draft, engine=engine, scheduler=Scheduler(engine, options.queue_max),
-                   vocab=Vocab.of(target.tokenizer))
+    scheduler = Scheduler(engine, options.queue_max, on_event=on_event)
+    return Runtime(target=target, draft=draft, engine=engine, scheduler=scheduler, vocab=Vocab.of(target.tokenizer))
 
 
 def clean_name(name: str | None) -> str | None:
@@ -60,9 +61,10 @@ def load_models(app: AppState, target_name: str | None, draft_name: str | None) 
             target = _get(app, target_name, loaded)
             draft = _get(app, draft_name, loaded + [target]) if draft_name else None
             if old is None:
-                runtime = make_runtime(target, draft, app.options)
+                runtime = make_runtime(target, draft, app.options, app.counters.observe)
             else:
-                runtime = old.scheduler.call(lambda _engine: make_runtime(target, draft, app.options))
+                runtime = old.scheduler.call(
+                    lambda _engine: make_runtime(target, draft, app.options, app.counters.observe))
         except VocabMismatchError as e:
             raise UserError(f"The draft model cannot draft for this target: {e}", "error") from e
         except ModelLoadError as e:

@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine import SpecCounters
 from ui.run import RunRecord
 from ui.tokens import Vocab
 
@@ -68,6 +69,8 @@ class AppState:
     turn_lock: threading.Lock = field(default_factory=threading.Lock)  # a session's busy check and its claim
     # session hash -> (SessionState, time.monotonic() it opened), to free slots of closed tabs (AppState.opened)
     sessions: dict = field(default_factory=dict)
+    # every generation's rounds counted, page and API alike; kept across model loads so /metrics only grows
+    counters: SpecCounters = field(default_factory=SpecCounters)
 
     def opened(self, session_hash: str, session: "SessionState", now: float) -> None:
         """Remember an opened page, and forget those idle past SESSION_TTL_S: an API client that vanished sends

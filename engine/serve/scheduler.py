@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
-from engine.events import ErrorEvent, WaitEvent
+from engine.events import ErrorEvent, RoundEvent, WaitEvent
 from engine.params import GenParams
 from engine.round.slot import Slot
 from engine.serve.engine import Engine
@@ -45,8 +45,11 @@ STEP_ABANDON_S = 900.0
 
 class Scheduler:
     def __init__(self, engine: Engine, queue_max: int = QUEUE_MAX, step_idle_s: float = STEP_IDLE_S,
-                 abandon_s: float = STEP_ABANDON_S):
+                 abandon_s: float = STEP_ABANDON_S, on_event: Callable[[RoundEvent, bool], None] | None = None):
         self.engine = engine  # read by callers only for what never changes (its context sizes, its probe)
+        # hears every round of every generation (ev, step mode?) on the engine thread, before its caller does:
+        # counters that must see the page's answers and the API's alike (engine/serve/metrics.py)
+        self.on_event = on_event
         self.queue_max = queue_max
         self.step_idle_s = step_idle_s
         self.abandon_s = abandon_s
@@ -316,5 +319,12 @@ class Scheduler:
                 gen.stats = copy.deepcopy(stats)
             if ev.done:  # the slot is free before its last event is read
                 del self.running[ev.seq]
+            if self.on_event is not None and isinstance(ev, RoundEvent):
+                self.on_event(ev, gen.manual)
             gen.events.put(ev)
         return events
+
+    def load(self) -> tuple[int, int]:
+        """(slots generating, requests waiting for one), read from any thread: the lengths of containers the
+        engine thread changes, each read at once, so a figure for a gauge rather than a consistent pair."""
+        return len(self.running), len(self.waiting)

@@ -1,0 +1,214 @@
+"""An OpenAI-compatible chat endpoint and /metrics, served beside the page, through the same scheduler and slots.
+
+POST /v1/chat/completions takes OpenAI's and llama-server's request shapes (ui/api_request.py) and answers with
+OpenAI's response, streamed as server-sent events or whole, plus llama-server's `timings` (ui/api_answer.py).
+A request is submitted exactly as a page message is: to the loaded runtime's scheduler (after a model load, the
+new one), so API answers wait in the page's line and share its batched rounds. GET /metrics is the engine's
+counters in Prometheus' format (ui/metrics.py), GET /v1/models names the loaded target.
+
+`api_routes(app)` gives the routes; app.py hands them to Blocks.launch(app_kwargs={"routes": ...}), so they join
+the FastAPI app Gradio builds and are served on its host and port, ahead of Gradio's own routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import time
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engine import ErrorEvent, QueueFull, WaitEvent
+from ui.api_answer import StopCut, Tally
+from ui.api_request import ApiError, ChatRequest, parse_chat
+from ui.metrics import exposition, registry_for
+from ui.settings import default_types
+from ui.state import AppState, Runtime
+
+POLL_S = 0.01  # how long a reader sleeps when its generation has no new event (the loop's other tasks run)
+DISCONNECT_CHECK_S = 0.25  # how often a whole (non-streamed) answer asks whether its client is still there
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies pass each event on at once
+
+
+@dataclass
+class Call:
+    """One request in flight: its generation on the runtime that took it, and what it has given out."""
+
+    runtime: Runtime
+    gen: object  # the scheduler's Generation: id and events
+    chat: ChatRequest
+    tally: Tally
+    cut: StopCut
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
+    created: int = field(default_factory=lambda: int(time.time()))
+    ended: bool = False  # its last event was read: nothing to cancel
+    stopping: bool = False  # a stop string was found and the engine asked to stop
+
+    def head(self, kind: str) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.runtime.target.name}
+
+    def chunk(self, delta: dict, finish: str | None = None) -> dict:
+        return {**self.head("chat.completion.chunk"),
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    def ending(self) -> dict:
+        """What the last chunk and the whole answer both carry."""
+        return {"usage": self.tally.usage(), "timings": self.tally.timings()}
+
+    def finish_reason(self) -> str:
+        return self.tally.finish_reason(self.cut.hit)
+
+
+def sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def submit(runtime: Runtime, chat: ChatRequest):
+    """Encode, build the parameters and submit, as ui/session.submit does for a page (on a worker thread:
+    a chat template, a grammar's compilation and the engine thread's reply all take time)."""
+    try:
+        ids = runtime.target.encode_chat(chat.messages)
+    except Exception as e:  # a chat template's own errors (jinja2's) have no common type
+        raise ApiError(f"the chat template refused these messages: {e}", param="messages") from e
+    limit = getattr(runtime.engine, "prompt_limit", None)
+    params = chat.gen_params(room=(limit - len(ids)) if limit is not None else 1)
+    try:
+        return ids, runtime.scheduler.submit(ids, params)
+    except QueueFull as e:  # before RuntimeError: it is one
+        raise ApiError(f"the engine is busy: {e}", 429, "rate_limit_error") from e
+    except ValueError as e:  # prompt too long, a grammar that does not compile for this model, ...
+        raise ApiError(f"cannot start: {e}") from e
+    except RuntimeError as e:  # the engine shut down: a model load replaced it
+        raise ApiError(f"the engine is not available: {e}", 503, "server_error") from e
+
+
+@dataclass
+class Api:
+    app: AppState
+    registry: object = None  # the app's own prometheus_client CollectorRegistry
+    chains: tuple = (None, [])  # (runtime, the page's default chain for it): the head's fit check reads weights
+
+    def __post_init__(self):
+        if self.registry is None:
+            self.registry = registry_for(self.app)
+
+    def chain(self, runtime: Runtime) -> list[str]:
+        known, chain = self.chains
+        if known is not runtime:
+            chain = default_types(runtime.target)
+            self.chains = (runtime, chain)
+        return list(chain)
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return error_response(ApiError("the request body is not JSON"))
+        runtime = self.app.runtime
+        if runtime is None:
+            return error_response(ApiError("no model is loaded", 503, "server_error"))
+        try:
+            chat = parse_chat(body, self.chain(runtime))
+            ids, gen = await anyio.to_thread.run_sync(submit, runtime, chat)
+        except ApiError as e:
+            return error_response(e)
+        call = Call(runtime=runtime, gen=gen, chat=chat, tally=Tally(prompt_n=len(ids)), cut=StopCut(chat.stop))
+        if chat.stream:
+            return StreamingResponse(self.stream(call), media_type="text/event-stream", headers=SSE_HEADERS)
+        return await self.whole(call, request)
+
+    async def pieces(self, call: Call, gone: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[str]:
+        """The answer's text as it may go out; at the end call.tally holds its counts. Raises ApiError when
+        the engine ends it. Left early, or when `gone()` says the client left, it cancels the generation and
+        frees its slot (a streamed answer is left early: Starlette cancels it when its client disconnects)."""
+        due = time.monotonic() + DISCONNECT_CHECK_S
+        try:
+            while not call.ended:
+                if gone is not None and time.monotonic() >= due:
+                    due = time.monotonic() + DISCONNECT_CHECK_S
+                    if await gone():
+                        return
+                try:
+                    ev = call.gen.events.get_nowait()
+                except queue.Empty:
+                    if call.runtime.scheduler.closed:
+                        raise ApiError("the engine shut down: a new model was loaded", 503, "server_error") from None
+                    await asyncio.sleep(POLL_S)
+                    continue
+                if isinstance(ev, WaitEvent):
+                    continue
+                call.ended = ev.done
+                if isinstance(ev, ErrorEvent):
+                    raise ApiError(f"the engine ended this answer: {ev.message}", 503, "server_error")
+                text = self.take(call, ev)
+                if text:
+                    yield text
+        finally:
+            if not call.ended:
+                call.runtime.scheduler.cancel(call.gen.id)
+
+    def take(self, call: Call, ev) -> str:
+        """One round's text, cut at a stop string. After a stop string the engine is asked to stop and its last
+        rounds are still read, so that usage and timings count every round it ran for this answer."""
+        call.tally.add(ev)
+        text = call.cut.feed(ev.text_delta)
+        if call.cut.hit and not call.stopping and not ev.done:
+            call.stopping = True
+            call.runtime.scheduler.stop(call.gen.id)
+        return text + call.cut.flush() if ev.done else text
+
+    async def stream(self, call: Call) -> AsyncIterator[str]:
+        yield sse(call.chunk({"role": "assistant", "content": ""}))
+        async with aclosing(self.pieces(call)) as pieces:
+            try:
+                async for text in pieces:
+                    yield sse(call.chunk({"content": text}))
+            except ApiError as e:  # the answer began: the error goes in the stream, as llama-server sends it
+                yield sse(e.body())
+                return
+        yield sse({**call.chunk({}, call.finish_reason()), **call.ending()})
+        yield sse("[DONE]")
+
+    async def whole(self, call: Call, request: Request) -> Response:
+        parts = []
+        async with aclosing(self.pieces(call, gone=request.is_disconnected)) as pieces:
+            try:
+                async for text in pieces:
+                    parts.append(text)
+            except ApiError as e:
+                return error_response(e)
+        message = {"role": "assistant", "content": "".join(parts)}
+        return JSONResponse({**call.head("chat.completion"),
+                             "choices": [{"index": 0, "message": message, "finish_reason": call.finish_reason()}],
+                             **call.ending()})
+
+    async def models(self) -> Response:
+        runtime = self.app.runtime
+        data = [] if runtime is None else [{"id": runtime.target.name, "object": "model", "created": 0,
+                                            "owned_by": "spec-playground"}]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def metrics(self) -> Response:
+        body, content_type = exposition(self.registry)
+        return Response(body, media_type=content_type)
+
+
+def api_routes(app: AppState) -> list:
+    """The API's routes, for the FastAPI app that serves the page."""
+    api = Api(app)
+    router = APIRouter()
+    router.add_api_route("/v1/chat/completions", api.chat, methods=["POST"])
+    router.add_api_route("/v1/models", api.models, methods=["GET"])
+    router.add_api_route("/metrics", api.metrics, methods=["GET"])
+    return list(router.routes)

@@ -1,0 +1,169 @@
+"""An OpenAI chat-completions request body, checked and turned into what the page would submit.
+
+The fields are OpenAI's (messages, temperature, top_p, seed, max_tokens / max_completion_tokens, stop,
+response_format, stream) and a few of llama-server's (top_k, min_p, ignore_eos, speculative.n_max / n_min /
+p_min). `speculative: false` is this app's own: plain decoding with the same sampler, for a lossless check from
+outside. Everything else goes through ui/settings.Settings, the page's own path to GenParams, so an API answer
+is built exactly as a page answer with the same controls. Bad input raises ApiError, a 400 with OpenAI's body.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+
+from engine import GenParams
+from ui.settings import Settings
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# OpenAI's fields this app cannot honour: refused rather than ignored, so a client never gets less than it asked
+UNSUPPORTED = ("tools", "functions", "logit_bias", "logprobs", "top_logprobs", "audio", "prediction")
+SEED_LIMIT = 2 ** 63  # engine.sampling.SamplerParams takes seeds in [0, 2^63)
+
+
+class ApiError(Exception):
+    """An answer other than 200, with OpenAI's error body: 400 invalid_request_error unless told otherwise."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error",
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.param = status, kind, param
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]  # role and text content, as LoadedModel.encode_chat takes them
+    settings: Settings  # the page's controls this request amounts to (types: the page's default chain)
+    stream: bool = False
+    stop: list[str] = field(default_factory=list)  # the answer ends before the first of these
+    max_tokens: int | None = None  # None: until end-of-sequence or the context is full, as llama-server
+    speculative: bool = True
+    ignore_eos: bool = False
+
+    def gen_params(self, room: int) -> GenParams:
+        """GenParams through Settings.gen_params; `room`: the tokens the context has left after the prompt,
+        the limit when the request sets none. Raises ApiError with the engine's own message."""
+        self.settings.max_new_tokens = self.max_tokens if self.max_tokens is not None else max(1, room)
+        try:
+            params = self.settings.gen_params(speculative=self.speculative)
+            params.ignore_eos = self.ignore_eos
+            params.validate()
+        except ValueError as e:
+            raise ApiError(str(e)) from e
+        return params
+
+
+def number(body: dict, key: str, default, kind: type = float):
+    """body[key] as `kind` (int accepts whole numbers only); absent or null gives `default`."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise ApiError(f"{key} must be {'an integer' if kind is int else 'a number'}, got {value!r}", param=key)
+    return kind(value)
+
+
+def text_of(content, where: str) -> str:
+    """A message's content: a string, or OpenAI's list of parts of which only text ones are understood."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ApiError(f"{where}: only text content parts are supported, got {kind!r}", param="messages")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ApiError(f"{where}: content must be a string or a list of text parts", param="messages")
+
+
+def messages_of(raw) -> list[dict]:
+    if not isinstance(raw, list) or not raw:
+        raise ApiError("messages must be a non-empty list of {role, content} objects", param="messages")
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            role = m.get("role") if isinstance(m, dict) else None
+            raise ApiError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}", param="messages")
+        out.append({"role": ROLES[m["role"]], "content": text_of(m.get("content"), where)})
+    return out
+
+
+def stop_of(raw) -> list[str]:
+    if raw is None:
+        return []
+    stops = [raw] if isinstance(raw, str) else raw
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ApiError("stop must be a string or a list of strings", param="stop")
+    return [s for s in stops if s]
+
+
+def format_of(raw) -> tuple[str, str]:
+    """response_format -> (Settings.output_format, Settings.format_text): the page's JSON modes."""
+    if raw is None:
+        return "free", ""
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "text":
+        return "free", ""
+    if kind == "json_object":  # llama-server also takes a schema here
+        schema = raw.get("schema")
+        return ("json", "") if schema is None else ("json_schema", json.dumps(schema))
+    if kind == "json_schema":
+        inner = raw.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else raw.get("schema")
+        if not isinstance(schema, (dict, bool)):
+            raise ApiError("response_format json_schema needs json_schema.schema, a JSON schema object",
+                           param="response_format")
+        return "json_schema", json.dumps(schema)
+    raise ApiError(f"response_format type must be text, json_object or json_schema, got {kind!r}",
+                   param="response_format")
+
+
+def refuse_unsupported(body: dict) -> None:
+    for key in UNSUPPORTED:
+        if body.get(key) not in (None, False, [], {}):
+            raise ApiError(f"{key} is not supported by this server", param=key)
+    if number(body, "n", 1, int) != 1:
+        raise ApiError("n must be 1: one answer per request", param="n")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if number(body, key, 0.0) != 0.0:
+            raise ApiError(f"{key} is not supported by this server (only 0)", param=key)
+
+
+def max_tokens_of(body: dict) -> int | None:
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    value = number(body, key, None, int)
+    if value is not None and value < 1:
+        raise ApiError(f"{key} must be >= 1, got {value}", param=key)
+    return value
+
+
+def parse_chat(body, chain: list[str]) -> ChatRequest:
+    """Check a request body and build its ChatRequest; `chain`: the page's default drafter chain."""
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    refuse_unsupported(body)
+    seed = number(body, "seed", None, int)
+    output_format, format_text = format_of(body.get("response_format"))
+    d = Settings()
+    settings = Settings(
+        types=list(chain), temp=number(body, "temperature", 1.0), top_p=number(body, "top_p", 1.0),
+        top_k=number(body, "top_k", 0, int), min_p=number(body, "min_p", 0.0),
+        # no seed: a fresh one, as OpenAI and llama-server draw one per request
+        seed=secrets.randbelow(SEED_LIMIT) if seed is None else seed,
+        n_max=number(body, "speculative.n_max", d.n_max, int), n_min=number(body, "speculative.n_min", d.n_min, int),
+        p_min=number(body, "speculative.p_min", d.p_min), p_min_own=body.get("speculative.p_min") is None,
+        compare=False, output_format=output_format, format_text=format_text)
+    flags = {key: body.get(key, default) for key, default in (("stream", False), ("speculative", True),
+                                                                ("ignore_eos", False))}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise ApiError(f"{key} must be true or false, got {value!r}", param=key)
+    return ChatRequest(messages=messages_of(body.get("messages")), settings=settings, stop=stop_of(body.get("stop")),
+                       max_tokens=max_tokens_of(body), **flags)
