@@ -63,22 +63,25 @@ def _unpack(kind: str, raw: np.ndarray, n: int, k: int) -> QuantWeight:
     return QuantWeight(kind, q.reshape(n, k), d, None)
 
 
+def by_block(a: np.ndarray, nb: int) -> np.ndarray:
+    """[N, G] float32 scales -> [N / nb, G, nb * 4] bytes: each block of nb outputs' scales of one group together."""
+    n, g = a.shape
+    return np.ascontiguousarray(a.reshape(n // nb, nb, g).transpose(0, 2, 1)).view(np.uint8)
+
+
 def pack(w: QuantWeight, nb: int) -> torch.Tensor:
     """The kernel's layout (small_gemm_q.c): per block of nb outputs, per group of 32 inputs, d [nb] and m [nb]
     as float32, then the quants output-minor (two 4-bit quants per byte for q4_1: inputs 2p and 2p + 1)."""
     n, k = w.q.shape
     g = k // GROUP
 
-    def by_block(a: np.ndarray) -> np.ndarray:  # [N, G] float32 -> [N / nb, G, nb * 4] bytes
-        return np.ascontiguousarray(a.reshape(n // nb, nb, g).transpose(0, 2, 1)).view(np.uint8)
-
     q = w.q.reshape(n // nb, nb, g, GROUP)
     if w.kind == "q4_1":
         pairs = q.reshape(n // nb, nb, g, GROUP // 2, 2)
         qs = (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)  # [blocks, nb, g, 16]
-        parts = [by_block(w.d), by_block(w.m), qs.transpose(0, 2, 3, 1).reshape(n // nb, g, -1)]
+        parts = [by_block(w.d, nb), by_block(w.m, nb), qs.transpose(0, 2, 3, 1).reshape(n // nb, g, -1)]
     else:
-        parts = [by_block(w.d), q.view(np.uint8).transpose(0, 2, 3, 1).reshape(n // nb, g, -1)]
+        parts = [by_block(w.d, nb), q.view(np.uint8).transpose(0, 2, 3, 1).reshape(n // nb, g, -1)]
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(-1))
 
 
@@ -89,17 +92,14 @@ def pack_dot(w: QuantWeight, nb: int) -> torch.Tensor:
     n, k = w.q.shape
     g = k // GROUP
 
-    def by_block(a: np.ndarray) -> np.ndarray:  # [N, G] float32 -> [N / nb, G, nb * 4] bytes
-        return np.ascontiguousarray(a.reshape(n // nb, nb, g).transpose(0, 2, 1)).view(np.uint8)
-
     q = w.q.reshape(n // nb, nb, g, GROUP)
     if w.kind == "q4_1":
         lo, hi = q[..., :16].reshape(n // nb, nb, g, 4, 4), q[..., 16:].reshape(n // nb, nb, g, 4, 4)
         quads = (lo | (hi << 4)).astype(np.uint8)  # [blocks, nb, g, p, i]
-        parts = [by_block(w.d), by_block(w.m), quads.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
+        parts = [by_block(w.d, nb), by_block(w.m, nb), quads.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
     else:
         biased = (q.astype(np.int16) + 128).astype(np.uint8).reshape(n // nb, nb, g, 8, 4)
-        parts = [by_block(w.d), biased.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
+        parts = [by_block(w.d, nb), biased.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(-1))
 
 
