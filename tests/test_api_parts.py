@@ -59,6 +59,8 @@ def test_response_format_takes_the_pages_grammar_path(fmt, kind, text):
     ({"messages": [{"role": "tool", "content": "x"}]}, "role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text content"),
     ({"stop": 3}, "stop"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop strings"),
+    ({"stop": "x" * 257}, "at most 4 stop strings"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"temperature": "hot"}, "temperature"),
     ({"stream": "yes"}, "stream"),

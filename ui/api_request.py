@@ -21,6 +21,9 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 UNSUPPORTED = ("tools", "functions", "logit_bias", "logprobs", "top_logprobs", "audio", "prediction")
 SEED_LIMIT = 2 ** 63  # engine.sampling.SamplerParams takes seeds in [0, 2^63)
 
+MAX_STOPS = 4  # stop strings a request may give (OpenAI's limit)
+MAX_STOP_CHARS = 256  # characters a stop string may hold
+
 
 class ApiError(Exception):
     """An answer other than 200, with OpenAI's error body: 400 invalid_request_error unless told otherwise."""
@@ -101,6 +104,9 @@ def stop_of(raw) -> list[str]:
     stops = [raw] if isinstance(raw, str) else raw
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise ApiError("stop must be a string or a list of strings", param="stop")
+    # OpenAI's bounds: every round's text is checked against each stop, so their number and size stay small
+    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise ApiError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters", param="stop")
     return [s for s in stops if s]
 
 
