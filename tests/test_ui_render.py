@@ -824,7 +824,7 @@ def test_each_drafter_shows_what_it_cost_and_gained_and_why_it_sat_out():
     why = "draft-head: 0.10 tokens only it found when the others guess little x 9.0 ms a token vs 2.5 ms drafting"
     events = [spec_event(drafter="ngram-simple", emitted=[5, 6, 11]), spec_event(drafter="ngram-simple", emitted=[7]),
               spec_event(drafter="draft-head", emitted=[5, 6]),
-              spec_event(drafter=None, kind="plain", emitted=[9], budget_why=f"not drafted: {why}")]
+              spec_event(drafter=None, kind="plain", emitted=[9], not_drafted=[why])]
     rows = {r.name: r for r in drafter_costs({"ngram-simple": ngram, "draft-head": head}, events)}
     assert rows["ngram-simple"].rounds_won == 2 and rows["ngram-simple"].tokens_per_forward == 2.0
     assert rows["ngram-simple"].ms_per_round == pytest.approx(0.1) and rows["ngram-simple"].rounds_out == 0

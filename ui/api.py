@@ -32,7 +32,11 @@ from ui.metrics import exposition, registry_for
 from ui.settings import default_types
 from ui.state import AppState, Runtime
 
-POLL_S = 0.01  # how long a reader sleeps when its generation has no new event (the loop's other tasks run)
+# how long a reader sleeps when its generation has no new event (the loop's other tasks run): POLL_S while it
+# streams, doubling to POLL_MAX_S while nothing comes (waiting in line), so 60 requests in line do not wake the
+# event loop thousands of times a second
+POLL_S = 0.01
+POLL_MAX_S = 0.2
 DISCONNECT_CHECK_S = 0.25  # how often a whole (non-streamed) answer asks whether its client is still there
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies pass each event on at once
 
@@ -133,6 +137,7 @@ class Api:
         the engine ends it. Left early, or when `gone()` says the client left, it cancels the generation and
         frees its slot (a streamed answer is left early: Starlette cancels it when its client disconnects)."""
         due = time.monotonic() + DISCONNECT_CHECK_S
+        pause = POLL_S
         try:
             while not call.ended:
                 if gone is not None and time.monotonic() >= due:
@@ -144,8 +149,10 @@ class Api:
                 except queue.Empty:
                     if call.runtime.scheduler.closed:
                         raise ApiError("the engine shut down: a new model was loaded", 503, "server_error") from None
-                    await asyncio.sleep(POLL_S)
+                    await asyncio.sleep(pause)
+                    pause = min(POLL_MAX_S, pause * 2)
                     continue
+                pause = POLL_S
                 if isinstance(ev, WaitEvent):
                     continue
                 call.ended = ev.done

@@ -6,7 +6,7 @@ are testable with made-up events.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 FINISH = {"eos": "stop", "stopped": "stop", "length": "length", "context": "length"}  # engine -> OpenAI
 
@@ -54,7 +54,6 @@ class Tally:
     t_first: float | None = None  # the prefill round's end (engine clock, time.perf_counter)
     t_last: float | None = None  # the latest round's end
     stop_reason: str | None = None  # the engine's: eos | length | context | stopped
-    text: list[str] = field(default_factory=list)  # what was given out
 
     def add(self, ev) -> None:
         """Take one RoundEvent."""

@@ -26,11 +26,8 @@ def left_out(events: list) -> dict[str, list[str]]:
     """drafter -> the reasons, round by round, the answer's events give for drafting without it."""
     out: dict[str, list[str]] = {}
     for ev in events:
-        for part in (getattr(ev, "budget_why", "") or "").split("; "):
-            if part.startswith("not drafted: "):
-                reason = part[len("not drafted: "):]
-                name = reason.split(":", 1)[0] if ":" in reason else ""
-                out.setdefault(name, []).append(reason)
+        for reason in getattr(ev, "not_drafted", []):
+            out.setdefault(reason.split(":", 1)[0], []).append(reason)
     return out
 
 

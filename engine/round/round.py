@@ -271,6 +271,7 @@ class Round:
         elif ev.seq in plan.vetoed:
             skipped = [plan.veto_why]
         if skipped:
+            ev.not_drafted = list(skipped)
             parts = ([ev.budget_why] if ev.budget_why else []) + ["not drafted: " + s for s in skipped]
             ev.budget_why = "; ".join(parts)
 
