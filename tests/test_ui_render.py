@@ -832,3 +832,33 @@ def test_each_drafter_shows_what_it_cost_and_gained_and_why_it_sat_out():
     assert rows["draft-head"].rounds_out == 1 and rows["draft-head"].why_out == why
     page = drafter_costs_html({"ngram-simple": ngram, "draft-head": head}, events)
     assert "9.0 ms a token" in page and page.count("<tr>") == 3
+
+
+def test_a_streaming_update_resends_the_html_it_leaves_instead_of_skipping_it():
+    import gradio as gr
+
+    from ui import handlers
+    from ui.session import converse
+    from ui.state import SessionState
+    from ui.views import all_views, waiting_views
+
+    # a gr.skip() makes Gradio build a component and its config per output; in a stream, the same HTML
+    # again costs a string compare (the stream's diff) and shows the same page
+    app, session = fake_app([answer()]), SessionState()
+    turn = converse(app, session, "hi", Settings(), manual=False)
+    next(turn)
+    first = handlers.pack(all_views(app, session, force_charts=True), session)
+    session.notice = ("3rd in line", "info")
+    update = dict(zip(handlers.VIEWS, handlers.pack(waiting_views(session), session, stream=True)))
+    assert "3rd in line" in update["notice"]
+    for name, before in zip(handlers.VIEWS, first):
+        if name in ("acc_plot", "speed_plot"):
+            assert update[name] == gr.skip()  # a plot sent again is redrawn
+        elif name != "notice":
+            assert isinstance(before, str) and update[name] == before
+    # what another event drew is what the stream repeats: the rejected-drafts toggle stays as clicked
+    hidden = handlers.show_rejected(session, False)
+    assert dict(zip(handlers.VIEWS, handlers.pack({}, session, stream=True)))["chat"] == hidden
+    # outside a stream nothing is re-sent (a whole page of HTML would go over the wire)
+    assert all(out == gr.skip() for out in handlers.pack({}, session))
+    list(turn)

@@ -194,7 +194,7 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: l
     def on_open(s, request: gr.Request):
         if request is not None and request.session_hash:
             app.opened(request.session_hash, s, time.monotonic())  # so a closed tab's slot can be freed
-        return handlers.pack(all_views(app, s, force_charts=True))
+        return handlers.pack(all_views(app, s, force_charts=True), s)
 
     def on_close(request: gr.Request):
         s = app.closed(getattr(request, "session_hash", None))

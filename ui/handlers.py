@@ -18,20 +18,33 @@ from ui.state import AppState, SessionState
 from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views, chat_view, waiting_views
 
 VIEWS = TEXT_VIEWS + CHART_VIEWS
+HTML_CHARTS = ("kpis", "counters")  # the chart views that are HTML, not plots
 CLEARED = ("history", "turns_html", "pending_user", "run", "plain", "compare_html", "format_html", "notice",
            "seq_stats", "charts_key")
 
 
-def pack(views: dict, msg_value: str | None = None) -> tuple:
-    """Views in output order, then the message box; a view not given is left as the page shows it."""
+def pack(views: dict, s: SessionState, msg_value: str | None = None, stream: bool = False) -> tuple:
+    """Views in output order, then the message box; a view not given is left as the page shows it. The HTML
+    sent is remembered in `s.shown`. A streaming update (`stream`) sends each HTML view it leaves as it is as
+    that HTML, which Gradio's diff of the stream turns into nothing on the wire, instead of a gr.skip(): a skip
+    costs the web server a new component and its config per output, and forty sessions in line each skipping
+    ten outputs held up the answers that stream. Plots are still skipped: a plot sent again is redrawn."""
     tail = gr.skip() if msg_value is None else msg_value
-    return tuple(views.get(name, gr.skip()) for name in VIEWS) + (tail,)
+    out = []
+    for name in VIEWS:
+        value = views.get(name, gr.skip())
+        if isinstance(value, str):
+            s.shown[name] = value
+        elif stream and name in TEXT_VIEWS + HTML_CHARTS:
+            value = s.shown.get(name, "")
+        out.append(value)
+    return tuple(out) + (tail,)
 
 
 def warn(app: AppState, s: SessionState, e: UserError) -> tuple:
     gr.Warning(str(e))
     s.notice = (str(e), e.level)
-    return pack(all_views(app, s))
+    return pack(all_views(app, s), s)
 
 
 def send(app: AppState, s: SessionState, text: str, stepping: bool, values) -> object:
@@ -41,7 +54,8 @@ def send(app: AppState, s: SessionState, text: str, stepping: bool, values) -> o
     try:
         for _ in converse(app, s, text, settings, bool(stepping)):
             in_line = not first and s.run is not None and not s.run.events and s.busy
-            yield pack(waiting_views(s) if in_line else all_views(app, s), "" if first else None)
+            views = waiting_views(s) if in_line else all_views(app, s)
+            yield pack(views, s, "" if first else None, stream=True)
             first = False
     except UserError as e:
         yield warn(app, s, e)
@@ -53,7 +67,7 @@ def stop(app: AppState, s: SessionState) -> tuple:
     they are sent only for a step-mode answer, which ends here."""
     streaming = s.active is not None and not s.active.finished and not s.active.manual
     stop_turn(app, s)
-    return pack({}) if streaming else pack(all_views(app, s))
+    return pack({}, s) if streaming else pack(all_views(app, s), s)
 
 
 def step(app: AppState, s: SessionState) -> tuple:
@@ -61,14 +75,15 @@ def step(app: AppState, s: SessionState) -> tuple:
         step_turn(app, s)
     except UserError as e:
         return warn(app, s, e)
-    return pack(all_views(app, s, force_charts=True))
+    return pack(all_views(app, s, force_charts=True), s)
 
 
 def show_rejected(s: SessionState, on: bool) -> str:
     """The rejected-drafts toggle: the chat is redrawn now, not at the next answer; a streaming answer picks
     the flag up at its next update."""
     s.show_rejected = bool(on)
-    return chat_view(s)
+    s.shown["chat"] = chat_view(s)
+    return s.shown["chat"]
 
 
 def clear(app: AppState, s: SessionState) -> tuple:
@@ -78,7 +93,7 @@ def clear(app: AppState, s: SessionState) -> tuple:
     fresh = SessionState()
     for name in CLEARED:
         setattr(s, name, getattr(fresh, name))
-    return pack(all_views(app, s, force_charts=True), "")
+    return pack(all_views(app, s, force_charts=True), s, "")
 
 
 def model_status(app: AppState, extra: str = "", level: str = "info") -> str:
