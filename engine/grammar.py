@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.sampling import argmax_rows
+
 KINDS = ("json_schema", "json", "regex", "lark", "gbnf")
 
 
@@ -186,14 +188,43 @@ class Grammar:
         if self.ended:  # a row after the end (the bonus row of a draft that ends): never given out
             return torch.ones(width, dtype=torch.bool)
         self._check()
+        # one bit per id, in 32-bit words; unpacked into a fresh array that the tensor then shares (no copy):
+        # this was most of a constrained round's own time when done element by element
         bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
         self._check()  # a dead end (nothing can follow, not even the end) shows only once the mask is computed
-        out = torch.zeros(width, dtype=torch.bool)
         n = min(width, self.n_vocab, bits.shape[0])
-        out[:n] = torch.from_numpy(bits[:n].astype(bool))
+        bits[n:] = 0  # ids past the tokenizer's vocabulary (the model's padding rows) are never allowed
+        out = torch.from_numpy(bits.view(np.bool_))
+        if out.shape[0] != width:
+            out = torch.cat([out, torch.zeros(max(0, width - out.shape[0]), dtype=torch.bool)])[:width]
         if not bool(out.any()):
             raise RuntimeError("the grammar allows no next token")
         return out
+
+    def allows(self, tok: int) -> bool:
+        """Whether the grammar takes `tok` next (one token checked, not the whole vocabulary)."""
+        if self.ended:
+            return True  # as allowed(): a row after the end is never given out
+        if tok in self.eos:
+            return bool(self.matcher.is_accepting())
+        return 0 <= tok < self.n_vocab and int(self.matcher.validate_tokens([int(tok)])) == 1
+
+    def greedy_along(self, draft: list[int], logits: torch.Tensor, top: list[int]) -> list[int]:
+        """Each row's most likely allowed token, row i after draft[:i] (logits [k+1, V], top: each row's own
+        argmax). Where the row's argmax is allowed it is the masked argmax too (masking only removes ids), so
+        the mask over the vocabulary is computed only where it is not: llama.cpp's grammar check of the
+        sampled token before the whole grammar (common/sampling.cpp, common_sampler_sample). Leaves the matcher
+        advanced through all k draft tokens, as masks_along does."""
+        best = []
+        for i in range(len(draft) + 1):
+            tok = int(top[i])
+            if not self.allows(tok):
+                row = logits[i].masked_fill(~self.allowed(logits.shape[-1]), float("-inf"))
+                tok = argmax_rows(row)[0]
+            best.append(tok)
+            if i < len(draft):
+                self.consume(draft[i])
+        return best
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [..., V] with every id the grammar forbids at -inf (a new tensor)."""

@@ -394,3 +394,29 @@ def test_a_grammar_compiles_once_per_message_on_the_callers_thread(embedded, mon
             GrammarSpec("regex", "x").prepare(None, timeout_s=0.2)
     finally:
         sched.close()
+
+
+def test_greedy_rows_under_a_grammar_equal_the_masked_argmax_and_mask_only_forbidden_tops(engine, embedded):
+    """Greedy verification checks each row's own argmax against the grammar and computes the whole mask only
+    where it is forbidden: the tokens must be the masked rows' argmax all the same, and the matcher must end
+    where masks_along leaves it."""
+    spec = GrammarSpec("json_schema", schema_text(CASES[0]))
+    width = embedded.model.config.vocab_size
+    draft = embedded.tokenizer.encode('{"name', add_special_tokens=False)
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(len(draft) + 1, width, generator=gen)
+    reference = Grammar.start(spec, engine.grammar_tokenizer())
+    masks = reference.masks_along(draft, width)
+    allowed_top = [int(torch.where(m)[0][0]) for m in masks]
+    forbidden_top = int(torch.where(~masks[1])[0][0])
+    logits[0, allowed_top[0]] = 50.0  # row 0: its argmax is allowed
+    logits[1, forbidden_top] = 60.0  # row 1: its argmax is forbidden, the mask decides
+    want = [int(torch.argmax(row.masked_fill(~m, float("-inf")))) for row, m in zip(logits, masks)]
+    g = Grammar.start(spec, engine.grammar_tokenizer())
+    computed = []
+    real_allowed = g.allowed
+    g.allowed = lambda w: computed.append(w) or real_allowed(w)
+    got = g.greedy_along(draft, logits, [int(t) for t in logits.argmax(dim=-1)])
+    assert got == want and got[0] == allowed_top[0] and got[1] != forbidden_top
+    assert len(computed) < len(draft) + 1  # at least row 0 needed no mask
+    assert g.n_consumed == reference.n_consumed == len(draft)

@@ -74,6 +74,9 @@ def judge(slot: Slot, r: DraftRequest, logits):
     use_rejection = r.result_q is not None and slot.params.sampling.temp > 0 and len(r.result) > 0
     top = argmax_rows(logits)  # the target's own choice per row: the walk at temperature 0, the event
     # row i is masked by the grammar after the draft tokens before it: the matcher walks the whole draft here
+    if slot.grammar is not None and slot.sampler.greedy and slot.coins is None and not use_rejection:
+        best = slot.grammar.greedy_along(r.result, logits, top)  # masks only where a row's argmax is forbidden
+        return verify.sample_and_match(slot.sampler, logits, r.result, None, best), top, "match"
     allowed = slot.grammar.masks_along(r.result, logits.shape[-1]) if slot.grammar is not None else None
     if slot.coins is not None:
         accept = slot.params.spec.synthetic_accept
