@@ -212,3 +212,14 @@ def test_unknown_tensors_are_refused(heads, deep_target, tmp_path):
     w = {**heads["eagle-bin"][1], "midlayer.self_attn.q_proj.bias": torch.zeros(HEADS * HD)}
     with pytest.raises(ValueError, match="unexpected tensors midlayer.self_attn.q_proj.bias"):
         engine_for(deep_target, write_eagle(tmp_path / "mixed", w, "safetensors")).drafter("draft-eagle3")
+
+
+def test_bench_draft_dir_of_an_eagle3_head_drafts_as_draft_eagle3(heads, bench_prompts):
+    from engine.bench.cli import parse_args
+    from engine.bench.run import BenchConfig
+
+    path = str(heads["speculators"][0])
+    a = parse_args(["--prompts", str(bench_prompts), "--draft", path, "--spec", "ngram-simple,draft-simple"])
+    cfg = BenchConfig.from_args(a, n_max=4, parallel=1, ctx_len=0)
+    assert cfg.spec.types == ["ngram-simple", "draft-eagle3"] and cfg.draft_is_eagle3
+
