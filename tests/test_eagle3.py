@@ -223,3 +223,14 @@ def test_bench_draft_dir_of_an_eagle3_head_drafts_as_draft_eagle3(heads, bench_p
     cfg = BenchConfig.from_args(a, n_max=4, parallel=1, ctx_len=0)
     assert cfg.spec.types == ["ngram-simple", "draft-eagle3"] and cfg.draft_is_eagle3
 
+
+
+def test_the_app_offers_a_draft_dir_of_an_eagle3_head_as_draft_eagle3(heads, deep_target):
+    import app
+    from ui.loader import make_runtime
+    from ui.state import AppOptions
+
+    path = str(heads["eagle"][0])
+    assert app.parse_args(["--draft", path]).draft == path
+    runtime = make_runtime(deep_target, None, AppOptions(n_ctx=256, parallel=1, eagle3=path))
+    assert runtime.draft is None and runtime.engine.drafter("draft-eagle3").hidden_layers == (2, 4, 5)
