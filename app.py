@@ -19,7 +19,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Watch speculative decoding happen, round by round, in a browser.")
     p.add_argument("--target", default="embedded",
                    help="target model: 'embedded' (SmolLM2-135M-Instruct), a HF hub id, a local directory or a .gguf")
-    p.add_argument("--draft", default=None, help="draft model (same vocabulary as the target); default none")
+    p.add_argument("--draft", default=None,
+                   help="draft model (same vocabulary as the target), or a directory holding an EAGLE-3 head (the "
+                        "EAGLE authors' or speculators' layout), offered as the drafter draft-eagle3; default none")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--n-ctx", type=int, default=4096, help="KV cache cells shared by all sessions (default 4096)")
@@ -82,13 +84,13 @@ def model_load_allowed(args: argparse.Namespace) -> bool:
 
 def load_state(args: argparse.Namespace):
     """Models, engine, scheduler -> the app state. Raises ModelLoadError / ValueError with a one-line reason."""
-    from engine import SpecCounters, load_model
+    from engine import SpecCounters, is_eagle3_dir, load_model
     from ui.loader import make_runtime
     from ui.state import AppOptions, AppState
 
     options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code,
                          n_rs=args.n_rs, queue_max=args.queue, dtype=args.dtype, budget=args.budget,
-                         threads=args.threads,
+                         threads=args.threads, eagle3=args.draft if is_eagle3_dir(args.draft) else None,
                          allow_model_load=model_load_allowed(args))
 
     def start_loader(name: str):  # the host's own choice on the command line: their flag applies
@@ -98,7 +100,8 @@ def load_state(args: argparse.Namespace):
         return load_model(name, trust_remote_code=False, dtype=options.dtype)
 
     target = start_loader(args.target)
-    draft = start_loader(args.draft) if args.draft and args.draft.lower() != "none" else None
+    # an EAGLE-3 head is no model: the engine's draft-eagle3 reads it (options.eagle3)
+    draft = start_loader(args.draft) if args.draft and args.draft.lower() != "none" and not options.eagle3 else None
     counters = SpecCounters()  # the app's, not the runtime's: a model load keeps counting on from here
     return AppState(runtime=make_runtime(target, draft, options, counters.observe), options=options,
                     loader=page_loader, counters=counters)

@@ -36,6 +36,8 @@ _FACE = {  # public name -> (module, its name there)
     "DraftHeadParams": ("engine.draft.draft_head", "DraftHeadParams"),
     "DraftModelParams": ("engine.draft.draft_model", "DraftModelParams"),
     "head_fits": ("engine.draft.draft_head", "head_fits"),
+    "Eagle3Params": ("engine.draft.draft_eagle3", "Eagle3Params"),
+    "is_eagle3_dir": ("engine.load.eagle3", "is_eagle3_dir"),
     "DrafterStats": ("engine.draft.stats", "DrafterStats"),
     # the bench: its traces, figures and a live run
     "FIGURES": ("engine.bench.plot", "FIGURES"),

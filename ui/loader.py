@@ -17,11 +17,13 @@ NO_DRAFT = ("", "none")
 def make_runtime(target, draft, options: AppOptions, on_event=None) -> Runtime:
     """Engine + Scheduler for these models; on_event hears every round (AppState.counters.observe). Raises
     VocabMismatchError (a ValueError) for an unusable draft."""
-    from engine import Scheduler
-    from engine import Engine
+    from pathlib import Path
 
+    from engine import Eagle3Params, Engine, Scheduler
+
+    params = {"draft-eagle3": Eagle3Params(weights=Path(options.eagle3))} if options.eagle3 else None
     engine = Engine(target, draft, n_ctx=options.n_ctx, n_seq_max=options.parallel, n_rs=options.n_rs,
-                    fair=options.budget == "fair", threads=options.threads)
+                    fair=options.budget == "fair", threads=options.threads, drafter_params=params)
     scheduler = Scheduler(engine, options.queue_max, on_event=on_event)
     return Runtime(target=target, draft=draft, engine=engine, scheduler=scheduler, vocab=Vocab.of(target.tokenizer))
 

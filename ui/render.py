@@ -33,6 +33,8 @@ def drafter_tag(name: str | None) -> str:
         return "draft"
     if name == "draft-head":
         return "head"
+    if name == "draft-eagle3":
+        return "eagle3"
     return name.removeprefix("ngram-")
 
 

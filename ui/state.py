@@ -32,6 +32,7 @@ class AppOptions:
     # copying answer take rows that slow the answers beside it when the batch emits more (engine/round/budget.py)
     budget: str = "fair"
     threads: int | None = None  # forwards' threads; None: all cores, fewer while others hold some (engine/serve/threads.py)
+    eagle3: str | None = None  # --draft DIR holding an EAGLE-3 head: offered as the drafter draft-eagle3
 
 
 @dataclass

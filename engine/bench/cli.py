@@ -37,7 +37,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompts", required=True, help="JSONL: {id, messages} or {id, prompt}")
     ap.add_argument("--out", default="traces.csv")
     ap.add_argument("--target", default="embedded")
-    ap.add_argument("--draft", default=None)
+    ap.add_argument("--draft", default=None,
+                    help="draft model for draft-simple, or a directory holding an EAGLE-3 head (the EAGLE authors' or "
+                         "speculators' layout), which then drafts as draft-eagle3 in draft-simple's place")
     ap.add_argument("--spec", default="ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache",
                     help="drafter types in relay order, comma-separated ('none' = baseline only)")
     ap.add_argument("--n-max", default="16", help="draft tokens per round at most; a list sweeps: 2,4,8")

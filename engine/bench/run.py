@@ -48,10 +48,13 @@ class BenchConfig:
     def from_args(cls, a, n_max: int, parallel: int, ctx_len: int) -> "BenchConfig":
         """The first configuration of a sweep (engine.bench.sweep varies n_max, parallel, ctx_len from it)."""
         from engine.draft.chain import parse_types
+        from engine.load.eagle3 import is_eagle3_dir
 
         spec = SpecParams(types=parse_types(a.spec), n_max=n_max, n_min=a.n_min, p_min=a.p_min,
                           adaptive=not a.no_adaptive, rollback=a.rollback,
                           tree_nodes=a.tree_nodes if a.tree == "on" else 0)
+        if a.draft and is_eagle3_dir(a.draft):  # the draft given is an EAGLE-3 head: it drafts as draft-eagle3
+            spec.types = list(dict.fromkeys("draft-eagle3" if t == "draft-simple" else t for t in spec.types))
         sampling = SamplerParams(temp=a.temp, seed=a.seed)
         cfg = cls(target=a.target, draft=a.draft, spec=spec, sampling=sampling, max_new_tokens=a.max_new_tokens,
                   parallel=parallel, ctx_len=ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code,
@@ -65,6 +68,13 @@ class BenchConfig:
                   grammar=cfg.grammar).validate()
         return cfg
 
+    @property
+    def draft_is_eagle3(self) -> bool:
+        """--draft names a directory holding an EAGLE-3 head (engine/load/eagle3.py), drafted by draft-eagle3."""
+        from engine.load.eagle3 import is_eagle3_dir
+
+        return bool(self.draft) and is_eagle3_dir(self.draft)
+
     def grammar_of(self, prompt: dict) -> GrammarSpec | None:
         """The output format of one prompt: its own "json_schema" or "regex" field, else the run's."""
         return prompt_grammar(prompt) or self.grammar
@@ -74,8 +84,9 @@ class BenchConfig:
         from engine.load.models import load_model
 
         target = load_model(self.target, trust_remote_code=self.trust_remote_code, dtype=self.dtype)
+        # an EAGLE-3 head is no model of its own: draft-eagle3 reads it when the engine is built
         draft = (load_model(self.draft, trust_remote_code=self.trust_remote_code, dtype=self.dtype)
-                 if self.draft else None)
+                 if self.draft and not self.draft_is_eagle3 else None)
         self.quant_bits = target.quant_bits
         self.dtype_used, self.dtype_reason = target.dtype, target.dtype_reason
         return target, draft
@@ -87,12 +98,14 @@ class BenchConfig:
 
         if target is None:
             target, draft = self.load()
-        drafter_params = None
-        if self.head_tree is not None:
-            from engine.draft.draft_head import DraftHeadParams
-            from engine.draft.head_tree import HeadTreeParams
+        from engine.draft.draft_eagle3 import Eagle3Params
+        from engine.draft.draft_head import DraftHeadParams
+        from engine.draft.head_tree import HeadTreeParams
 
-            drafter_params = {"draft-head": DraftHeadParams(tree=HeadTreeParams(*self.head_tree))}
+        tree = HeadTreeParams(*self.head_tree) if self.head_tree is not None else HeadTreeParams()
+        drafter_params = {"draft-head": DraftHeadParams(tree=tree)}
+        if self.draft_is_eagle3:
+            drafter_params["draft-eagle3"] = Eagle3Params(weights=Path(self.draft), tree=tree)
         engine = Engine(target, draft=draft, n_ctx=self.n_ctx, n_seq_max=n_seq_max or max(self.parallel, 1),
                         n_draft=self.spec.n_max if n_draft is None else n_draft, n_rs=self.n_rs,
                         drafter_params=drafter_params, fair=self.fair, threads=self.threads)

@@ -28,6 +28,8 @@ DRAFTER_TYPES: dict[str, tuple[str, str]] = {
     "ngram-cache": ("engine.draft.ngram_cache", "NgramCache"),
     "draft-simple": ("engine.draft.draft_model", "DraftModelDrafter"),
     "draft-head": ("engine.draft.draft_head", "DraftHeadDrafter"),  # the trained EAGLE-style head
+    # a published EAGLE-3 head (the EAGLE authors' or speculators' checkpoint layout), given as --draft DIR
+    "draft-eagle3": ("engine.draft.draft_eagle3", "Eagle3Drafter"),
     # not a real drafter: full-length drafts for synthetic-acceptance measurements (SpecParams.synthetic_accept)
     "synthetic": ("engine.draft.synthetic", "SyntheticDrafter"),
 }

@@ -49,7 +49,10 @@ class DraftHeadParams:
 class _SeqState:
     """One sequence's stores: target features and head KV entries, both indexed by position."""
 
-    def __init__(self, n_feat: int, n_kv: int, head_dim: int):
+    def __init__(self, n_feat: int, n_kv: int, head_dim: int, first: int = 0):
+        # entries before `first` are kept (their positions stay aligned with the tokens) but never attended to:
+        # EAGLE-3 has no entry for a sequence's first token, which no target hidden state precedes
+        self.first = first
         self.feats = torch.zeros(0, n_feat)  # [cap, layers*hidden] target features
         self.feat_tok = torch.zeros(0, dtype=torch.long)  # token of the row that wrote each feature (-1: none)
         # head keys (RoPE applied) and values per position, entries 0..len(kv_tokens)-1 in use: stores that
@@ -66,11 +69,15 @@ class _SeqState:
 
     @property
     def k(self) -> torch.Tensor:
-        return self.k_store[:len(self.kv_tokens)]
+        return self.k_store[self._lo():len(self.kv_tokens)]
 
     @property
     def v(self) -> torch.Tensor:
-        return self.v_store[:len(self.kv_tokens)]
+        return self.v_store[self._lo():len(self.kv_tokens)]
+
+    def _lo(self) -> int:
+        """The first attended entry; all of them where there are no others (a query needs a key)."""
+        return self.first if len(self.kv_tokens) > self.first else 0
 
     def put_kv(self, k: torch.Tensor, v: torch.Tensor, tokens: list[int]) -> None:
         """Append entries k, v [n, kv_heads, d] of `tokens`."""
@@ -94,6 +101,7 @@ class _SeqState:
 class DraftHeadDrafter(Drafter):
     name = "draft-head"
     needs_model = True
+    first_entry = 0  # head KV entries never attended to at the start of a sequence (_SeqState.first)
 
     def __init__(self, target=None, params: DraftHeadParams | None = None, head: DraftHead | None = None):
         if target is None:
@@ -146,7 +154,7 @@ class DraftHeadDrafter(Drafter):
     def _state(self, seq: int) -> _SeqState:
         if seq not in self.states:
             c = self.head.cfg
-            self.states[seq] = _SeqState(c.hidden * len(c.layers), c.n_kv_heads, c.head_dim)
+            self.states[seq] = _SeqState(c.hidden * len(c.layers), c.n_kv_heads, c.head_dim, self.first_entry)
         return self.states[seq]
 
     # ---- lifecycle --------------------------------------------------------------------------------------

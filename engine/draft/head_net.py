@@ -171,18 +171,7 @@ class DraftHead(nn.Module):
         drafts change a little, what the target accepts of them does not depend on it)."""
         from engine.forward import prepack
 
-        self.lm = _frozen_linear(self.lm_weight)
-        # linears that read the same input become one: a head step is a few rows, so each call costs its
-        # overhead and its trip to memory, and fewer calls are what makes a step cheap. In our kernel each output
-        # is still its own sum over the inputs in order, so the fused layer gives the bits the separate ones give
-        self.fused = {"qkv": _stacked([self.q_proj, self.k_proj, self.v_proj]),
-                      "kv": _stacked([self.k_proj, self.v_proj]), "gate_up": _stacked([self.gate, self.up])}
-        for name in ("q_proj", "k_proj", "v_proj", "gate", "up"):
-            delattr(self, name)  # the fused copy is the one the head runs
-        linears = [m for m in self.modules() if isinstance(m, nn.Linear)] + list(self.fused.values())
-        for module in linears:
-            module.to(dtype)
-        self.lin_dtype = dtype
+        linears = self.fuse_linears(dtype)
         if dtype == torch.float32 and integer:
             from engine.forward.quant_dot import pack_linear_q8_0
 
@@ -195,6 +184,22 @@ class DraftHead(nn.Module):
         from engine.draft.head_step import HeadStep
 
         self.step = HeadStep.build(self)
+
+    def fuse_linears(self, dtype: torch.dtype) -> list[nn.Linear]:
+        """The LM head as a linear and the fused linears, all in `dtype`; returns every linear the head runs."""
+        self.lm = _frozen_linear(self.lm_weight)
+        # linears that read the same input become one: a head step is a few rows, so each call costs its
+        # overhead and its trip to memory, and fewer calls are what makes a step cheap. In our kernel each output
+        # is still its own sum over the inputs in order, so the fused layer gives the bits the separate ones give
+        self.fused = {"qkv": _stacked([self.q_proj, self.k_proj, self.v_proj]),
+                      "kv": _stacked([self.k_proj, self.v_proj]), "gate_up": _stacked([self.gate, self.up])}
+        for name in ("q_proj", "k_proj", "v_proj", "gate", "up"):
+            delattr(self, name)  # the fused copy is the one the head runs
+        linears = [m for m in self.modules() if isinstance(m, nn.Linear)] + list(self.fused.values())
+        for module in linears:
+            module.to(dtype)
+        self.lin_dtype = dtype
+        return linears
 
     def _lin(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return module(x.to(self.lin_dtype)).float()

@@ -134,6 +134,10 @@ class Engine:
                 from engine.draft.draft_head import DraftHeadParams
                 # the head reads the target's embeddings and hidden states
                 kwargs = dict(target=self.target, params=self.drafter_params.get(name) or DraftHeadParams())
+            elif name == "draft-eagle3":
+                from engine.draft.draft_eagle3 import Eagle3Params
+                # its checkpoint directory comes in its params; it reads the target's hidden states
+                kwargs = dict(target=self.target, params=self.drafter_params.get(name) or Eagle3Params())
             elif name in self.drafter_params:
                 kwargs = dict(params=self.drafter_params[name])
             self.pool[name] = make_drafter(name, **kwargs)
