@@ -48,6 +48,15 @@ _FACE = {  # public name -> (module, its name there)
     "LiveBenchError": ("engine.bench.live", "LiveBenchError"),
     "LivePlan": ("engine.bench.live", "LivePlan"),
     "run_live": ("engine.bench.live", "run_live"),
+    # the drafter arena: every drafter, the chain and an oracle on one prompt, ranked (engine/bench/contest.py)
+    "ArenaParams": ("engine.bench.contest", "ArenaParams"),
+    "run_arena": ("engine.bench.contest", "run_arena"),
+    "scheduler_runner": ("engine.bench.contest", "scheduler_runner"),
+    "ARENA_COLUMNS": ("engine.bench.leaderboard", "COLUMNS"),
+    "ARENA_POSITIONS": ("engine.bench.leaderboard", "N_POSITIONS"),
+    "arena_leaderboard": ("engine.bench.leaderboard", "leaderboard"),
+    "write_arena_csv": ("engine.bench.leaderboard", "write_csv"),
+    "write_arena_png": ("engine.bench.leaderboard", "write_png"),
     # the colours, axes and layout the bench's plots and the page's charts share (the module itself)
     "plotstyle": ("engine.plotstyle", None),
 }

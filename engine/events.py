@@ -26,6 +26,7 @@ class RoundEvent:
     rm_range: tuple[int, int] | None = None  # [p0 + m, p0 + k) removed from the cache
     t_draft_ms: float = 0.0  # time in the drafters
     t_verify_ms: float = 0.0  # the target forward (shared with the other slots in the batch) + verification
+    t_forward_ms: float = 0.0  # of t_verify_ms, the forward alone: the arena splits a round's cost with it
     t_rollback_ms: float = 0.0  # seq_rm or checkpoint restore + replay
     batch_rows: int = 0  # rows in the shared forward (all slots)
     n_seqs: int = 1  # sequences in the shared forward: more than 1 means other generations shared its cost

@@ -24,6 +24,9 @@ class SpecParams:
     # trees of drafts (engine/draft/tree.py): every drafter proposes and the target checks all proposals in one forward,
     # at most this many nodes per round; 0: one chain, from the first drafter that has one (llama.cpp's relay)
     tree_nodes: int = 0
+    # the whole token sequence (prompt and answer) a measurement expects, for the oracle drafter to propose from
+    # (engine/draft/oracle.py); None everywhere else
+    reference: list[int] | None = None
 
     def validate(self) -> None:
         if self.n_max < 0 or self.n_min < 0:

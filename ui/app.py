@@ -7,7 +7,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui import bench_tab, handlers
+from ui import arena_tab, bench_tab, handlers
 from ui.charts import acceptance_figure, plotly_figure, speed_figure
 from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
@@ -165,6 +165,8 @@ def detail_tabs(v: dict, app: AppState) -> None:
             v["counters"] = gr.HTML(elem_id="counters")
         with gr.Tab("Benchmark", elem_id="tab-bench"):
             bench_tab.build(app)
+        with gr.Tab("Arena", elem_id="tab-arena"):
+            arena_tab.build(app)
 
 
 def build(state: AppState) -> gr.Blocks:

@@ -90,6 +90,26 @@ def speed_figure(rounds: list[int], emitted: list[int], seconds: list[float], pl
     return dict(data=data, layout=fig_layout)
 
 
+def arena_figure(rows: list[dict], n_positions: int) -> dict:
+    """The arena's acceptance per draft position: one group of bars per position, one bar per contender that
+    drafted (kept / drafts that reached the position), in the leaderboard's order."""
+    data = []
+    for i, row in enumerate(r for r in rows if r.get("kind") != "plain"):
+        ys = [row.get(f"acc_pos_{p}") for p in range(1, n_positions + 1)]
+        if all(y in ("", None) for y in ys):
+            continue
+        name = f"{row['drafter']} ({float(row['tokens_per_forward'] or 0):.2f} tok/fwd)"
+        colour = plotstyle.RULE if row.get("kind") == "oracle" else COLORS[i % len(COLORS)]
+        data.append(dict(type="bar", name=name, x=list(range(1, n_positions + 1)),
+                         y=[None if y in ("", None) else float(y) for y in ys], marker=dict(color=colour),
+                         hovertemplate="d%{x}: %{y:.0%}<extra>" + html.escape(str(row["drafter"])) + "</extra>"))
+    xaxis = plotstyle.axis("draft position", dtick=1, range=[0.5, n_positions + 0.5])
+    yaxis = plotstyle.axis("kept / drafts that reached it", range=[0, 1.05], tickformat=".0%")
+    empty = [] if data else [plotstyle.message("press Run the arena")]
+    return dict(data=data, layout=layout("Acceptance per draft position, by drafter", xaxis, yaxis, height=420,
+                                         barmode="group", bargap=0.2, annotations=empty))
+
+
 def plotly_figure(fig: dict):
     """The dict as a plotly Figure for gr.Plot. Validation is skipped: it walks every chart in pure Python,
     holding the GIL the engine's round loop needs, and these dicts are built here from known keys."""

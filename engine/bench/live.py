@@ -36,7 +36,7 @@ class LiveBenchError(RuntimeError):
     """A message for the user: slots busy, engine failure, timeout."""
 
 
-def _collect(scheduler, gens: list) -> list[list[RoundEvent]]:
+def collect_events(scheduler, gens: list) -> list[list[RoundEvent]]:
     """Every generation's round events until its done event; cancels what is left on failure."""
     out: list[list[RoundEvent]] = [[] for _ in gens]
     try:
@@ -67,7 +67,7 @@ def run_group(scheduler, prompt: list[int], n: int, spec: SpecParams, plan: Live
         gens = scheduler.submit_group([(list(prompt), p) for p in params])
     except (RuntimeError, ValueError) as e:
         raise LiveBenchError(f"cannot start {n} slot(s): {e}") from e
-    events = _collect(scheduler, gens)
+    events = collect_events(scheduler, gens)
     # from the start of the first prefill to the last round, by the engine's own stamps: a wait in line for a
     # slot is not the engine's speed
     t_start = min(evs[0].t_end - evs[0].t_verify_ms / 1e3 for evs in events)

@@ -130,6 +130,10 @@ class Drafter:
     def retune(self, seq: int, temp: float, seed: int) -> None:
         """The sequence's target sampling settings, for drafters that sample (see DraftStreams)."""
 
+    def expect(self, seq: int, reference: list[int] | None) -> None:
+        """The whole token sequence a measurement expects for `seq` (SpecParams.reference), or None: only the
+        oracle drafter reads it."""
+
     def accept(self, seq: int, n_accepted: int, is_other: bool) -> None:
         """`n_accepted` of the last draft for `seq` were kept; `is_other` if another drafter made that draft."""
 

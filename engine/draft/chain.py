@@ -32,8 +32,10 @@ DRAFTER_TYPES: dict[str, tuple[str, str]] = {
     "draft-eagle3": ("engine.draft.draft_eagle3", "Eagle3Drafter"),
     # not a real drafter: full-length drafts for synthetic-acceptance measurements (SpecParams.synthetic_accept)
     "synthetic": ("engine.draft.synthetic", "SyntheticDrafter"),
+    # not a real drafter either: the answer a measurement already knows (SpecParams.reference), the arena's ceiling
+    "oracle": ("engine.draft.oracle", "OracleDrafter"),
 }
-PRIORITY = [t for t in DRAFTER_TYPES if t != "synthetic"]  # what a user picks from
+PRIORITY = [t for t in DRAFTER_TYPES if t not in ("synthetic", "oracle")]  # what a user picks from
 
 
 def default_params() -> dict:

@@ -59,7 +59,8 @@ def verify_chain(v: Verifying, slot: Slot, r: DraftRequest, logits, ckpt, drafte
         pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
         p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=draft_probs(r),
         target_top=top, verify_mode=mode, rollback=rollback, rm_range=rm_range,
-        t_draft_ms=v.t_draft_ms, t_verify_ms=t_verify, t_rollback_ms=t_rollback, batch_rows=v.batch_rows,
+        t_draft_ms=v.t_draft_ms, t_verify_ms=t_verify, t_forward_ms=v.t_forward_ms, t_rollback_ms=t_rollback,
+        batch_rows=v.batch_rows,
     )
     slot.round += 1
     ev = v.emit(slot, verdict.tokens, ev)
@@ -134,7 +135,8 @@ def replay_round(v: Verifying, slot: Slot, logits) -> RoundEvent:
     slot.replay = None
     ev = RoundEvent(seq=slot.seq, round=slot.round, kind="replay", drafter=None, pos_sampled=p_sampled,
                     p0=p_sampled + 1, bonus=tok, p_target=[p], rollback="checkpoint",
-                    t_verify_ms=v.t_forward_ms + (time.perf_counter() - t1) * 1e3, t_rollback_ms=replay.cost_ms,
+                    t_verify_ms=v.t_forward_ms + (time.perf_counter() - t1) * 1e3, t_forward_ms=v.t_forward_ms,
+                    t_rollback_ms=replay.cost_ms,
                     batch_rows=v.batch_rows, target_top=argmax_rows(logits))
     slot.round += 1
     return v.emit(slot, [tok], ev)

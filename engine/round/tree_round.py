@@ -57,7 +57,8 @@ def verify_tree(v: Verifying, slot: Slot, r: DraftRequest, logits, cells, ckpt,
         seq=slot.seq, round=slot.round, kind="spec", drafter=drafter, pos_sampled=p_sampled, p0=p0,
         drafted=display_chain(tree, path), n_accepted=m, bonus=verdict.tokens[-1], p_target=verdict.p_target,
         target_top=top, verify_mode="tree", rollback=rollback,
-        rm_range=rm_range, t_draft_ms=v.t_draft_ms, t_verify_ms=t_verify, t_rollback_ms=t_rollback,
+        rm_range=rm_range, t_draft_ms=v.t_draft_ms, t_verify_ms=t_verify, t_forward_ms=v.t_forward_ms,
+        t_rollback_ms=t_rollback,
         batch_rows=v.batch_rows, tree_tokens=list(tree.tokens), tree_parents=list(tree.parents),
         tree_drafters=list(tree.drafters), tree_path=list(path))
     slot.round += 1

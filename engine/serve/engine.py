@@ -228,6 +228,7 @@ class Engine:
         self.chain.begin(seq, slot.prompt, params.spec.types, adaptive=params.spec.adaptive)
         for name in params.spec.types:  # model drafters sample at the slot's temperature, from its seed
             self.pool[name].retune(seq, params.sampling.temp, params.sampling.seed)
+            self.pool[name].expect(seq, params.spec.reference)
         return slot
 
     def stop(self, seq: int) -> None:
@@ -262,6 +263,7 @@ class Engine:
             self.chain.begin(seq, confirmed, slot.params.spec.types, adaptive=slot.params.spec.adaptive)
             for name in slot.params.spec.types:
                 self.pool[name].retune(seq, slot.params.sampling.temp, slot.params.sampling.seed)
+                self.pool[name].expect(seq, slot.params.spec.reference)
         slot.seq = seq
         self.slots[seq] = slot
 
