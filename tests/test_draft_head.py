@@ -454,7 +454,7 @@ def test_features_of_forwards_not_yet_sorted_are_written_as_immediate_writes_wou
     """The head sorts the forwards' features into its sequences' stores only when it drafts (or every
     sort_every forwards): the stores must then be what writing every forward at once would have left, a later
     forward's row winning where a position was forwarded twice (a rejected draft, then the target's token)."""
-    from types import SimpleNamespace
+    from engine.memory.context import DecodeResult
 
     from engine.batch import Batch
     from engine.draft.draft_head import DraftHeadDrafter
@@ -472,7 +472,7 @@ def test_features_of_forwards_not_yet_sorted_are_written_as_immediate_writes_wou
         for seq, pos, tok in rows:
             batch.add(tok, pos, seq, True)
         hidden = torch.randn(len(rows), n_feat, generator=g)
-        drafter.process(batch, SimpleNamespace(hidden=hidden))
+        drafter.process(batch, DecodeResult(None, 0.0, hidden=hidden))
         for i, (seq, pos, tok) in enumerate(rows):
             want[seq][0][pos], want[seq][1][pos] = hidden[i], tok
     assert len(drafter.unsorted) == len(forwards) and not drafter.states  # nothing written before it drafts
@@ -488,12 +488,12 @@ def test_features_of_forwards_not_yet_sorted_are_written_as_immediate_writes_wou
     for pos, tok in ((6, 13), (7, 14)):
         batch = Batch()
         batch.add(tok, pos, 0, True)
-        drafter.process(batch, SimpleNamespace(hidden=torch.zeros(1, n_feat)))
+        drafter.process(batch, DecodeResult(None, 0.0, hidden=torch.zeros(1, n_feat)))
     assert not drafter.unsorted and drafter.states[0].feat_tok[7] == 14
     batch = Batch()  # one forward alone, the round-by-round case of a slot that drafts every round
     for pos, tok in ((3, 15), (4, 16)):
         batch.add(tok, pos, 1, True)
-    drafter.process(batch, SimpleNamespace(hidden=torch.ones(2, n_feat)))
+    drafter.process(batch, DecodeResult(None, 0.0, hidden=torch.ones(2, n_feat)))
     drafter._sort()
     assert drafter.states[1].feat_tok[:5].tolist() == [30, 33, 32, 15, 16]
     assert torch.equal(drafter.states[1].feats[4], torch.ones(n_feat))

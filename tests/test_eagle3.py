@@ -234,3 +234,17 @@ def test_the_app_offers_a_draft_dir_of_an_eagle3_head_as_draft_eagle3(heads, dee
     assert app.parse_args(["--draft", path]).draft == path
     runtime = make_runtime(deep_target, None, AppOptions(n_ctx=256, parallel=1, eagle3=path))
     assert runtime.draft is None and runtime.engine.drafter("draft-eagle3").hidden_layers == (2, 4, 5)
+
+
+def test_two_drafters_of_hidden_states_each_read_their_own_layers():
+    """The context keeps the union of the layers its drafters ask for; each reads only its own, in its order."""
+    from engine.memory.context import DecodeResult
+
+    width, layers = 4, (2, 5, 7)
+    hidden = torch.cat([torch.full((3, width), float(i)) for i in layers], dim=-1)
+    res = DecodeResult(logits=None, seconds=0.0, hidden=hidden, layers=layers)
+    assert res.hidden_of(layers) is hidden
+    mine = res.hidden_of((7, 2))
+    assert mine.shape == (3, 2 * width) and mine[0, :width].eq(7).all() and mine[0, width:].eq(2).all()
+    with pytest.raises(ValueError, match="not kept"):
+        res.hidden_of((3,))

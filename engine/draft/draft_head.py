@@ -188,7 +188,8 @@ class DraftHeadDrafter(Drafter):
     def process(self, batch: Batch, result=None) -> None:
         if result is None or result.hidden is None:
             return
-        self.unsorted.append((list(batch.seq), list(batch.pos), list(batch.tokens), result.hidden))
+        self.unsorted.append((list(batch.seq), list(batch.pos), list(batch.tokens),
+                              result.hidden_of(self.hidden_layers)))
         if len(batch.seq) < self.params.prefill_rows:
             if len(self.unsorted) >= self.sort_every:
                 self._sort()

@@ -199,4 +199,4 @@ def sub_batch(batch, result, rows: list[int]):
     for i in rows:
         out.add(batch.tokens[i], batch.pos[i], batch.seq[i], batch.output[i])
     hidden = None if result.hidden is None else result.hidden[rows]
-    return out, DecodeResult(logits=None, seconds=result.seconds, hidden=hidden)
+    return out, DecodeResult(logits=None, seconds=result.seconds, hidden=hidden, layers=result.layers)

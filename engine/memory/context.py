@@ -20,6 +20,18 @@ class DecodeResult:
     logits: torch.Tensor | None
     seconds: float  # wall time of the forward
     hidden: torch.Tensor | None = None  # [n_rows, n_layers_kept * hidden], every batch row; see hidden_layers
+    layers: tuple[int, ...] = ()  # the hidden layers side by side in `hidden`, in that order
+
+    def hidden_of(self, wanted: tuple[int, ...]) -> torch.Tensor | None:
+        """`hidden` with only the `wanted` layers, in that order: several drafters that read hidden states ask
+        the context for the union of their layers, and each must read its own."""
+        if self.hidden is None or not self.layers or tuple(wanted) == self.layers:  # () : not said, as given
+            return self.hidden
+        missing = [i for i in wanted if i not in self.layers]
+        if missing:
+            raise ValueError(f"hidden layers {missing} were not kept by this forward (kept: {self.layers})")
+        width = self.hidden.shape[-1] // len(self.layers)
+        return torch.cat([self.hidden[:, k * width:(k + 1) * width] for k in map(self.layers.index, wanted)], -1)
 
 
 class ModelContext:
@@ -83,7 +95,7 @@ class ModelContext:
                                            self.hidden_layers)
                 self.n_forward += 1
                 return DecodeResult(logits=logits.float(), seconds=time.perf_counter() - t0,
-                                    hidden=None if hidden is None else hidden.float())
+                                    hidden=None if hidden is None else hidden.float(), layers=self.hidden_layers)
             out = self.model(
                 input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache,
                 use_cache=True, logits_to_keep=rows, output_hidden_states=bool(self.hidden_layers), **extra,
@@ -96,7 +108,7 @@ class ModelContext:
         hidden = None
         if self.hidden_layers:
             hidden = torch.cat([out.hidden_states[i][0] for i in self.hidden_layers], dim=-1).float()
-        return DecodeResult(logits=logits, seconds=time.perf_counter() - t0, hidden=hidden)
+        return DecodeResult(logits=logits, seconds=time.perf_counter() - t0, hidden=hidden, layers=self.hidden_layers)
 
     def describe_forward(self) -> str:
         """Which forward runs and why (the status line, the bench)."""

@@ -210,6 +210,7 @@ class StatefulContext:
             logits=torch.stack([logits[i] for i in out_rows]).float() if out_rows else torch.empty(0, self.n_vocab),
             seconds=time.perf_counter() - t0,
             hidden=torch.stack(hidden).float() if self.hidden_layers else None,
+            layers=tuple(self.hidden_layers),
         )
 
     def _forward(self, seq: int, tokens: list[int]):
