@@ -262,3 +262,61 @@ def test_projector_enter_sends_and_rejected_drafts_toggle(projector, server, tmp
     assert sideways_scrollers(pg) == []
     shot = projector_screenshot(pg, tmp_path)
     assert shot.stat().st_size > 10_000
+
+
+def test_an_api_client_streams_beside_a_browser_chat(page, server):
+    """The openai client streams an answer from /v1/chat/completions while a browser tab chats: both are
+    lossless, and /metrics grew by exactly the tokens both gave out (the page's answer and its comparison's two
+    runs, the API's answer and its plain reference)."""
+    openai = pytest.importorskip("openai")
+    import re
+    import threading
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def metrics() -> dict:
+        with urllib.request.urlopen(server + "metrics", timeout=30) as r:
+            text = r.read().decode()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+
+    before = metrics()
+    api: dict = {}
+    prompt = [{"role": "user", "content": f"{QUOTE_ASK}\n\n{QUOTE}"}]
+
+    def stream() -> None:
+        with openai.OpenAI(base_url=server + "v1", api_key="unused", max_retries=0, timeout=180) as client:
+            parts, timings = [], None
+            for chunk in client.chat.completions.create(model="embedded", messages=prompt, stream=True,
+                                                        temperature=0, max_tokens=48):
+                if chunk.choices:
+                    parts.append(chunk.choices[0].delta.content or "")
+                timings = getattr(chunk, "timings", None) or timings
+            plain = client.chat.completions.create(model="embedded", messages=prompt, temperature=0, max_tokens=48,
+                                                   extra_body={"speculative": False})
+            api.update(text="".join(parts), timings=timings, plain=plain.choices[0].message.content,
+                       plain_n=plain.usage.completion_tokens)
+
+    tab = page.context.browser.new_page(viewport={"width": 1600, "height": 1000})
+    tab.set_default_timeout(60_000)
+    tab.goto(server, wait_until="domcontentloaded")
+    tab.wait_for_selector("#msg textarea")
+    set_number(tab, "max-new", 48)
+    worker = threading.Thread(target=stream)
+    tab.get_by_role("button", name="Quote the key sentence").click()
+    worker.start()
+    wait_answer_done(tab, 1)
+    tab.wait_for_selector("#summary .badge", timeout=ANSWER_TIMEOUT_MS)
+    worker.join(timeout=ANSWER_TIMEOUT_MS / 1000)
+    summary = tab.locator("#summary").inner_text()
+    tab.close()
+    assert "lossless" in summary, summary
+    assert api and api["text"] == api["plain"] and api["timings"]["draft_n"] > 0, api
+    deadline = time.monotonic() + 30
+    while (after := metrics())["slots_busy"] > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    page_n = int(re.search(r"speculative\s+(\d+) tokens", summary).group(1))
+    # the page's comparison times plain decoding and the speculative run again, both unseen: the same answer twice
+    given = 3 * page_n + api["timings"]["predicted_n"] + api["plain_n"]
+    assert after["generation_tokens_total"] - before["generation_tokens_total"] == given
+    assert after["spec_decode_num_draft_tokens_total"] - before["spec_decode_num_draft_tokens_total"] > \
+        api["timings"]["draft_n"]  # the page's answer drafted too
