@@ -19,7 +19,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Watch speculative decoding happen, round by round, in a browser.")
     p.add_argument("--target", default="embedded",
                    help="target model: 'embedded' (SmolLM2-135M-Instruct), a HF hub id, a local directory or a .gguf")
-    p.add_argument("--draft", default=None, help="draft model (same vocabulary as the target); default none")
+    p.add_argument("--draft", default=None, help="draft model (the target's vocabulary: draft-simple; another: draft-uni, "
+                   "drafting through text); default none")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--n-ctx", type=int, default=4096, help="KV cache cells shared by all sessions (default 4096)")

@@ -51,7 +51,7 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
         c["target"] = gr.Textbox(label="Target model", value=rt.target.name if rt else "embedded",
                                  info="embedded, a HF hub id, a local directory or a .gguf file", elem_id="target-box")
         c["draft"] = gr.Textbox(label="Draft model", value=rt.draft.name if rt and rt.draft else "",
-                                placeholder="none", info="same vocabulary as the target; enables draft-simple",
+                                placeholder="none", info="enables draft-simple; another vocabulary: draft-uni",
                                 elem_id="draft-box")
         # a shared demo (not loopback) keeps its model unless the host allows loading (--allow-model-load)
         allowed = app.options.allow_model_load

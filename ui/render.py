@@ -26,13 +26,16 @@ REJECTED_RUN = re.compile(r'<s class="rej-group">.*?</s>', re.DOTALL)
 
 
 def drafter_tag(name: str | None) -> str:
-    """A short drafter name for inline tags: 'ngram-map-k' -> 'map-k', 'draft-simple' -> 'draft', 'draft-head' -> 'head'."""
+    """A short drafter name for inline tags: 'ngram-map-k' -> 'map-k', 'draft-simple' -> 'draft', 'draft-head' -> 'head',
+    'draft-uni' -> 'uni'."""
     if not name:
         return ""
     if name == "draft-simple":
         return "draft"
     if name == "draft-head":
         return "head"
+    if name == "draft-uni":
+        return "uni"
     return name.removeprefix("ngram-")
 
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from engine import NGRAM_CHAIN, PRIORITY, GenParams, GrammarSpec, SamplerParams, SpecParams
 
 DEFAULT_CHAIN = list(NGRAM_CHAIN)
-DRAFT_MODEL_TYPE = "draft-simple"
+DRAFT_MODEL_TYPE = "draft-simple"  # a draft model with the target's vocabulary
+DRAFT_UNI_TYPE = "draft-uni"  # one with another vocabulary: it drafts through text
+DRAFT_MODEL_TYPES = (DRAFT_MODEL_TYPE, DRAFT_UNI_TYPE)
 HEAD_TYPE = "draft-head"
 ALL_TYPES = list(PRIORITY)
 GRAMMAR_TYPE = "grammar"

@@ -94,6 +94,7 @@ class _SeqState:
 class DraftHeadDrafter(Drafter):
     name = "draft-head"
     needs_model = True
+    gives_q = True  # its q is over the target's own vocabulary
 
     def __init__(self, target=None, params: DraftHeadParams | None = None, head: DraftHead | None = None):
         if target is None:
