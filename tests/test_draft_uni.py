@@ -126,9 +126,9 @@ def test_the_round_shows_both_tokenisations(engine, pair):
     shown = [e for e in events if e.draft_pieces]
     assert shown and all(e.kind == "spec" and e.drafter == "draft-uni" for e in shown)
     for e in shown:
-        # the draft's pieces spell at least the text of the target tokens it became, which were verified
-        assert "".join(e.draft_pieces).startswith("".join(e.target_pieces).rstrip("\ufffd")[:1])
+        # the target tokens it became are those verified; the draft cut the same text finer
         assert e.target_pieces[:len(e.drafted)] == [target.tokenizer.decode([t]) for t in e.drafted]
+        assert len(e.draft_pieces) > len(e.target_pieces)
     row = timeline_row(shown[0], Vocab.of(target.tokenizer), [])
     assert "draft tokens: [" in row and "→ target tokens: [" in row
 
@@ -209,6 +209,14 @@ def test_only_whole_target_tokens_that_extend_the_confirmed_ones_are_drafted(pai
     st = BridgeState()
     bridge.sync(st, target.encode("The small river runs past the old mi"))
     assert bridge.to_target(st, "ll, where the miller") == []
+
+
+def test_the_page_puts_the_draft_models_drafter_in_the_chain():
+    from ui.settings import with_draft_type
+
+    assert with_draft_type(["ngram-simple", "draft-simple"], "draft-uni") == ["ngram-simple", "draft-uni"]
+    assert with_draft_type(["ngram-simple"], "draft-simple") == ["ngram-simple", "draft-simple"]
+    assert with_draft_type(["draft-uni", "ngram-mod"], "draft-uni") == ["draft-uni", "ngram-mod"]
 
 
 def test_the_bench_runs_draft_uni(pair, tmp_path):

@@ -13,7 +13,7 @@ import gradio as gr
 from ui.loader import load_models
 from ui.render import notice_html
 from ui.session import UserError, converse, step_turn, stop_turn
-from ui.settings import DRAFT_MODEL_TYPE, DRAFT_MODEL_TYPES, chain_for_target, settings_from
+from ui.settings import DRAFT_MODEL_TYPE, chain_for_target, settings_from, with_draft_type
 from ui.state import AppState, SessionState
 from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views, chat_view, waiting_views
 
@@ -97,9 +97,7 @@ def load(app: AppState, target: str, draft: str, types: list | None) -> tuple:
         return model_status(app, f"{e} (kept the models that were loaded)", "error"), gr.skip()
     types = list(types or [])
     if app.runtime.draft is not None:
-        kind = getattr(app.runtime.engine, "draft_type", None) or DRAFT_MODEL_TYPE
-        # the draft model drafts through one of the two: the other would be refused at the first answer
-        types = [t for t in types if t not in DRAFT_MODEL_TYPES or t == kind] + ([] if kind in types else [kind])
+        types = with_draft_type(types, getattr(app.runtime.engine, "draft_type", None) or DRAFT_MODEL_TYPE)
     if app.runtime.target is not before:
         types, note = chain_for_target(types, app.runtime.target)
         status = f"{status}. {note}" if note else status

@@ -10,6 +10,13 @@ DEFAULT_CHAIN = list(NGRAM_CHAIN)
 DRAFT_MODEL_TYPE = "draft-simple"  # a draft model with the target's vocabulary
 DRAFT_UNI_TYPE = "draft-uni"  # one with another vocabulary: it drafts through text
 DRAFT_MODEL_TYPES = (DRAFT_MODEL_TYPE, DRAFT_UNI_TYPE)
+
+
+def with_draft_type(types: list[str], kind: str) -> list[str]:
+    """The chain once a draft model is loaded: it drafts through `kind` (the engine's draft_type), and the other
+    draft-model type leaves the chain, since the engine would refuse it at the first answer."""
+    kept = [t for t in types if t not in DRAFT_MODEL_TYPES or t == kind]
+    return kept if kind in kept else kept + [kind]
 HEAD_TYPE = "draft-head"
 ALL_TYPES = list(PRIORITY)
 GRAMMAR_TYPE = "grammar"
