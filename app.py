@@ -20,8 +20,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", default="embedded",
                    help="target model: 'embedded' (SmolLM2-135M-Instruct), a HF hub id, a local directory or a .gguf")
     p.add_argument("--draft", default=None,
-                   help="draft model (same vocabulary as the target), or a directory holding an EAGLE-3 head (the "
-                        "EAGLE authors' or speculators' layout), offered as the drafter draft-eagle3; default none")
+                   help="draft model (the target's vocabulary: draft-simple; another: draft-uni, drafting through "
+                        "text), or a directory holding an EAGLE-3 head (the EAGLE authors' or speculators' layout), "
+                        "offered as the drafter draft-eagle3; default none")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--n-ctx", type=int, default=4096, help="KV cache cells shared by all sessions (default 4096)")

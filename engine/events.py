@@ -48,6 +48,10 @@ class RoundEvent:
     # why this slot drafted less this round, one reason each: a model drafter the gate left out ("name: why"),
     # a rest after refused drafts, the budget's veto; budget_why shows them too
     not_drafted: list[str] = field(default_factory=list)
+    # a draft from a model of another vocabulary (draft-uni): its own tokens as text, and the target tokens that
+    # text became (what was verified, before any cut); empty for every other drafter
+    draft_pieces: list[str] = field(default_factory=list)
+    target_pieces: list[str] = field(default_factory=list)
     # tokens this generation got beyond what plain decoding would have given it in the same forward time, after
     # this round (BudgetState.balance); None where no budget ran
     balance: float | None = None

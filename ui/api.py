@@ -29,7 +29,7 @@ from engine import ErrorEvent, QueueFull, WaitEvent
 from ui.api_answer import StopCut, Tally
 from ui.api_request import ApiError, ChatRequest, parse_chat
 from ui.metrics import exposition, registry_for
-from ui.settings import default_types
+from ui.settings import default_chain
 from ui.state import AppState, Runtime
 
 # how long a reader sleeps when its generation has no new event (the loop's other tasks run): POLL_S while it
@@ -110,7 +110,7 @@ class Api:
     def chain(self, runtime: Runtime) -> list[str]:
         known, chain = self.chains
         if known is not runtime:
-            chain = default_types(runtime.target)
+            chain = default_chain(runtime, self.app.options.eagle3)
             self.chains = (runtime, chain)
         return list(chain)
 

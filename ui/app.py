@@ -13,7 +13,7 @@ from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
 from ui.render import legend_html
 from ui.session import release
-from ui.settings import ALL_TYPES, FORMAT_EXAMPLES, FORMATS, Settings, default_types, format_box, own_p_min_text
+from ui.settings import ALL_TYPES, FORMAT_EXAMPLES, FORMATS, Settings, default_chain, format_box, own_p_min_text
 from ui.state import AppOptions, AppState, SessionState
 from ui.views import all_views
 
@@ -51,7 +51,7 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
         c["target"] = gr.Textbox(label="Target model", value=rt.target.name if rt else "embedded",
                                  info="embedded, a HF hub id, a local directory or a .gguf file", elem_id="target-box")
         c["draft"] = gr.Textbox(label="Draft model", value=rt.draft.name if rt and rt.draft else "",
-                                placeholder="none", info="same vocabulary as the target; enables draft-simple",
+                                placeholder="none", info="enables draft-simple; another vocabulary: draft-uni",
                                 elem_id="draft-box")
         # a shared demo (not loopback) keeps its model unless the host allows loading (--allow-model-load)
         allowed = app.options.allow_model_load
@@ -59,7 +59,7 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
                               variant="secondary", elem_id="load-btn", interactive=allowed)
         c["model_status"] = gr.HTML(model_status(app), elem_id="model-status")
         gr.Markdown("### Speculation")
-        types = gr.Dropdown(ALL_TYPES, value=default_types(rt.target if rt else None), multiselect=True,
+        types = gr.Dropdown(ALL_TYPES, value=default_chain(rt, app.options.eagle3), multiselect=True,
                             label="Drafter chain, in relay order",
                             info="the first drafter with a proposal wins the round (with a tree of drafts: every "
                                  "drafter proposes); order = order of selection; empty = plain decoding",

@@ -13,7 +13,7 @@ import gradio as gr
 from ui.loader import load_models
 from ui.render import notice_html
 from ui.session import UserError, converse, step_turn, stop_turn
-from ui.settings import DRAFT_MODEL_TYPE, chain_for_target, settings_from
+from ui.settings import DRAFT_MODEL_TYPE, chain_for_target, settings_from, with_draft_type
 from ui.state import AppState, SessionState
 from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views, chat_view, waiting_views
 
@@ -102,7 +102,8 @@ def model_status(app: AppState, extra: str = "", level: str = "info") -> str:
 
 
 def load(app: AppState, target: str, draft: str, types: list | None) -> tuple:
-    """Load models; on failure say why and keep what was loaded. A draft model joins the chain as draft-simple."""
+    """Load models; on failure say why and keep what was loaded. A draft model joins the chain as draft-simple, or
+    as draft-uni where its vocabulary is not the target's (the engine's draft_type)."""
     before = app.runtime.target if app.runtime is not None else None
     try:
         status = load_models(app, target, draft)
@@ -110,8 +111,8 @@ def load(app: AppState, target: str, draft: str, types: list | None) -> tuple:
         gr.Warning(str(e))
         return model_status(app, f"{e} (kept the models that were loaded)", "error"), gr.skip()
     types = list(types or [])
-    if app.runtime.draft is not None and DRAFT_MODEL_TYPE not in types:
-        types.append(DRAFT_MODEL_TYPE)  # a draft model drafts only through draft-simple
+    if app.runtime.draft is not None:
+        types = with_draft_type(types, getattr(app.runtime.engine, "draft_type", None) or DRAFT_MODEL_TYPE)
     if app.runtime.target is not before:
         types, note = chain_for_target(types, app.runtime.target)
         status = f"{status}. {note}" if note else status

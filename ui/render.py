@@ -26,7 +26,8 @@ REJECTED_RUN = re.compile(r'<s class="rej-group">.*?</s>', re.DOTALL)
 
 
 def drafter_tag(name: str | None) -> str:
-    """A short drafter name for inline tags: 'ngram-map-k' -> 'map-k', 'draft-simple' -> 'draft', 'draft-head' -> 'head'."""
+    """A short drafter name for inline tags: 'ngram-map-k' -> 'map-k', 'draft-simple' -> 'draft', 'draft-head' -> 'head',
+    'draft-uni' -> 'uni'."""
     if not name:
         return ""
     if name == "draft-simple":
@@ -35,6 +36,8 @@ def drafter_tag(name: str | None) -> str:
         return "head"
     if name == "draft-eagle3":
         return "eagle3"
+    if name == "draft-uni":
+        return "uni"
     return name.removeprefix("ngram-")
 
 

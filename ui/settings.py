@@ -7,7 +7,16 @@ from dataclasses import dataclass, field
 from engine import NGRAM_CHAIN, PRIORITY, GenParams, GrammarSpec, SamplerParams, SpecParams
 
 DEFAULT_CHAIN = list(NGRAM_CHAIN)
-DRAFT_MODEL_TYPE = "draft-simple"
+DRAFT_MODEL_TYPE = "draft-simple"  # a draft model with the target's vocabulary
+DRAFT_UNI_TYPE = "draft-uni"  # one with another vocabulary: it drafts through text
+DRAFT_MODEL_TYPES = (DRAFT_MODEL_TYPE, DRAFT_UNI_TYPE)
+
+
+def with_draft_type(types: list[str], kind: str) -> list[str]:
+    """The chain once a draft model is loaded: it drafts through `kind` (the engine's draft_type), and the other
+    draft-model type leaves the chain, since the engine would refuse it at the first answer."""
+    kept = [t for t in types if t not in DRAFT_MODEL_TYPES or t == kind]
+    return kept if kind in kept else kept + [kind]
 HEAD_TYPE = "draft-head"
 ALL_TYPES = list(PRIORITY)
 GRAMMAR_TYPE = "grammar"
@@ -59,6 +68,16 @@ def default_types(target) -> list[str]:
     head pays on open prompts, where the n-grams find nothing to copy, and after the n-grams it was the
     fastest chain on open and copy prompts alike (docs/measured.md, the draft head)."""
     return DEFAULT_CHAIN + ([HEAD_TYPE] if _head_fits(target) else [])
+
+
+def default_chain(runtime, eagle3: str | None = None) -> list[str]:
+    """The chain a page (or an API request) starts with for the loaded models: default_types, then the loaded
+    draft model's drafter (draft-simple, or draft-uni for another vocabulary), and the EAGLE-3 head that
+    --draft named (draft-eagle3)."""
+    types = default_types(runtime.target if runtime is not None else None)
+    if runtime is not None and runtime.draft is not None:
+        types = with_draft_type(types, getattr(runtime.engine, "draft_type", None) or DRAFT_MODEL_TYPE)
+    return types + (["draft-eagle3"] if eagle3 else [])
 
 
 def chain_for_target(types: list[str], target) -> tuple[list[str], str]:

@@ -48,6 +48,8 @@ class Runtime:
     def describe(self) -> str:
         probe = self.engine.probe
         draft = self.draft.name if self.draft is not None else "none"
+        if getattr(self.engine, "draft_mismatch", None):
+            draft += " (another vocabulary: draft-uni)"
         ctx = self.engine.ctx
         forward = ctx.describe_forward()
         model = getattr(self.target, "model", None)

@@ -38,6 +38,15 @@ def rollback_text(ev) -> str:
     return "–"
 
 
+def retokenized(ev) -> str:
+    """A draft model of another vocabulary drafted in its own tokens: those, and the target tokens they became."""
+    if not getattr(ev, "draft_pieces", None):
+        return ""
+    own = ", ".join(html.escape(repr(p)) for p in ev.draft_pieces)  # quoted: a piece's leading space shows
+    target = ", ".join(html.escape(repr(p)) for p in ev.target_pieces)
+    return f'<div class="muted retok">draft tokens: [{own}] → target tokens: [{target}]</div>'
+
+
 def timeline_row(ev, vocab: Vocab, context: list[int]) -> str:
     """One round as a table row; `context` is the answer before this round (to decode the pieces)."""
     k, m = len(ev.drafted), ev.n_accepted
@@ -51,7 +60,7 @@ def timeline_row(ev, vocab: Vocab, context: list[int]) -> str:
         ratio = ""
     else:
         drafter = html.escape(ev.drafter or "?")
-        drafted = chips(ev.drafted, vocab.pieces(context, ev.drafted), m, ev.p0) + tree_summary(ev)
+        drafted = chips(ev.drafted, vocab.pieces(context, ev.drafted), m, ev.p0) + tree_summary(ev) + retokenized(ev)
         ratio = f"{m}/{len(ev.tree_tokens) or k}"
     target = ""
     if len(ev.emitted) > m:  # the target's own token; missing when a stop cut the accepted run

@@ -5,8 +5,9 @@ outputs are identical (the lossless check comes before any speed claim), and wri
 configuration with the columns of engine.bench.rows.COLUMNS. A run with a drafter that gives its distribution
 (draft-simple, draft-head) at --temp > 0 is verified by rejection sampling, which is lossless in distribution
 but draws differently from plain sampling, so the same seed gives other tokens: its `lossless_ok` is "n/a"
-(`python -m engine.bench.dist` checks the distribution instead); n-gram drafters at --temp > 0 are verified by
-sample-and-match and are still compared token for token. `--compare hf,llama.cpp` adds other implementations
+(`python -m engine.bench.dist` checks the distribution instead); n-gram drafters and draft-uni (a --draft model of
+another vocabulary, drafting through text) at --temp > 0 are verified by sample-and-match and are still compared
+token for token. `--compare hf,llama.cpp` adds other implementations
 on the same prompt ids (engine.bench.compare): transformers' generate and prompt lookup on a stock float32
 copy, and llama.cpp on the same GGUF; `--dtype` picks our weights' dtype (engine.load.dtype). `--n-max`, `--parallel`, `--ctx-len` and
 `--synthetic-accept` take comma-separated lists and the bench runs their cross product (engine.bench.sweep);

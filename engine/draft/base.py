@@ -111,6 +111,9 @@ class Drafter:
 
     name = "none"
     needs_model = False  # True for drafters that run a network (ordered after the n-gram ones)
+    # True for drafters whose result_q is a distribution over the target's vocabulary. Rejection sampling needs
+    # one; the chain drops any q from the others, whose drafts are then verified by sample-and-match
+    gives_q = False
     hidden_layers: tuple[int, ...] = ()  # target hidden states this drafter reads in process() (see context.py)
 
     def begin(self, seq: int, prompt: list[int]) -> None:
@@ -139,6 +142,11 @@ class Drafter:
 
     def seq_rm(self, seq: int) -> None:
         """The sequence left (slot freed): drop its state."""
+
+    def retokenized(self, seq: int) -> Any:
+        """A drafter of another vocabulary: its last draft for `seq` in its own tokens and in the target's, for
+        the round's event (draft_uni.Retokenized); None for the others."""
+        return None
 
     def seq_cp(self, src: int, dst: int, n: int) -> None:
         """The target's cache gave `dst` the first `n` positions of `src` (a shared prompt prefix, llama.cpp's

@@ -30,6 +30,8 @@ DRAFTER_TYPES: dict[str, tuple[str, str]] = {
     "draft-head": ("engine.draft.draft_head", "DraftHeadDrafter"),  # the trained EAGLE-style head
     # a published EAGLE-3 head (the EAGLE authors' or speculators' checkpoint layout), given as --draft DIR
     "draft-eagle3": ("engine.draft.draft_eagle3", "Eagle3Drafter"),
+    # a draft model of another vocabulary, drafting through text (engine/draft/draft_uni.py)
+    "draft-uni": ("engine.draft.draft_uni", "DraftUniDrafter"),
     # not a real drafter: full-length drafts for synthetic-acceptance measurements (SpecParams.synthetic_accept)
     "synthetic": ("engine.draft.synthetic", "SyntheticDrafter"),
     # not a real drafter either: the answer a measurement already knows (SpecParams.reference), the arena's ceiling
@@ -94,6 +96,8 @@ class DrafterChain:
         self.k_last: dict[int, int] = {}  # seq -> length of that draft
         self.gate = DrafterGate()  # tree mode: whether a model drafter's time pays for a slot (engine/draft/gate.py)
         self.skipped: dict[int, list[str]] = {}  # seq -> this round's gate decisions against drafting, why
+        # seq -> this round's draft from a drafter of another vocabulary, in both tokenisations (for the event)
+        self.retokenized: dict[int, object] = {}
 
     def _both(self, seq: int, name: str) -> tuple[DrafterStats, DrafterStats]:
         per = self.seq_stats.setdefault(seq, {})
@@ -124,6 +128,7 @@ class DrafterChain:
         for r in requests:
             self.impl_last[r.seq] = None
             self.skipped.pop(r.seq, None)
+            self.retokenized.pop(r.seq, None)
             r.drafting = r.n_max > 0
         n_stages = max((len(self.types.get(r.seq, [])) for r in requests), default=0)
         ngrams_gated = {r.seq for r in requests if r.drafting and not self._gate_ngrams(r)}
@@ -157,6 +162,7 @@ class DrafterChain:
                 s.n_call_draft += 1
                 for r, s_seq in zip(active, per_seq):
                     s_seq.n_call_draft += 1
+                    self._keep_extras(r, name)
                     if r.tree_max > 0:
                         k = self._merge(r, name)
                         if k == 0:
@@ -207,6 +213,18 @@ class DrafterChain:
             return True
         self.skipped.setdefault(r.seq, []).append(self.gate.why(r.seq, name))
         return False
+
+    def _keep_extras(self, r: DraftRequest, name: str) -> None:
+        """What the chain keeps of a result besides its tokens. q only from a drafter whose q is over the target's
+        vocabulary: rejection sampling needs exactly that, and a request without q is verified by sample-and-match
+        (engine/round/chain_verify.py, judge), which is exact too. And a drafter of another vocabulary's two
+        tokenisations of its draft, for the round's event."""
+        impl = self.pool[name]
+        if not impl.gives_q:
+            r.result_q = None
+        record = impl.retokenized(r.seq)
+        if record is not None and r.result:
+            self.retokenized[r.seq] = record
 
     def _merge(self, r: DraftRequest, name: str) -> int:
         """Tree mode: move the fresh result (a chain, or a drafter's own tree) into the request's tree, shared
@@ -328,6 +346,7 @@ class DrafterChain:
         self.impl_last.pop(seq, None)
         self.k_last.pop(seq, None)
         self.skipped.pop(seq, None)
+        self.retokenized.pop(seq, None)
         self.gate.forget(seq)
         if self.policy is not None:
             self.policy.forget(seq)

@@ -102,6 +102,7 @@ class DraftHeadDrafter(Drafter):
     name = "draft-head"
     needs_model = True
     first_entry = 0  # head KV entries never attended to at the start of a sequence (_SeqState.first)
+    gives_q = True  # its q is over the target's own vocabulary
 
     def __init__(self, target=None, params: DraftHeadParams | None = None, head: DraftHead | None = None):
         if target is None:

@@ -39,6 +39,7 @@ class DraftModelParams:
 class DraftModelDrafter(Drafter):
     name = "draft-simple"
     needs_model = True
+    gives_q = True  # the same vocabulary: its q is over the target's ids
 
     def __init__(self, model=None, params: DraftModelParams | None = None):
         if model is None:

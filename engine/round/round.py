@@ -249,6 +249,9 @@ class Round:
             if budget is not None and ev.seq in plan.requests:  # a replay slot drafted nothing
                 self._note_budget(ev, plan)
             self._note_skipped(ev, plan)
+            record = self.chain.retokenized.get(ev.seq)
+            if record is not None and ev.kind == "spec":
+                ev.draft_pieces, ev.target_pieces = list(record.draft_pieces), list(record.target_pieces)
         self.slot_budget.next_round()
         for slot in rb.in_batch:
             if slot.state == "done":

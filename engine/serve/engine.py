@@ -20,6 +20,7 @@ from engine.draft.base import Drafter
 from engine.draft.chain import DrafterChain, default_params, make_drafter, parse_types
 from engine.events import ErrorEvent, RoundEvent
 from engine.grammar import Grammar
+from engine.load.errors import VocabMismatchError
 from engine.load.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
 from engine.cost.calibrate import calibrate as time_forwards
@@ -50,8 +51,14 @@ class Engine:
                  n_draft: int = 16, n_rs: int = 0, fair: bool = True, threads: int | None = None):
         """threads: forwards on this many threads always; None: all of torch's, fewer while another process
         holds cores (engine/serve/threads.py; only with a calibrated cost curve to measure against)."""
+        # why the draft model's vocabulary is not the target's (None: it is, or there is no draft model): such a
+        # model drafts through text, as draft-uni, where draft-simple would propose ids the target reads otherwise
+        self.draft_mismatch: str | None = None
         if draft is not None:
-            check_vocab_compatible(target, draft)
+            try:
+                check_vocab_compatible(target, draft)
+            except VocabMismatchError as e:
+                self.draft_mismatch = str(e)
         if n_seq_max < 1:
             raise ValueError(f"need at least one slot, got {n_seq_max}")
         if n_ctx < n_seq_max * MIN_CELLS_PER_SLOT:
@@ -123,13 +130,8 @@ class Engine:
     def drafter(self, name: str) -> Drafter:
         if name not in self.pool:
             kwargs = {}
-            if name == "draft-simple":
-                if self.draft_model is None:
-                    raise ValueError("draft-simple needs a draft model: load one first")
-                from engine.draft.draft_model import DraftModelParams
-                kwargs = dict(model=self.draft_model.model,
-                              params=DraftModelParams(n_ctx=self.ctx.n_ctx, n_seq_max=self.ctx.n_seq_max,
-                                                      n_vocab=self.ctx.n_vocab))
+            if name in ("draft-simple", "draft-uni"):
+                kwargs = self._draft_model_kwargs(name)
             elif name == "draft-head":
                 from engine.draft.draft_head import DraftHeadParams
                 # the head reads the target's embeddings and hidden states
@@ -144,6 +146,35 @@ class Engine:
             wanted = set(self.ctx.hidden_layers) | set(self.pool[name].hidden_layers)
             self.ctx.hidden_layers = tuple(sorted(wanted))
         return self.pool[name]
+
+    @property
+    def draft_type(self) -> str | None:
+        """The drafter a loaded draft model drafts through: draft-simple with the target's vocabulary, draft-uni
+        with another; None without a draft model."""
+        if self.draft_model is None:
+            return None
+        return "draft-uni" if self.draft_mismatch is not None else "draft-simple"
+
+    def _draft_model_kwargs(self, name: str) -> dict:
+        from engine.draft.draft_model import DraftModelParams
+
+        if self.draft_model is None:
+            raise ValueError(f"{name} needs a draft model: load one first")
+        if name == "draft-simple" and self.draft_mismatch is not None:
+            raise ValueError(f"draft-simple needs a draft model with the target's vocabulary, and this one's differs "
+                             f"({self.draft_mismatch}): use draft-uni, which drafts through text")
+        model = DraftModelParams(n_ctx=self.ctx.n_ctx, n_seq_max=self.ctx.n_seq_max,
+                                 n_vocab=self.ctx.n_vocab if name == "draft-simple" else None)
+        if name == "draft-simple":
+            return dict(model=self.draft_model.model, params=model)
+        from dataclasses import replace
+
+        from engine.draft.draft_uni import DraftUniParams
+
+        # the cache's size follows the engine's; the rest may be given (drafter_params)
+        params = replace(self.drafter_params.get(name) or DraftUniParams(), model=model)
+        return dict(model=self.draft_model.model, draft_tokenizer=self.draft_model.tokenizer,
+                    target_tokenizer=self.target.tokenizer, params=params)
 
     # ---- slots -------------------------------------------------------------------------------------------
 
