@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from engine.bench.cli import load_prompts
 from engine.bench.contest import ArenaParams, engine_runner, run_arena
@@ -30,7 +31,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompts", required=True, help="JSONL: {id, messages} or {id, prompt}")
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts of the file")
     ap.add_argument("--target", default="embedded")
-    ap.add_argument("--draft", default=None, help="a draft model: lets draft-simple compete")
+    ap.add_argument("--draft", default=None, help="a draft model (draft-simple or, of another vocabulary, draft-uni "
+                    "competes) or a directory holding an EAGLE-3 head (draft-eagle3 competes)")
     ap.add_argument("--n-max", type=int, default=8, help="draft tokens per round at most, every contender")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--chain", default=None,
@@ -63,10 +65,16 @@ def load(args: argparse.Namespace, n_max: int):
     from engine.load.models import load_model
     from engine.serve.engine import Engine
 
+    from engine.draft.draft_eagle3 import Eagle3Params
+    from engine.load.eagle3 import is_eagle3_dir
+
     target = load_model(args.target, trust_remote_code=args.trust_remote_code, dtype=args.dtype)
+    eagle3 = args.draft if args.draft and is_eagle3_dir(args.draft) else None
     draft = (load_model(args.draft, trust_remote_code=args.trust_remote_code, dtype=args.dtype)
-             if args.draft else None)
-    engine = Engine(target, draft=draft, n_ctx=args.n_ctx, n_seq_max=1, n_draft=n_max, threads=args.threads)
+             if args.draft and not eagle3 else None)
+    drafter_params = {"draft-eagle3": Eagle3Params(weights=Path(eagle3))} if eagle3 else None
+    engine = Engine(target, draft=draft, n_ctx=args.n_ctx, n_seq_max=1, n_draft=n_max, threads=args.threads,
+                    drafter_params=drafter_params)
     if not engine.probe.can_speculate:
         raise RuntimeError(f"speculation is off for this model: {engine.probe.reason}")
     return target, draft, engine
@@ -81,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         params = params_from(args)
         prompts = load_prompts(args.prompts)[:args.limit]
         target, draft, engine = load(args, params.n_max)
+        params.eagle3 = args.draft if draft is None and args.draft else None
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

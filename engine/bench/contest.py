@@ -37,6 +37,7 @@ class ArenaParams:
     adaptive: bool = True  # real drafters under the length policy, as the app runs them; the oracle never is
     chain: list[str] | None = None  # the chain contender in relay order; None: default_chain(target)
     ignore_eos: bool = False  # answers of exactly max_new_tokens, past end-of-sequence
+    eagle3: str | None = None  # a directory holding an EAGLE-3 head the engine was given: draft-eagle3 competes
 
 
 @dataclass
@@ -64,14 +65,29 @@ def default_chain(target) -> list[str]:
     return list(NGRAM_CHAIN) + (["draft-head"] if head_fits(target) else [])
 
 
-def why_not(name: str, target, draft) -> str | None:
+def why_not(name: str, target, draft, eagle3: str | None = None) -> str | None:
     """Why a drafter cannot compete with these models (None: it can)."""
+    from engine.load.errors import VocabMismatchError
+    from engine.load.models import check_vocab_compatible
+
     if name == "grammar":
         return "drafts only the tokens an output format forces; the arena's answers are free text"
-    if name == "draft-simple" and draft is None:
-        return "needs a draft model (--draft); none is loaded"
+    if name in ("draft-simple", "draft-uni"):
+        if draft is None:
+            return "needs a draft model (--draft); none is loaded"
+        try:
+            check_vocab_compatible(target, draft)
+            shared = True
+        except VocabMismatchError:
+            shared = False
+        if shared and name == "draft-uni":
+            return "the draft model shares the target's vocabulary: draft-simple drafts with it"
+        if not shared and name == "draft-simple":
+            return "the draft model's vocabulary is not the target's: draft-uni drafts with it"
     if name == "draft-head" and not head_fits(target):
         return "its head was trained for another target"
+    if name == "draft-eagle3" and not eagle3:
+        return "needs an EAGLE-3 head (--draft DIR); none is loaded"
     return None
 
 
@@ -79,12 +95,12 @@ def contenders(target, draft, params: ArenaParams) -> tuple[list[Contender], lis
     """Plain, every drafter that can run alone, the chain, the oracle; and the skipped drafters, each with why."""
     out, skipped = [Contender("plain", "plain")], []
     for name in PRIORITY:
-        why = why_not(name, target, draft)
+        why = why_not(name, target, draft, params.eagle3)
         if why:
             skipped.append(f"{name}: {why}")
         else:
             out.append(Contender(name, "drafter", [name]))
-    chain = [t for t in (params.chain or default_chain(target)) if why_not(t, target, draft) is None]
+    chain = [t for t in (params.chain or default_chain(target)) if why_not(t, target, draft, params.eagle3) is None]
     if chain:
         out.append(Contender("chain", "chain", chain))
     out.append(Contender("oracle", "oracle", ["oracle"]))
