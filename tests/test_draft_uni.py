@@ -143,6 +143,7 @@ def test_sample_and_match_gives_plain_sampling_text_for_the_same_seed(engine, pa
         assert tokens(events) == plain
         spec = [e for e in events if e.kind == "spec"]
         assert all(e.verify_mode == "match" and e.q_draft is None for e in spec)
+        assert any("not rejection sampling" in note for note in events[0].notes)  # the user is told why
         n_spec += len(spec)
     assert n_spec > 0, "no draft was verified: nothing was compared"
 

@@ -250,6 +250,14 @@ class Engine:
                    if params.spec.synthetic_accept is not None else None)
             if why:
                 slot.notes.append(f"trees of drafts are off for this generation ({why}): drafts are chains")
+        if params.sampling.temp > 0:
+            # rejection sampling needs the draft's q over the target's ids; a model drafter of another
+            # vocabulary has none, and its drafts go through sample-and-match (lossless all the same)
+            for name in params.spec.types:
+                drafter = self.drafter(name)
+                if drafter.needs_model and not drafter.gives_q:
+                    slot.notes.append(f"{name} gives no distribution over the target's vocabulary: its drafts are "
+                                      "verified by sample-and-match, not rejection sampling")
         if params.spec.synthetic_accept is not None:
             # a stream per slot: the sampler's seed and the slot, so concurrent slots toss independent coins
             coin_seed = params.sampling.seed ^ 0x5BD1E995 ^ (seq * 0x9E3779B1)
