@@ -31,8 +31,8 @@ _FACE = {  # public name -> (module, its name there)
     "DTYPE_CHOICES": ("engine.load.dtype", "CHOICES"),
     "linear_paths": ("engine.forward.prepack", "linear_paths"),
     # drafters and their counters
-    "NGRAM_CHAIN": ("engine.draft.chain", "NGRAM_CHAIN"),
-    "PRIORITY": ("engine.draft.chain", "PRIORITY"),
+    "NGRAM_CHAIN": ("engine.draft.registry", "NGRAM_CHAIN"),
+    "PRIORITY": ("engine.draft.registry", "PRIORITY"),
     "DraftHeadParams": ("engine.draft.draft_head", "DraftHeadParams"),
     "DraftModelParams": ("engine.draft.draft_model", "DraftModelParams"),
     "head_fits": ("engine.draft.draft_head", "head_fits"),

@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=96)
     a = ap.parse_args()
 
-    from engine.draft.chain import NGRAM_CHAIN
+    from engine.draft.registry import NGRAM_CHAIN
     from engine.grammar import GrammarSpec
     from engine.load.models import load_model
     from engine.params import GenParams, SpecParams

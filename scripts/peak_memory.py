@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new", type=int, default=96)
     a = ap.parse_args(argv)
 
-    from engine.draft.chain import NGRAM_CHAIN
+    from engine.draft.registry import NGRAM_CHAIN
     from engine.load.models import load_model
     from engine.params import GenParams, SpecParams
     from engine.serve.engine import Engine

@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.bench.run import prompt_grammar, prompt_ids_of  # noqa: E402
-from engine.draft.chain import NGRAM_CHAIN  # noqa: E402
+from engine.bench.inputs import prompt_grammar  # noqa: E402
+from engine.bench.run import prompt_ids_of  # noqa: E402
+from engine.draft.registry import NGRAM_CHAIN  # noqa: E402
 from engine.load.models import load_model  # noqa: E402
 from engine.params import GenParams, SamplerParams, SpecParams  # noqa: E402
 from engine.round.round import Round  # noqa: E402

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.draft.chain import NGRAM_CHAIN
+from engine.draft.registry import NGRAM_CHAIN
 from engine.draft.draft_head import DraftHeadDrafter, DraftHeadParams, head_fits
 from engine.draft.head_net import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
 from engine.draft.head_tree import HeadTreeParams

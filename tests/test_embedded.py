@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.draft.chain import NGRAM_CHAIN
+from engine.draft.registry import NGRAM_CHAIN
 from engine.params import GenParams, SpecParams
 from engine.serve.engine import Engine
 from tiny import suite_dtype

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.draft.chain import NGRAM_CHAIN
+from engine.draft.registry import NGRAM_CHAIN
 from engine.draft.ngram import NgramMapParams, NgramSimpleParams
 from engine.draft.ngram_mod import NgramModParams
 from engine.load.models import ModelLoadError, load_model

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.round import verify
-from engine.draft.chain import NGRAM_CHAIN
+from engine.draft.registry import NGRAM_CHAIN
 from engine.grammar import Grammar, GrammarSpec
 from engine.params import GenParams, SpecParams
 from engine.sampling import Sampler, SamplerParams

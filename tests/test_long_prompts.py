@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.draft.chain import NGRAM_CHAIN
+from engine.draft.registry import NGRAM_CHAIN
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine

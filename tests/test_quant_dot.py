@@ -136,7 +136,7 @@ def test_auto_takes_int8_for_blocks_where_it_is_timed_faster(monkeypatch, tiny_t
 
 
 def test_speculation_on_the_int8_embedded_model_is_token_identical():
-    from engine.draft.chain import NGRAM_CHAIN
+    from engine.draft.registry import NGRAM_CHAIN
     from engine.load.models import load_model
     from engine.params import GenParams, SpecParams
     from engine.forward.prepack import linear_paths

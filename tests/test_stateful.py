@@ -5,7 +5,7 @@ decoding at temp 0 and to plain sampling with the same seed (sample-and-match) a
 import pytest
 import torch
 
-from engine.draft.chain import NGRAM_CHAIN
+from engine.draft.registry import NGRAM_CHAIN
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine

@@ -8,7 +8,7 @@ import torch
 
 from engine.batch import Batch
 from engine.memory.context import ModelContext
-from engine.draft.chain import NGRAM_CHAIN
+from engine.draft.registry import NGRAM_CHAIN
 from engine.params import GenParams, SpecParams
 from engine.sampling import Sampler, SamplerParams
 from engine.serve.engine import Engine
@@ -706,7 +706,8 @@ def test_the_gate_keeps_rounds_the_ngrams_cover_apart():
 
 def test_a_resting_slot_probes_with_the_ngram_drafters_only():
     from engine.draft.base import DraftRequest, Drafter
-    from engine.draft.chain import DrafterChain, make_drafter
+    from engine.draft.chain import DrafterChain
+    from engine.draft.registry import make_drafter
     from engine.cost.curve import CostModel
     from engine.draft.policy import DraftLengthPolicy
 
@@ -733,7 +734,8 @@ def test_a_resting_slot_probes_with_the_ngram_drafters_only():
 
 def test_the_ngram_drafters_are_gated_as_one_where_their_nodes_gain_nothing():
     from engine.draft.base import DraftRequest
-    from engine.draft.chain import NGRAMS, DrafterChain, make_drafter
+    from engine.draft.chain import DrafterChain
+    from engine.draft.registry import NGRAMS, make_drafter
     from engine.draft.gate import GateParams
     from engine.cost.curve import CostModel
     from engine.draft.policy import DraftLengthPolicy

@@ -566,7 +566,7 @@ def test_failed_loads_keep_the_models_that_were_loaded(monkeypatch):
 
 
 def test_default_chain_ends_with_the_head_only_for_the_model_it_was_trained_for(embedded, tiny_target):
-    from engine.draft.chain import NGRAM_CHAIN
+    from engine.draft.registry import NGRAM_CHAIN
     from ui.settings import default_types
 
     assert default_types(embedded) == NGRAM_CHAIN + ["draft-head"]
@@ -576,7 +576,7 @@ def test_default_chain_ends_with_the_head_only_for_the_model_it_was_trained_for(
 
 def test_loading_another_target_takes_the_head_out_of_the_chain_and_back(monkeypatch, embedded, tiny_target):
     import ui.loader
-    from engine.draft.chain import NGRAM_CHAIN
+    from engine.draft.registry import NGRAM_CHAIN
     from ui.handlers import load
     from ui.state import Runtime
 
@@ -769,7 +769,8 @@ def test_a_run_cut_by_the_full_cache_is_judged_on_the_tokens_both_runs_have():
 
 
 def test_a_conversation_longer_than_the_context_drops_its_oldest_turns_and_says_so():
-    from ui.session import converse, fit_conversation
+    from ui.conversation import fit_conversation
+    from ui.session import converse
     from ui.state import SessionState
 
     session = SessionState(history=[{"role": "user", "content": "a " * 30}, {"role": "assistant", "content": "b"},

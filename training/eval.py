@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.bench.stats import formula, geomean
-from engine.draft.chain import NGRAM_CHAIN
+from engine.draft.registry import NGRAM_CHAIN
 from engine.load.dtype import CHOICES as DTYPES
 
 ROOT = Path(__file__).resolve().parents[1]

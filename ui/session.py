@@ -14,6 +14,7 @@ from engine import ErrorEvent, WaitEvent
 from ui.formatcheck import format_html
 from ui.render import compare_html, user_bubble
 from ui.run import RunRecord
+from ui.conversation import dropped_note, fit_conversation, wait_text
 from ui.settings import Settings
 from ui.state import Active, AppState, SessionState
 
@@ -33,24 +34,6 @@ class UserError(Exception):
     def __init__(self, message: str, level: str = "warn"):
         super().__init__(message)
         self.level = level
-
-
-def messages_for(session: SessionState, text: str) -> list[dict]:
-    return session.history + [{"role": "user", "content": text}]
-
-
-def fit_conversation(encode, session: SessionState, text: str, room: int, limit: int | None) -> tuple[list[int], int]:
-    """(the prompt's token ids, turns left out): the conversation with its oldest turns dropped, a user message
-    and its answer at a time, until the prompt and `room` answer tokens fit `limit` (llama-server drops the
-    oldest tokens of a slot's context the same way). The new message itself is always kept."""
-    history = list(session.history)
-    ids = encode(history + [{"role": "user", "content": text}])
-    dropped = 0
-    while limit is not None and history and len(ids) + room > limit:
-        history = history[2:]
-        dropped += 1
-        ids = encode(history + [{"role": "user", "content": text}])
-    return ids, dropped
 
 
 def submit(app: AppState, session: SessionState, text: str, settings: Settings, manual: bool = False,
@@ -105,14 +88,6 @@ def start_turn(app: AppState, session: SessionState, text: str, settings: Settin
     return active
 
 
-def dropped_note(session: SessionState) -> str:
-    n = session.dropped_turns
-    if not n:
-        return ""
-    return (f"The conversation is longer than the context: its {n} oldest turn{'s' if n > 1 else ''} "
-            f"{'are' if n > 1 else 'is'} left out of this prompt.")
-
-
 def read_events(active: Active, timeout: float) -> list:
     """Events that arrived: wait up to `timeout` for the first, then take whatever else is queued, so a slow
     page merges rounds instead of falling behind the engine. A place in line ends the batch: it is shown alone."""
@@ -125,20 +100,6 @@ def read_events(active: Active, timeout: float) -> list:
     except queue.Empty:
         pass
     return out
-
-
-def wait_text(position: int, manual: bool, comparing: bool = False) -> str:
-    if position == 0:
-        return ("Step mode was idle while others waited, so this answer gave its slot to them; the next Step "
-                "takes a slot again and goes on where it stopped.")
-    then = ("the runs of the speedup comparison start" if comparing else
-            "the next round runs" if manual else "the answer starts")
-    return f"Waiting for a slot: {ordinal(position)} in line. Other sessions are generating; {then} when one frees."
-
-
-def ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 def take(session: SessionState, active: Active, events: list) -> None:

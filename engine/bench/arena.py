@@ -22,7 +22,7 @@ from engine.bench.cli import load_prompts
 from engine.bench.contest import ArenaParams, engine_runner, run_arena
 from engine.bench.leaderboard import format_table, leaderboard, write_csv, write_png
 from engine.bench.run import prompt_ids_of
-from engine.draft.chain import parse_types
+from engine.draft.registry import parse_types
 from engine.load.dtype import CHOICES
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from engine.bench.compare import Comparators, parse_compare
 from engine.bench.lossless import WHY_NA, why_na
 from engine.bench.rows import write_rows
-from engine.bench.run import BenchConfig, prompt_grammar
+from engine.bench.inputs import prompt_grammar
+from engine.bench.run import BenchConfig
 from engine.bench.stats import OTHER_IMPLEMENTATIONS, geomean, is_other, print_sweep_summary
 from engine.bench.sweep import cells_needed, run_sweep, sweep_from_args
 from engine.load.dtype import CHOICES

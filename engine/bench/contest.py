@@ -19,7 +19,7 @@ from typing import Callable
 from engine.bench.live import LiveBenchError, collect_events
 from engine.bench.lossless import lossless_check
 from engine.bench.run import RunResult
-from engine.draft.chain import NGRAM_CHAIN, PRIORITY
+from engine.draft.registry import NGRAM_CHAIN, PRIORITY
 from engine.draft.draft_head import head_fits
 from engine.events import ErrorEvent, RoundEvent
 from engine.params import GenParams, SpecParams

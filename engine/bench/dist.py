@@ -172,7 +172,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, DistParams]:
     ap.add_argument("--no-plain", action="store_true", help="skip plain sampling (the harness check)")
     ap.add_argument("--trust-remote-code", action="store_true")
     a = ap.parse_args(argv)
-    from engine.draft.chain import parse_types
+    from engine.draft.registry import parse_types
 
     p = DistParams(types=parse_types(a.spec), **{k: getattr(a, k) for k in vars(d) if k not in ("types", "plain")},
                    plain=not a.no_plain)

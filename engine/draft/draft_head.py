@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from engine.batch import Batch
 from engine.draft.base import Drafter, DraftRequest, DraftStreams, top_k_q
 from engine.draft.head_net import DraftHead, HeadConfig, fingerprint_matches, load_head
+from engine.draft.head_state import HeadSeqState
 from engine.draft.head_tree import HeadTreeParams, StepCost, TreeSeed, grow_many
 from engine.forward.mapped import drop_resident
 from engine.prefix import common_prefix
@@ -46,62 +47,10 @@ class DraftHeadParams:
     prefill_rows: int = 16
 
 
-class _SeqState:
-    """One sequence's stores: target features and head KV entries, both indexed by position."""
-
-    def __init__(self, n_feat: int, n_kv: int, head_dim: int, first: int = 0):
-        # entries before `first` are kept (their positions stay aligned with the tokens) but never attended to:
-        # EAGLE-3 has no entry for a sequence's first token, which no target hidden state precedes
-        self.first = first
-        self.feats = torch.zeros(0, n_feat)  # [cap, layers*hidden] target features
-        self.feat_tok = torch.zeros(0, dtype=torch.long)  # token of the row that wrote each feature (-1: none)
-        # head keys (RoPE applied) and values per position, entries 0..len(kv_tokens)-1 in use: stores that
-        # grow by doubling, written in place, as a round adds one to four entries to each
-        self.k_store = torch.zeros(0, n_kv, head_dim)
-        self.v_store = torch.zeros(0, n_kv, head_dim)
-        self.kv_tokens: list[int] = []  # token of each head KV entry
-
-    def write(self, pos: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, grow: int) -> None:
-        """Features [n, n_feat] of the rows at positions `pos` (distinct) that held `tokens`."""
-        self.reserve(int(pos.max()) + 1, grow)
-        self.feats[pos] = feats
-        self.feat_tok[pos] = tokens
-
-    @property
-    def k(self) -> torch.Tensor:
-        return self.k_store[self._lo():len(self.kv_tokens)]
-
-    @property
-    def v(self) -> torch.Tensor:
-        return self.v_store[self._lo():len(self.kv_tokens)]
-
-    def _lo(self) -> int:
-        """The first attended entry; all of them where there are no others (a query needs a key)."""
-        return self.first if len(self.kv_tokens) > self.first else 0
-
-    def put_kv(self, k: torch.Tensor, v: torch.Tensor, tokens: list[int]) -> None:
-        """Append entries k, v [n, kv_heads, d] of `tokens`."""
-        start, end = len(self.kv_tokens), len(self.kv_tokens) + len(tokens)
-        if end > self.k_store.shape[0]:
-            size = max(end, 2 * self.k_store.shape[0], 64)
-            self.k_store = torch.cat([self.k_store[:start], torch.zeros(size - start, *k.shape[1:])])
-            self.v_store = torch.cat([self.v_store[:start], torch.zeros(size - start, *v.shape[1:])])
-        self.k_store[start:end] = k
-        self.v_store[start:end] = v
-        self.kv_tokens += tokens
-
-    def reserve(self, n: int, grow: int) -> None:
-        if n <= self.feats.shape[0]:
-            return
-        extra = max(n - self.feats.shape[0], grow)
-        self.feats = torch.cat([self.feats, torch.zeros(extra, self.feats.shape[1])])
-        self.feat_tok = torch.cat([self.feat_tok, torch.full((extra,), -1, dtype=torch.long)])
-
-
 class DraftHeadDrafter(Drafter):
     name = "draft-head"
     needs_model = True
-    first_entry = 0  # head KV entries never attended to at the start of a sequence (_SeqState.first)
+    first_entry = 0  # head KV entries never attended to at the start of a sequence (HeadSeqState.first)
     gives_q = True  # its q is over the target's own vocabulary
 
     def __init__(self, target=None, params: DraftHeadParams | None = None, head: DraftHead | None = None):
@@ -121,7 +70,7 @@ class DraftHeadDrafter(Drafter):
         drop_resident(target.model.get_input_embeddings().weight)  # the checksum read all of a mapped table
         self.head = head.eval()
         self.hidden_layers = tuple(head.cfg.layers)
-        self.states: dict[int, _SeqState] = {}
+        self.states: dict[int, HeadSeqState] = {}
         # forwards' features not yet sorted into the sequences' stores: (seq, pos, token of each row, features
         # [rows, n_feat]). A slot that rests or that the gate skips is not drafted for, and noting each row of a
         # forward of four slots where it belongs cost every round its share; they are sorted when the head next
@@ -152,10 +101,10 @@ class DraftHeadDrafter(Drafter):
                                                                                  include_self=False)
                 self._state(seq).write(where, toks[last], feats[last], self.params.grow)
 
-    def _state(self, seq: int) -> _SeqState:
+    def _state(self, seq: int) -> HeadSeqState:
         if seq not in self.states:
             c = self.head.cfg
-            self.states[seq] = _SeqState(c.hidden * len(c.layers), c.n_kv_heads, c.head_dim, self.first_entry)
+            self.states[seq] = HeadSeqState(c.hidden * len(c.layers), c.n_kv_heads, c.head_dim, self.first_entry)
         return self.states[seq]
 
     # ---- lifecycle --------------------------------------------------------------------------------------
@@ -213,7 +162,7 @@ class DraftHeadDrafter(Drafter):
 
     # ---- drafting ---------------------------------------------------------------------------------------
 
-    def _attend(self, st: _SeqState, q: torch.Tensor) -> torch.Tensor:
+    def _attend(self, st: HeadSeqState, q: torch.Tensor) -> torch.Tensor:
         """One query [heads, d] over all of the sequence's KV entries -> [heads*d]."""
         k = st.k.transpose(0, 1)[None]  # [1, kv_heads, n, d]: GQA inside SDPA, no copy per query head
         v = st.v.transpose(0, 1)[None]

@@ -17,7 +17,8 @@ import torch
 from engine.batch import output_limits
 from engine.memory.context import ModelContext
 from engine.draft.base import Drafter
-from engine.draft.chain import DrafterChain, default_params, make_drafter, parse_types
+from engine.draft.chain import DrafterChain
+from engine.draft.registry import default_params, make_drafter, parse_types
 from engine.events import ErrorEvent, RoundEvent
 from engine.grammar import Grammar
 from engine.load.errors import VocabMismatchError
@@ -30,6 +31,7 @@ from engine.memory.probe import ProbeResult, probe_context
 from engine.round.round import Round
 from engine.round.slot import Slot
 from engine.memory.stateful import StatefulContext, has_own_state
+from engine.serve.drafters import drafter_kwargs
 from engine.serve.placement import Placement
 from engine.serve.prefill import N_BATCH, Prefiller
 from engine.serve.threads import ThreadGovernor
@@ -129,20 +131,7 @@ class Engine:
 
     def drafter(self, name: str) -> Drafter:
         if name not in self.pool:
-            kwargs = {}
-            if name in ("draft-simple", "draft-uni"):
-                kwargs = self._draft_model_kwargs(name)
-            elif name == "draft-head":
-                from engine.draft.draft_head import DraftHeadParams
-                # the head reads the target's embeddings and hidden states
-                kwargs = dict(target=self.target, params=self.drafter_params.get(name) or DraftHeadParams())
-            elif name == "draft-eagle3":
-                from engine.draft.draft_eagle3 import Eagle3Params
-                # its checkpoint directory comes in its params; it reads the target's hidden states
-                kwargs = dict(target=self.target, params=self.drafter_params.get(name) or Eagle3Params())
-            elif name in self.drafter_params:
-                kwargs = dict(params=self.drafter_params[name])
-            self.pool[name] = make_drafter(name, **kwargs)
+            self.pool[name] = make_drafter(name, **drafter_kwargs(self, name))
             wanted = set(self.ctx.hidden_layers) | set(self.pool[name].hidden_layers)
             self.ctx.hidden_layers = tuple(sorted(wanted))
         return self.pool[name]
@@ -154,27 +143,6 @@ class Engine:
         if self.draft_model is None:
             return None
         return "draft-uni" if self.draft_mismatch is not None else "draft-simple"
-
-    def _draft_model_kwargs(self, name: str) -> dict:
-        from engine.draft.draft_model import DraftModelParams
-
-        if self.draft_model is None:
-            raise ValueError(f"{name} needs a draft model: load one first")
-        if name == "draft-simple" and self.draft_mismatch is not None:
-            raise ValueError(f"draft-simple needs a draft model with the target's vocabulary, and this one's differs "
-                             f"({self.draft_mismatch}): use draft-uni, which drafts through text")
-        model = DraftModelParams(n_ctx=self.ctx.n_ctx, n_seq_max=self.ctx.n_seq_max,
-                                 n_vocab=self.ctx.n_vocab if name == "draft-simple" else None)
-        if name == "draft-simple":
-            return dict(model=self.draft_model.model, params=model)
-        from dataclasses import replace
-
-        from engine.draft.draft_uni import DraftUniParams
-
-        # the cache's size follows the engine's; the rest may be given (drafter_params)
-        params = replace(self.drafter_params.get(name) or DraftUniParams(), model=model)
-        return dict(model=self.draft_model.model, draft_tokenizer=self.draft_model.tokenizer,
-                    target_tokenizer=self.target.tokenizer, params=params)
 
     # ---- slots -------------------------------------------------------------------------------------------
 
