@@ -39,9 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompts", required=True, help="JSONL: {id, messages} or {id, prompt}")
     ap.add_argument("--out", default="traces.csv")
     ap.add_argument("--target", default="embedded")
-    ap.add_argument("--draft", default=None,
-                    help="draft model for draft-simple, or a directory holding an EAGLE-3 head (the EAGLE authors' or "
-                         "speculators' layout), which then drafts as draft-eagle3 in draft-simple's place")
+    ap.add_argument("--draft", default=None, help="draft model (draft-simple; of another vocabulary: draft-uni), or an "
+                    "EAGLE-3 head's directory (EAGLE's or speculators' layout: draft-eagle3 in draft-simple's place)")
     ap.add_argument("--spec", default="ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache",
                     help="drafter types in relay order, comma-separated ('none' = baseline only)")
     ap.add_argument("--n-max", default="16", help="draft tokens per round at most; a list sweeps: 2,4,8")
@@ -55,10 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--head-tree", default=None, metavar="BRANCH,WIDTH,MIN_SCORE",
                     help="with --tree on: the draft head's tree shape, children per node, nodes expanded per depth "
                          "and the score below which a node is not expanded (default 4,4,0.2)")
-    ap.add_argument("--temp", type=float, default=0.0,
-                    help="> 0 with draft-simple or draft-head: verified by rejection sampling, lossless in "
-                         "distribution but not token for token, so lossless_ok is n/a (python -m engine.bench.dist "
-                         "checks the distribution)")
+    ap.add_argument("--temp", type=float, default=0.0, help="> 0 with draft-simple or draft-head: verified by "
+                    "rejection sampling, lossless in distribution but not token for token, so lossless_ok is n/a "
+                    "(python -m engine.bench.dist checks the distribution)")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--parallel", default="1", help="prompts decoded at once (slots); a list sweeps: 1,2,4")
@@ -81,9 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "prompt lookup on a stock float32 copy), llama.cpp (the same GGUF through llama-cpp-python, "
                          "optional: ./scripts/setup.sh --llamacpp); their rows' lossless_ok is n/a, match_plain "
                          "counts their leading tokens equal to ours")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="forwards on this many threads; default: all cores, fewer while another process holds "
-                         "some (engine/serve/threads.py)")
+    ap.add_argument("--threads", type=int, default=None, help="forwards on this many threads; default: all cores, "
+                    "fewer while another process holds some (engine/serve/threads.py)")
     ap.add_argument("--dtype", choices=list(CHOICES), default="auto",
                     help="weights of target and draft (auto: for a GGUF with Q4_1 / Q8_0 blocks, int8 where its "
                          "integer kernel is faster, else float32 read from the blocks; for others, bfloat16 where "
@@ -93,7 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     fmt.add_argument("--json-schema", default=None, metavar="FILE",
                      help="constrain every answer to this JSON schema (a prompt's own json_schema or regex wins)")
     fmt.add_argument("--regex", default=None, metavar="R", help="constrain every answer to this regex")
-    fmt.add_argument("--grammar", default=None, metavar="FILE", help="constrain every answer to this Lark grammar (a .gbnf file: llama.cpp's GBNF)")
+    fmt.add_argument("--grammar", default=None, metavar="FILE",
+                     help="constrain every answer to this Lark grammar (a .gbnf file: llama.cpp's GBNF)")
     ap.add_argument("--trust-remote-code", action="store_true")
     return ap.parse_args(argv)
 

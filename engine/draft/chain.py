@@ -60,11 +60,7 @@ class DrafterChain:
     def draft(self, requests: list[DraftRequest]) -> dict[int, str | None]:
         """Fill the requests; return seq -> name of the drafter that drafted for it (None if nobody)."""
         winner: dict[int, str | None] = {r.seq: None for r in requests}
-        for r in requests:
-            self.impl_last[r.seq] = None
-            self.skipped.pop(r.seq, None)
-            self.retokenized.pop(r.seq, None)
-            r.drafting = r.n_max > 0
+        self._new_round(requests)
         n_stages = max((len(self.types.get(r.seq, [])) for r in requests), default=0)
         ngrams_gated = {r.seq for r in requests if r.drafting and not self._gate_ngrams(r)}
         ngram_seconds: dict[int, float] = {}  # seq -> its share of the n-gram drafters' time this round
@@ -118,6 +114,14 @@ class DrafterChain:
             if r.seq in ngram_seconds and r.tree_max > 0 and self.uses_policy(r.seq):
                 self.gate.note_cost(r.seq, NGRAMS, ngram_seconds[r.seq])
         return winner
+
+    def _new_round(self, requests: list[DraftRequest]) -> None:
+        """Forget the last round's winner, skips and re-tokenisations of these sequences; draft where allowed."""
+        for r in requests:
+            self.impl_last[r.seq] = None
+            self.skipped.pop(r.seq, None)
+            self.retokenized.pop(r.seq, None)
+            r.drafting = r.n_max > 0
 
     def _gate_ngrams(self, r: DraftRequest) -> bool:
         """Tree mode under the length policy: whether the slot's n-gram drafters draft this round, weighed as one
