@@ -279,7 +279,14 @@ def test_an_api_client_streams_beside_a_browser_chat(page, server):
             text = r.read().decode()
         return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
 
-    before = metrics()
+    def idle() -> dict:
+        """/metrics once nothing generates or waits (an earlier test's comparison may still be running)."""
+        deadline = time.monotonic() + 60
+        while ((m := metrics())["slots_busy"] > 0 or m["requests_waiting"] > 0) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return m
+
+    before = idle()
     api: dict = {}
     prompt = [{"role": "user", "content": f"{QUOTE_ASK}\n\n{QUOTE}"}]
 
@@ -311,9 +318,7 @@ def test_an_api_client_streams_beside_a_browser_chat(page, server):
     tab.close()
     assert "lossless" in summary, summary
     assert api and api["text"] == api["plain"] and api["timings"]["draft_n"] > 0, api
-    deadline = time.monotonic() + 30
-    while (after := metrics())["slots_busy"] > 0 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    after = idle()
     page_n = int(re.search(r"speculative\s+(\d+) tokens", summary).group(1))
     # the page's comparison times plain decoding and the speculative run again, both unseen: the same answer twice
     given = 3 * page_n + api["timings"]["predicted_n"] + api["plain_n"]
