@@ -36,6 +36,7 @@ _FACE = {  # public name -> (module, its name there)
     "DraftHeadParams": ("engine.draft.draft_head", "DraftHeadParams"),
     "DraftModelParams": ("engine.draft.draft_model", "DraftModelParams"),
     "head_fits": ("engine.draft.draft_head", "head_fits"),
+    "starting_chain": ("engine.draft.registry", "starting_chain"),
     "Eagle3Params": ("engine.draft.draft_eagle3", "Eagle3Params"),
     "is_eagle3_dir": ("engine.load.eagle3", "is_eagle3_dir"),
     "DrafterStats": ("engine.draft.stats", "DrafterStats"),

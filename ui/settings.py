@@ -64,10 +64,11 @@ def _head_fits(target) -> bool:
 
 
 def default_types(target) -> list[str]:
-    """The chain a page starts with: the n-gram drafters, then the trained head where it fits the target. The
-    head pays on open prompts, where the n-grams find nothing to copy, and after the n-grams it was the
-    fastest chain on open and copy prompts alike (docs/measured.md, the draft head)."""
-    return DEFAULT_CHAIN + ([HEAD_TYPE] if _head_fits(target) else [])
+    """The chain a page starts with for this target (engine.starting_chain: the n-grams, then the head where it
+    fits)."""
+    from engine import starting_chain  # torch and the head's config: only when a page is built
+
+    return starting_chain(target)
 
 
 def default_chain(runtime, eagle3: str | None = None) -> list[str]:

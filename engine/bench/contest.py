@@ -19,7 +19,7 @@ from typing import Callable
 from engine.bench.live import LiveBenchError, collect_events
 from engine.bench.lossless import lossless_check
 from engine.bench.run import RunResult
-from engine.draft.registry import NGRAM_CHAIN, PRIORITY
+from engine.draft.registry import PRIORITY, starting_chain
 from engine.draft.draft_head import head_fits
 from engine.events import ErrorEvent, RoundEvent
 from engine.params import GenParams, SpecParams
@@ -35,7 +35,7 @@ class ArenaParams:
     max_new_tokens: int = 128  # the answer's length at most (the plain run's; every other run repeats it)
     seed: int = 42  # the sampler's seed: greedy decoding draws nothing with it, but a run is fully described
     adaptive: bool = True  # real drafters under the length policy, as the app runs them; the oracle never is
-    chain: list[str] | None = None  # the chain contender in relay order; None: default_chain(target)
+    chain: list[str] | None = None  # the chain contender in relay order; None: starting_chain(target)
     ignore_eos: bool = False  # answers of exactly max_new_tokens, past end-of-sequence
     eagle3: str | None = None  # a directory holding an EAGLE-3 head the engine was given: draft-eagle3 competes
 
@@ -58,11 +58,6 @@ class Entry:
 class ArenaResult:
     entries: list[Entry]  # plain first, then the contenders in the order they ran
     skipped: list[str]  # "drafter: why it could not run here", one line each
-
-
-def default_chain(target) -> list[str]:
-    """The page's starting chain (ui.settings.default_types): the n-gram drafters, and the head where it fits."""
-    return list(NGRAM_CHAIN) + (["draft-head"] if head_fits(target) else [])
 
 
 def why_not(name: str, target, draft, eagle3: str | None = None) -> str | None:
@@ -100,7 +95,7 @@ def contenders(target, draft, params: ArenaParams) -> tuple[list[Contender], lis
             skipped.append(f"{name}: {why}")
         else:
             out.append(Contender(name, "drafter", [name]))
-    chain = [t for t in (params.chain or default_chain(target)) if why_not(t, target, draft, params.eagle3) is None]
+    chain = [t for t in (params.chain or starting_chain(target)) if why_not(t, target, draft, params.eagle3) is None]
     if chain:
         out.append(Contender("chain", "chain", chain))
     out.append(Contender("oracle", "oracle", ["oracle"]))

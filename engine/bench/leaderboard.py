@@ -15,6 +15,7 @@ from pathlib import Path
 
 from engine.bench.bar_png import BarChart, write_bar_png
 from engine.bench.contest import ArenaResult, Entry
+from engine.bench.run import reach_and_kept
 from engine.plotstyle import BLUE, GREEN, RULE
 
 N_POSITIONS = 8  # acceptance per position: the first this many draft positions get a column
@@ -30,15 +31,9 @@ def _decode_seconds(runs) -> float:
 
 def _positions(entry: Entry) -> list[float | str]:
     """Kept / reached at each of the first N_POSITIONS draft positions, over every verified draft ("" unreached)."""
-    reach, kept = [0] * N_POSITIONS, [0] * N_POSITIONS
-    for run in entry.runs:
-        for e in run.events:
-            if e.kind != "spec":
-                continue
-            for i in range(min(len(e.drafted), N_POSITIONS)):
-                reach[i] += 1
-                kept[i] += i < e.n_accepted
-    return [round(k / r, 4) if r else "" for k, r in zip(kept, reach)]
+    reach, kept = reach_and_kept([e for run in entry.runs for e in run.events])
+    reach, kept = reach + [0] * N_POSITIONS, kept + [0] * N_POSITIONS
+    return [round(k / r, 4) if r else "" for k, r in zip(kept[:N_POSITIONS], reach[:N_POSITIONS])]
 
 
 def _lossless(entry: Entry) -> str:

@@ -213,15 +213,8 @@ class RunResult:
 
     @property
     def acc_rate_pos(self) -> list[float]:
-        reach, acc = [], []
-        for e in self._spec():
-            for i in range(len(e.drafted)):
-                if i >= len(reach):
-                    reach.append(0)
-                    acc.append(0)
-                reach[i] += 1
-                acc[i] += i < e.n_accepted
-        return [a / r for a, r in zip(acc, reach)]
+        reach, kept = reach_and_kept(self.events)
+        return [k / r for k, r in zip(kept, reach)]
 
     def _mean(self, attr: str, kinds: tuple[str, ...]) -> float:
         xs = [getattr(e, attr) for e in self.events if e.kind in kinds]
@@ -251,6 +244,23 @@ class RunResult:
         if not self._spec() or self.t_plain_step_ms <= 0:
             return 0.0
         return self.t_round_ms / self.t_plain_step_ms - 1.0
+
+
+def reach_and_kept(events: list[RoundEvent]) -> tuple[list[int], list[int]]:
+    """Per draft position, over the verified drafts among `events`: how many reached it, how many were kept there
+    (llama.cpp's #acc rate/pos)."""
+    reach: list[int] = []
+    kept: list[int] = []
+    for e in events:
+        if e.kind != "spec":
+            continue
+        for i in range(len(e.drafted)):
+            if i == len(reach):
+                reach.append(0)
+                kept.append(0)
+            reach[i] += 1
+            kept[i] += i < e.n_accepted
+    return reach, kept
 
 
 def group_tps(results: list[RunResult]) -> float:

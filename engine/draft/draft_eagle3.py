@@ -29,7 +29,6 @@ class Eagle3Params(DraftHeadParams):
 
 class Eagle3Drafter(DraftHeadDrafter):
     name = "draft-eagle3"
-    needs_model = True
     first_entry = 1  # no entry for the first token (module docstring)
 
     def __init__(self, target=None, params: Eagle3Params | None = None):

@@ -71,3 +71,12 @@ def is_ngram(name: str) -> bool:
 def make_drafter(name: str, **kwargs) -> Drafter:
     module, cls = DRAFTER_TYPES[name]
     return getattr(importlib.import_module(module), cls)(**kwargs)
+
+
+def starting_chain(target) -> list[str]:
+    """The chain a page and the arena start with: the n-gram drafters, then the trained head where it fits the
+    target. The head pays on open prompts, where the n-grams find nothing to copy, and after the n-grams it was
+    the fastest chain on open and copy prompts alike (docs/measured.md, the draft head)."""
+    from engine.draft.draft_head import head_fits  # torch and the head's config: only when asked
+
+    return list(NGRAM_CHAIN) + (["draft-head"] if head_fits(target) else [])

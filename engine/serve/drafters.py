@@ -11,7 +11,7 @@ def drafter_kwargs(engine, name: str) -> dict:
     """Keyword arguments for make_drafter(name): ValueError where the loaded models cannot serve it."""
     given = engine.drafter_params.get(name)
     if name in ("draft-simple", "draft-uni"):
-        return _draft_model_kwargs(engine, name)
+        return _draft_model_kwargs(engine, name, given)
     if name == "draft-head":
         from engine.draft.draft_head import DraftHeadParams
 
@@ -25,7 +25,7 @@ def drafter_kwargs(engine, name: str) -> dict:
     return dict(params=given) if given is not None else {}
 
 
-def _draft_model_kwargs(engine, name: str) -> dict:
+def _draft_model_kwargs(engine, name: str, given) -> dict:
     """A draft model's drafter: its cache as large as the engine's; draft-simple proposes only the target's ids,
     draft-uni goes through text with both tokenizers."""
     from engine.draft.draft_model import DraftModelParams
@@ -42,6 +42,6 @@ def _draft_model_kwargs(engine, name: str) -> dict:
     from engine.draft.draft_uni import DraftUniParams
 
     # the cache's size follows the engine's; the rest may be given (drafter_params)
-    params = replace(engine.drafter_params.get(name) or DraftUniParams(), model=model)
+    params = replace(given or DraftUniParams(), model=model)
     return dict(model=engine.draft_model.model, draft_tokenizer=engine.draft_model.tokenizer,
                 target_tokenizer=engine.target.tokenizer, params=params)
