@@ -1,11 +1,14 @@
 """The speedup the page shows against the bench's, prompt by prompt, with a headless browser on this machine.
 
-    .venv/bin/python scripts/page_vs_bench.py --prompts assets/prompts/page_check.jsonl --max-new-tokens 96
+    .venv/bin/python scripts/page_vs_bench.py --prompts assets/prompts/page_check.jsonl --max-new-tokens 96 \
+        [--repeat 5]
 
 Starts the app (the embedded model, one slot), sends each prompt from a fresh chat in Debian's Chromium with the
 page's default settings, and reads the speedup of its comparison; then stops the app and runs the bench on the
 same prompts with the page's chain (the n-grams and the draft head, in trees). Prints both per prompt (decode
-speed only, as the page times it) and their ratio: the page's figure is fair when it stays near 1.
+speed only, as the page times it) and their ratio: the page's figure is fair when it stays near 1. A single
+96-token run of either moves by a third on this kind of host, so --repeat R runs both R times in turn (the app
+stopped while the bench runs) and compares the medians per prompt.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,25 +90,39 @@ def bench_speedups(prompts_path: Path, max_new: int) -> dict[str, float]:
     return {r["prompt_id"]: float(r["speedup_decode"]) for r in rows if r["speedup_decode"]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=Path, default=ROOT / "assets" / "prompts" / "page_check.jsonl")
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    args = ap.parse_args()
-    prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
+def page_pass(prompts: list[dict], max_new: int) -> dict[str, float]:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         proc = start_app(port, Path(tmp) / "app.log")
         try:
-            page = page_speedups(f"http://127.0.0.1:{port}/", prompts, args.max_new_tokens)
+            return page_speedups(f"http://127.0.0.1:{port}/", prompts, max_new)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
-    bench = bench_speedups(args.prompts, args.max_new_tokens)
-    print(f"{'prompt':20s} {'page':>6s} {'bench':>6s} {'page/bench':>10s}")
-    for pid in page:
-        b = bench.get(pid)
-        print(f"{pid:20s} {page[pid]:6.2f} {b or float('nan'):6.2f} {page[pid] / b if b else float('nan'):10.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=Path, default=ROOT / "assets" / "prompts" / "page_check.jsonl")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--repeat", type=int, default=1, help="passes of the page and of the bench, in turn")
+    args = ap.parse_args()
+    prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
+    pages: dict[str, list[float]] = {p["id"]: [] for p in prompts}
+    benches: dict[str, list[float]] = {p["id"]: [] for p in prompts}
+    for _ in range(args.repeat):
+        for pid, x in page_pass(prompts, args.max_new_tokens).items():
+            pages[pid].append(x)
+        for pid, x in bench_speedups(args.prompts, args.max_new_tokens).items():
+            benches[pid].append(x)
+    print(f"{'prompt':20s} {'page':>6s} {'bench':>6s} {'page/bench':>10s}   (medians of {args.repeat}; runs: page | bench)")
+    for pid in pages:
+        if not pages[pid] or not benches[pid]:
+            print(f"{pid:20s} missing: page {pages[pid]}, bench {benches[pid]}")
+            continue
+        pg, b = statistics.median(pages[pid]), statistics.median(benches[pid])
+        runs = " ".join(f"{x:.2f}" for x in pages[pid]) + " | " + " ".join(f"{x:.2f}" for x in benches[pid])
+        print(f"{pid:20s} {pg:6.2f} {b:6.2f} {pg / b:10.2f}   ({runs})")
 
 
 if __name__ == "__main__":

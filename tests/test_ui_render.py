@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -462,6 +463,27 @@ def test_converse_streams_then_compares_and_keeps_history():
     assert app.runtime.scheduler.cancelled == [] and not session.busy  # both runs were read to the end
     assert session.history[-1]["role"] == "assistant" and session.history[-1]["content"].startswith(" the")
     assert "tok-acc" in views["chat"] and "statistics" in views["counters"]
+    # the comparison's timed runs keep ids and times only: no round of theirs is rendered beside the engine
+    assert session.run.answer_parts and session.plain.ids and not session.plain.answer_parts
+
+
+def test_a_timed_comparison_run_is_read_in_gathered_batches():
+    """The web thread takes a timed run's rounds a few at a time (COMPARE_GATHER_S), not woken by each."""
+    from ui.session import read_events
+
+    events = queue.Queue()
+    rounds = answer()
+    events.put(rounds[0])
+    active = SimpleNamespace(gen=SimpleNamespace(events=events))
+    late = threading.Timer(0.05, events.put, args=(rounds[1],))
+    late.start()
+    assert read_events(active, 1.0) == [rounds[0]]  # a shown run takes what is there at once
+    late.join()
+    assert read_events(active, 1.0) == [rounds[1]]
+    events.put(rounds[0])
+    late = threading.Timer(0.05, events.put, args=(rounds[1],))
+    late.start()
+    assert read_events(active, 1.0, gather_s=0.2) == rounds  # a timed run waits for the next round too
 
 
 def test_bad_input_and_busy_slots_are_user_errors():

@@ -40,6 +40,9 @@ class RunRecord:
     stop_reason: str | None = None
     error: str | None = None
     format_complete: bool | None = None  # the grammar's verdict on the whole answer (RoundEvent.format_complete)
+    # the page draws this run's rounds; the comparison's timed runs are never drawn, and rendering each round's
+    # HTML in the web thread while the engine thread decodes would take the GIL from the run being timed
+    shown: bool = True
 
     def add(self, ev, t_recv: float | None = None) -> None:
         """Take one event: render its round once, extend the answer and the speed series."""
@@ -49,8 +52,9 @@ class RunRecord:
         context = self.ids[-CONTEXT_TAIL:]
         self.events.append(ev)
         if ev.emitted or ev.drafted:
-            self.answer_parts.append(round_html(ev, self.vocab, context))
-            self.timeline_rows.append(timeline_row(ev, self.vocab, context))
+            if self.shown:
+                self.answer_parts.append(round_html(ev, self.vocab, context))
+                self.timeline_rows.append(timeline_row(ev, self.vocab, context))
             self.last = ev
             self.context_last = context
         self.ids.extend(ev.emitted)

@@ -22,9 +22,13 @@ POLL_S = 0.5  # how long a reader waits for an event before checking that its sc
 STOP_WAIT_S = 5.0  # how long Stop waits for the engine thread to deliver a step-mode answer's last event
 REFRESH_S = 0.3  # the page is updated at most this often while an answer streams
 WAIT_REFRESH_S = 1.0  # and this often while it waits in line (its place moves)
-COMPARE_REFRESH_S = 0.5  # progress refresh while the plain run of the comparison runs
-# a pause between the answer's end and the comparison's timed runs: the browser draws the answer's final charts
-# on the same cores, and that drawing landed in the first timed run (plain decoding) and flattered the speedup
+COMPARE_REFRESH_S = 1.0  # progress refresh while a run of the comparison runs
+# while a comparison run is timed the web thread wakes at most this often and takes the rounds that came: woken
+# by every round, it took the GIL from the engine thread once a round, more often for the run of more rounds
+COMPARE_GATHER_S = 0.1
+# a pause before each of the comparison's timed runs: the browser draws the answer's final charts and each
+# progress line on the same cores, and that drawing landed in the timed runs (the first one's, plain decoding,
+# flattered the speedup; the second one's, the speculative run, hid a fifth of it on copying answers)
 COMPARE_SETTLE_S = 0.5
 
 
@@ -37,7 +41,7 @@ class UserError(Exception):
 
 
 def submit(app: AppState, session: SessionState, text: str, settings: Settings, manual: bool = False,
-           speculative: bool = True, prompt_ids: list[int] | None = None) -> Active:
+           speculative: bool = True, prompt_ids: list[int] | None = None, shown: bool = True) -> Active:
     """Start a generation for this session in a free slot of the shared scheduler."""
     runtime = app.runtime
     if runtime is None:
@@ -62,7 +66,7 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
         raise UserError(f"The engine is busy: {e}", "error") from e
     except RuntimeError as e:  # the engine is being replaced, or the request broke something it checks
         raise UserError(f"Cannot start: {e}", "error") from e
-    run = RunRecord(vocab=runtime.vocab, prompt_ids=list(ids), manual=manual)
+    run = RunRecord(vocab=runtime.vocab, prompt_ids=list(ids), manual=manual, shown=shown)
     return Active(scheduler=runtime.scheduler, gen=gen, run=run, manual=manual)
 
 
@@ -88,13 +92,16 @@ def start_turn(app: AppState, session: SessionState, text: str, settings: Settin
     return active
 
 
-def read_events(active: Active, timeout: float) -> list:
+def read_events(active: Active, timeout: float, gather_s: float = 0.0) -> list:
     """Events that arrived: wait up to `timeout` for the first, then take whatever else is queued, so a slow
-    page merges rounds instead of falling behind the engine. A place in line ends the batch: it is shown alone."""
+    page merges rounds instead of falling behind the engine. A place in line ends the batch: it is shown alone.
+    gather_s: after the first, wait this long for more rounds before taking them (one wake-up for several)."""
     out = []
     events = active.gen.events
     try:
         out.append(events.get(timeout=timeout) if timeout > 0 else events.get_nowait())
+        if gather_s > 0 and not out[-1].done and not isinstance(out[-1], WaitEvent):
+            time.sleep(gather_s)
         while not out[-1].done and not isinstance(out[-1], WaitEvent):
             out.append(events.get_nowait())
     except queue.Empty:
@@ -135,14 +142,14 @@ def scheduler_gone(active: Active) -> bool:
     return bool(getattr(active.scheduler, "closed", False))
 
 
-def follow(session: SessionState, active: Active) -> Iterator[None]:
+def follow(session: SessionState, active: Active, gather_s: float = 0.0) -> Iterator[None]:
     """Yield after each batch of events until the generation ends (its done event, or its scheduler closed).
 
     Updates are sent at most every REFRESH_S: the browser shares the CPU with the engine, and re-rendering the
     page on every round would slow the very decoding it shows. Every round still appears, a few at a time."""
     due, unshown, placed = 0.0, False, False
     while not active.finished:
-        events = read_events(active, POLL_S)
+        events = read_events(active, POLL_S, gather_s)
         if events:
             take(session, active, events)
             waiting = isinstance(events[-1], WaitEvent)
@@ -191,9 +198,6 @@ def compare(app: AppState, session: SessionState, settings: Settings) -> Iterato
     cores; the two runs of the ratio both run with the page showing a progress line only, so the ratio is the
     prompt's, not the page's."""
     run = session.run
-    session.compare_html = '<div class="compare muted">timing plain decoding for the comparison…</div>'
-    yield  # the answer's last redraw goes out, and the page has COMPARE_SETTLE_S to draw it before the timing
-    time.sleep(COMPARE_SETTLE_S)
     plain = yield from measure(app, session, settings, speculative=False, what="plain decoding")
     if plain is None or plain.stop_reason == "stopped" or plain.error is not None:
         session.compare_html = '<div class="compare muted">comparison stopped</div>' if plain is not None else ""
@@ -213,10 +217,17 @@ def compare(app: AppState, session: SessionState, settings: Settings) -> Iterato
 
 def measure(app: AppState, session: SessionState, settings: Settings, speculative: bool,
             what: str) -> Iterator[None]:
-    """One run of the comparison, the page showing its progress only; returns its record (None: not started)."""
+    """One run of the comparison, the page showing its progress only; returns its record (None: not started).
+    Each run starts COMPARE_SETTLE_S after the page was told what is being timed, so the browser's drawing of
+    that (and, before the first, of the answer's final charts) does not land in a timed run: a copying answer's
+    speculative run lasts a quarter of a second, and a redraw at its start read as a fifth of its speed."""
     run = session.run
+    session.compare_html = f'<div class="compare muted">timing {what} for the comparison…</div>'
+    yield
+    time.sleep(COMPARE_SETTLE_S)
     try:
-        active = submit(app, session, "", settings, speculative=speculative, prompt_ids=run.prompt_ids)
+        active = submit(app, session, "", settings, speculative=speculative, prompt_ids=run.prompt_ids,
+                        shown=False)
     except UserError as e:
         session.compare_html = ""
         session.notice = (f"Comparison skipped: {e}", "warn")
@@ -224,9 +235,8 @@ def measure(app: AppState, session: SessionState, settings: Settings, speculativ
     session.active = active
     if not speculative:
         session.plain = active.run
-    session.compare_html = f'<div class="compare muted">timing {what} for the comparison…</div>'
-    due = 0.0
-    for _ in follow(session, active):
+    due = time.perf_counter() + COMPARE_REFRESH_S  # the page was just told; the next word a second in
+    for _ in follow(session, active, COMPARE_GATHER_S):
         if time.perf_counter() >= due or active.finished:
             due = time.perf_counter() + COMPARE_REFRESH_S
             session.compare_html = (f'<div class="compare muted">timing {what} for the comparison… '
