@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"app.py: cannot start: {e}", file=sys.stderr)
         return 2
     from ui.app import build, launch_options
+    from ui.gradio_state import use_lazy_sessions
 
     print(f"ready: {state.runtime.describe()}", flush=True)
     demo = build(state)
@@ -130,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         # API shares the page's host, port and --share link
         options["app_kwargs"] = {"routes": api_routes(state)}
         print(f"API: /v1/chat/completions and /metrics on port {args.port}", flush=True)
-    demo.launch(server_name=args.host, server_port=args.port, share=args.share, **options)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
+                **options)
+    use_lazy_sessions(demo.server_app)
+    demo.block_thread()
     return 0
 
 

@@ -23,7 +23,7 @@ ANSWER_TIMEOUT_S = 240
 HOSTILE = "([a-z]+ ?)+\\."  # catastrophic backtracking for re on a cut answer
 N_WAITING = 40  # clients in line for a slot meanwhile
 ARRIVAL_S = 4.0  # seconds after the requests are sent (all at once) that count as their arrival
-ARRIVAL_MAX_S = 5.0  # the longest wait for an update allowed during the arrival (2.0 after it)
+MAX_GAP_S = 2.0  # the longest wait of a streaming chat for its next update, at the arrival and after it
 LONG = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "long.jsonl"
 
 
@@ -157,8 +157,8 @@ def test_hostile_inputs_beside_streaming_chats(app):
     assert rx.finished and "format-check" in rx.summary and "regex" in rx.summary, report
     assert sc.finished and "format-check" in sc.summary, report
     assert all(o.finished and not o.hung for o in queued), report
-    # the instant the 45 requests arrive together, their web handlers take the cores from the engine's
-    # forwards (2 here); from then on, while they wait, run and leave, every stream moves every 2 s
+    # the instant the 45 requests arrive together their web handlers share the 2 cores with the engine's
+    # forwards; measured apart, since that is where a stream waits longest
     # a wait belongs to the arrival when it began within ARRIVAL_S of it, however long it lasted
     t_start = released[0]
     all_gaps = [(g, when - t_start) for _, gaps in streams for g, when in gaps]
@@ -170,10 +170,8 @@ def test_hostile_inputs_beside_streaming_chats(app):
                f"requests arrived; the longest gaps {gaps}; runs took {t_end}")
     print(f"\n{report}")
     assert stop_s < 1.0, report
-    # 45 requests in one instant are the web server's work on these 2 cores: about 2 s on a quiet machine,
-    # more while another job runs (docs/measured.md); a bound that fails only on a real stall
-    assert arrival < ARRIVAL_MAX_S, f"a chat waited {arrival:.2f} s as the requests arrived\n{report}"
-    assert longest < 2.0, f"a chat waited {longest:.2f} s for its next update\n{report}"
+    assert arrival < MAX_GAP_S, f"a chat waited {arrival:.2f} s as the requests arrived\n{report}"
+    assert longest < MAX_GAP_S, f"a chat waited {longest:.2f} s for its next update\n{report}"
     assert proc.poll() is None
     # the vanished client's answer ends by its token limit; then every slot serves a fresh chat at once
     time.sleep(5)

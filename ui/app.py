@@ -16,6 +16,7 @@ from ui.session import release
 from ui.settings import ALL_TYPES, FORMAT_EXAMPLES, FORMATS, Settings, default_chain, format_box, own_p_min_text
 from ui.state import AppOptions, AppState, SessionState
 from ui.views import all_views
+from ui.wire import wire_values
 
 STYLE = Path(__file__).resolve().parent.parent / "assets" / "style.css"
 
@@ -190,13 +191,17 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: l
     """Event handlers. Each is a thin closure over the app state around ui.handlers."""
     outputs = [v[name] for name in VIEWS] + [w["msg"]]
 
+    def wired(values: tuple) -> tuple:
+        return wire_values(outputs, values)
+
     def on_send(s, text, stepping, *values):
-        yield from handlers.send(app, s, text, stepping, values)
+        for update in handlers.send(app, s, text, stepping, values):
+            yield wired(update)
 
     def on_open(s, request: gr.Request):
         if request is not None and request.session_hash:
             app.opened(request.session_hash, s, time.monotonic())  # so a closed tab's slot can be freed
-        return handlers.pack(all_views(app, s, force_charts=True), s)
+        return wired(handlers.pack(all_views(app, s, force_charts=True), s))
 
     def on_close(request: gr.Request):
         s = app.closed(getattr(request, "session_hash", None))
@@ -204,7 +209,8 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: l
             release(s)
 
     inputs = [session, w["msg"], w["step_mode"]] + controls
-    stream = dict(concurrency_limit=None, show_progress="hidden")  # the scheduler, not Gradio, limits sessions
+    # the scheduler, not Gradio, limits sessions; the handlers postprocess their views themselves (ui/wire.py)
+    stream = dict(concurrency_limit=None, show_progress="hidden", postprocess=False)
     # one event for both triggers: while its answer streams, another Enter or Send click is dropped by the
     # page instead of racing it to start a second turn
     gr.on([w["send"].click, w["msg"].submit], on_send, inputs, outputs, trigger_mode="once", api_name="send",
@@ -212,11 +218,11 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: l
     for btn, ex in w["examples"]:
         btn.click(example_filler(ex), None, [w["msg"], c["format"], c["format_text"]],
                   show_progress="hidden").then(on_send, inputs, outputs, **stream)
-    w["stop"].click(lambda s: handlers.stop(app, s), session, outputs, api_name="stop", **stream)
-    w["step"].click(lambda s: handlers.step(app, s), session, outputs, api_name="step", **stream)
-    w["clear"].click(lambda s: handlers.clear(app, s), session, outputs, api_name="clear", **stream)
+    w["stop"].click(lambda s: wired(handlers.stop(app, s)), session, outputs, api_name="stop", **stream)
+    w["step"].click(lambda s: wired(handlers.step(app, s)), session, outputs, api_name="step", **stream)
+    w["clear"].click(lambda s: wired(handlers.clear(app, s)), session, outputs, api_name="clear", **stream)
     w["show_rej"].change(handlers.show_rejected, [session, w["show_rej"]], v["chat"], show_progress="hidden")
     c["load"].click(lambda t, d, types: handlers.load(app, t, d, types), [c["target"], c["draft"], controls[0]],
                     [c["model_status"], controls[0]], concurrency_limit=1, api_name="load_models")
-    demo.load(on_open, session, outputs, show_progress="hidden")
+    demo.load(on_open, session, outputs, show_progress="hidden", postprocess=False)
     demo.unload(on_close)
