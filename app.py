@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"API: /v1/chat/completions and /metrics on port {args.port}", flush=True)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
                 **options)
+    # Gradio makes its state holder inside launch(); any session begun meanwhile is carried over
     use_lazy_sessions(demo.server_app)
     demo.block_thread()
     return 0

@@ -3,7 +3,7 @@
 Gradio makes a `SessionState` for each new browser tab or API client the first time it sends a request, on the
 event loop that also carries every streaming answer. Its constructor writes a config for every block of the
 page (`BlocksConfig.config_for_block`, which calls `inspect.signature` per block): about 6 ms for this page on
-an idle machine, 15-30 ms while the engine decodes. Forty clients arriving at once made the streams wait over
+an idle machine, 10-20 ms while the engine decodes. Forty clients arriving at once made the streams wait over
 a second for the web thread (a py-spy profile of the arrival: 309 of 458 samples of that thread holding the
 GIL were in that constructor). The configs are read only for a deep link (`SessionState.components`) or when
 a value of a block is written into them, so `LazySessionState` builds each on first use, and
@@ -18,6 +18,8 @@ from copy import copy
 from gradio.components import State
 from gradio.state_holder import SessionState, StateHolder
 
+_UNSET = object()  # no value written into a block's config since it was last built
+
 
 class LazyConfigs(dict):
     """The per-block configs of one session. A block's config is built from the session's current block when
@@ -27,29 +29,30 @@ class LazyConfigs(dict):
         super().__init__()
         self._blocks_config = blocks_config
         self._order = list(ids)
-        self._pending: dict[int, list] = {k: [] for k in ids}  # block id -> values written since, in order
+        # block id -> the last value written since (_UNSET: none); the last only, since each write replaces the
+        # one before and a streaming answer writes every view of every update
+        self._pending: dict[int, object] = dict.fromkeys(ids, _UNSET)
 
     def stale(self, key: int) -> None:
         """The block changed: build its config again when next read (values written before it stay lost, as
         a rebuilt config in Gradio loses them too)."""
         dict.pop(self, key, None)
-        self._pending[key] = []
+        self._pending[key] = _UNSET
 
     def write_value(self, key: int, value) -> bool:
         """Keep a value for a config not built yet; False when it is built (the caller writes it in)."""
         if key not in self._pending:
             return False
-        self._pending[key].append(value)
+        self._pending[key] = value
         return True
 
     def _build(self, key: int) -> None:
-        values = self._pending.pop(key, None)
-        if values is None:
+        if key not in self._pending:
             return
+        value = self._pending.pop(key)
         config = self._blocks_config.config_for_block(key, [], self._blocks_config.blocks[key])
-        for value in values:
-            if "props" in config:
-                config["props"]["value"] = value
+        if value is not _UNSET and "props" in config:
+            config["props"]["value"] = value
         dict.__setitem__(self, key, config)
 
     def _build_all(self) -> None:
