@@ -497,6 +497,19 @@ def test_features_of_forwards_not_yet_sorted_are_written_as_immediate_writes_wou
     drafter._sort()
     assert drafter.states[1].feat_tok[:5].tolist() == [30, 33, 32, 15, 16]
     assert torch.equal(drafter.states[1].feats[4], torch.ones(n_feat))
+    # one forward of two slots, each slot's rows a run of positions (written as slices), then one whose rows of
+    # slot 0 are split by slot 1's (written through the general case): the same stores either way
+    for rows in ([(0, 8, 17), (0, 9, 18), (1, 5, 34), (1, 6, 35)], [(0, 10, 19), (1, 7, 36), (0, 11, 20)]):
+        batch = Batch()
+        for seq, pos, tok in rows:
+            batch.add(tok, pos, seq, True)
+        hidden = torch.randn(len(rows), n_feat, generator=g)
+        drafter.process(batch, DecodeResult(None, 0.0, hidden=hidden))
+        drafter._sort()
+        for i, (seq, pos, tok) in enumerate(rows):
+            assert int(drafter.states[seq].feat_tok[pos]) == tok
+            assert torch.equal(drafter.states[seq].feats[pos], hidden[i])
+    assert drafter.states[0].feat_tok[8:12].tolist() == [17, 18, 19, 20]
 
 
 def test_the_inference_heads_fused_linears_and_rope_table_compute_what_the_trained_layers_do():

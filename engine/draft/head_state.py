@@ -27,6 +27,12 @@ class HeadSeqState:
         self.feats[pos] = feats
         self.feat_tok[pos] = tokens
 
+    def write_run(self, p0: int, tokens: list[int], feats: torch.Tensor, grow: int) -> None:
+        """Features [n, n_feat] of the rows at positions p0 .. p0 + n - 1 that held `tokens`."""
+        self.reserve(p0 + len(tokens), grow)
+        self.feats[p0:p0 + len(tokens)] = feats
+        self.feat_tok[p0:p0 + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+
     @property
     def k(self) -> torch.Tensor:
         return self.k_store[self._lo():len(self.kv_tokens)]
