@@ -10,7 +10,11 @@ the plain round beside it. Each prompt's own figure divides its tokens by the ti
 generating in: the speed its user sees.
 
     .venv/bin/python scripts/interleaved_ab.py --prompts assets/prompts/unseen.jsonl --kind open --parallel 4 \\
-        --repeat 2 [-- BENCH OPTIONS, e.g. --spec ngram-simple,draft-head]
+        --repeat 2 [--versus ngram-simple,ngram-mod] [-- BENCH OPTIONS, e.g. --spec ngram-simple,draft-head]
+
+--versus steps a second speculative configuration (its drafters; the other options the same) in the same turns:
+whether a chain is at least as fast as one of its parts, prompt by prompt, is then read from rounds timed
+side by side, not from two runs minutes apart.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--versus", default="", help="drafters of a second speculative configuration (a --spec value)")
     ap.add_argument("bench", nargs="*", help="options for engine.bench's configuration (after --)")
     a = ap.parse_args(argv)
 
@@ -65,59 +70,73 @@ def main(argv: list[str] | None = None) -> int:
     from engine.params import GenParams, SpecParams
     from engine.sampling import SamplerParams
 
-    args = parse_args(["--prompts", a.prompts, "--max-new-tokens", str(a.max_new_tokens), "--tree", "on",
-                       "--parallel", str(a.parallel)] + a.bench)
+    def bench_args(spec: str | None) -> list[str]:
+        opts = list(a.bench)
+        if spec is not None:
+            at = opts.index("--spec") if "--spec" in opts else None
+            opts = opts[:at] + opts[at + 2:] if at is not None else opts
+            opts += ["--spec", spec]
+        return parse_args(["--prompts", a.prompts, "--max-new-tokens", str(a.max_new_tokens), "--tree", "on",
+                           "--parallel", str(a.parallel)] + opts)
+
+    args = bench_args(None)
     sweep = sweep_from_args(args)
     cfg = BenchConfig.from_args(args, min(sweep.n_max), a.parallel, 0)
     target, draft = cfg.load()
     prompts = [p for p in load_prompts(a.prompts) if a.kind == "all" or p.get("kind") == a.kind]
     cfg.n_ctx = max(cfg.n_ctx, cells_needed(target, prompts, sweep, a.max_new_tokens))
-    engines = {spec: cfg.build(target, draft, n_seq_max=a.parallel, n_draft=max(sweep.n_max))
-               for spec in (False, True)}
-    cost = engines[True].cost  # what the speculative engine's budget believes a forward costs (its calibration)
+    configs = {"plain": cfg, "spec": cfg}  # name -> its configuration; "plain" drafts nothing
+    if a.versus:
+        configs[a.versus] = BenchConfig.from_args(bench_args(a.versus), min(sweep.n_max), a.parallel, 0)
+        configs[a.versus].n_ctx = cfg.n_ctx
+    engines = {name: c.build(target, draft, n_seq_max=a.parallel, n_draft=max(sweep.n_max))
+               for name, c in configs.items()}
+    cost = engines["spec"].cost  # what the speculative engine's budget believes a forward costs (its calibration)
     print("cost curve, relative to a plain forward of the group: "
           + ", ".join(f"{n} rows {cost.c(n) / cost.c(a.parallel):.3f}" for n in (a.parallel + 1, a.parallel + 2,
                                                                             2 * a.parallel, 4 * a.parallel)))
     groups = [prompts[i:i + a.parallel] for i in range(0, len(prompts) - a.parallel + 1, a.parallel)]
 
-    def params(spec: bool) -> GenParams:
-        sp = cfg.spec if spec else SpecParams(types=[])
-        return GenParams(max_new_tokens=a.max_new_tokens, sampling=SamplerParams(**vars(cfg.sampling)),
-                         spec=SpecParams(**{**vars(sp), "types": list(sp.types)}), ignore_eos=cfg.ignore_eos)
+    def params(name: str) -> GenParams:
+        c = configs[name]
+        sp = SpecParams(types=[]) if name == "plain" else c.spec
+        return GenParams(max_new_tokens=a.max_new_tokens, sampling=SamplerParams(**vars(c.sampling)),
+                         spec=SpecParams(**{**vars(sp), "types": list(sp.types)}), ignore_eos=c.ignore_eos)
 
-    by_kind: dict[str, list[float]] = {}
-    per_prompt: dict[str, list[float]] = {}  # prompt id -> its own speed ratio per run
+    by_kind: dict[str, list[RoundPair]] = {}
+    per_prompt: dict[tuple[str, str], list[float]] = {}  # (configuration, prompt id) -> its own speed ratio per run
+    names = list(engines)
     for group in groups:
-        ids = [prompt_ids(engines[False], p, 0) for p in group]
-        ratios = []
+        ids = [prompt_ids(engines["plain"], p, 0) for p in group]
+        ratios: dict[str, list[float]] = {name: [] for name in names if name != "plain"}
         for rep in range(a.repeat):
-            for spec, engine in engines.items():
+            for name, engine in engines.items():
                 for seq, toks in enumerate(ids):
-                    engine.start(toks, params(spec), seq=seq)
-            seconds, tokens = {False: 0.0, True: 0.0}, {False: 0, True: 0}
+                    engine.start(toks, params(name), seq=seq)
+            seconds, tokens = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
             # per prompt: its tokens and the time of the rounds it was generating in (its latency's share)
-            own_s = {(spec, seq): 0.0 for spec in engines for seq in range(len(ids))}
+            own_s = {(name, seq): 0.0 for name in names for seq in range(len(ids))}
             own_n = dict.fromkeys(own_s, 0)
-            order = [False, True] if rep % 2 == 0 else [True, False]
+            order = names[rep % len(names):] + names[:rep % len(names)]  # who steps first turns with the repeats
             while any(e.active() for e in engines.values()):
                 pair = {}
-                for spec in order:
-                    if not engines[spec].active():
+                for name in order:
+                    if not engines[name].active():
                         continue
                     t0 = time.perf_counter()
-                    events = engines[spec].step()
+                    events = engines[name].step()
                     dt = time.perf_counter() - t0
                     if any(getattr(e, "kind", "") == "prefill" for e in events):
                         continue
-                    seconds[spec] += dt
-                    tokens[spec] += sum(len(getattr(e, "emitted", [])) for e in events)
+                    seconds[name] += dt
+                    tokens[name] += sum(len(getattr(e, "emitted", [])) for e in events)
                     for e in events:
                         if hasattr(e, "emitted"):
-                            own_s[(spec, e.seq)] += dt
-                            own_n[(spec, e.seq)] += len(e.emitted)
-                    pair[spec] = (dt, events)
-                if len(pair) == 2:
-                    (dt_s, ev_s), (dt_p, ev_p) = pair[True], pair[False]
+                            own_s[(name, e.seq)] += dt
+                            own_n[(name, e.seq)] += len(e.emitted)
+                    pair[name] = (dt, events)
+                if "spec" in pair and "plain" in pair:
+                    (dt_s, ev_s), (dt_p, ev_p) = pair["spec"], pair["plain"]
                     draft_ms = sum(e.t_draft_ms for e in ev_s)
                     verify_ms = max((e.t_verify_ms for e in ev_s), default=0.0)
                     plain_verify_ms = max((e.t_verify_ms for e in ev_p), default=0.0)
@@ -129,15 +148,20 @@ def main(argv: list[str] | None = None) -> int:
             for engine in engines.values():
                 for seq in range(len(ids)):
                     engine.release(seq)
-            ratios.append((tokens[True] / seconds[True]) / (tokens[False] / seconds[False]))
-            for seq in range(len(ids)):
-                speed = {spec: own_n[(spec, seq)] / own_s[(spec, seq)] for spec in engines if own_s[(spec, seq)] > 0}
-                if len(speed) == 2:
-                    per_prompt.setdefault(group[seq]["id"], []).append(speed[True] / speed[False])
-        own = [statistics.median(per_prompt[p["id"]]) for p in group if p["id"] in per_prompt]
-        print(f"{', '.join(p['id'] for p in group)}: speculative / plain {statistics.median(ratios):.3f} "
-              f"(runs: {', '.join(f'{r:.3f}' for r in ratios)}); each prompt's own: "
-              f"{', '.join(f'{r:.3f}' for r in own)}", flush=True)
+            for name in ratios:
+                ratios[name].append((tokens[name] / seconds[name]) / (tokens["plain"] / seconds["plain"]))
+            for name in ratios:
+                for seq in range(len(ids)):
+                    if own_s[(name, seq)] > 0 and own_s[("plain", seq)] > 0:
+                        speed = own_n[(name, seq)] / own_s[(name, seq)]
+                        plain = own_n[("plain", seq)] / own_s[("plain", seq)]
+                        per_prompt.setdefault((name, group[seq]["id"]), []).append(speed / plain)
+        for name, runs in ratios.items():
+            own = [statistics.median(per_prompt[(name, p["id"])]) for p in group if (name, p["id"]) in per_prompt]
+            label = "speculative" if name == "spec" else name
+            print(f"{', '.join(p['id'] for p in group)}: {label} / plain {statistics.median(runs):.3f} "
+                  f"(runs: {', '.join(f'{r:.3f}' for r in runs)}); each prompt's own: "
+                  f"{', '.join(f'{r:.3f}' for r in own)}", flush=True)
     for kind, pairs in sorted(by_kind.items()):
         def mean(field: str) -> float:
             return statistics.mean(getattr(r, field) for r in pairs)

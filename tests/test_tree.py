@@ -732,6 +732,38 @@ def test_a_resting_slot_probes_with_the_ngram_drafters_only():
     assert any("rests" in why for why in chain.skipped[1])
 
 
+def test_the_ngram_drafters_are_credited_what_they_found_even_where_the_head_found_it_too():
+    """In the relay's order: the n-grams, first and cheap, are credited the kept tokens they proposed; the head
+    only what it added beyond them. Credited only what nobody else found, the n-grams stopped wherever the head
+    also read a repeated passage, and nobody drafted the copy once the head was gated off."""
+    from engine.draft.base import Drafter
+    from engine.draft.chain import DrafterChain
+    from engine.draft.registry import NGRAMS, make_drafter
+    from engine.cost.curve import CostModel
+    from engine.draft.policy import DraftLengthPolicy
+    from engine.draft.tree import DraftTree
+
+    class Network(Drafter):  # stands for the draft head
+        name = "net"
+        needs_model = True
+
+    prompt = list(range(10, 30)) * 2 + [10, 11, 12]
+    chain = DrafterChain({"ngram-simple": make_drafter("ngram-simple", params=SMALL_NGRAMS["ngram-simple"]),
+                          "net": Network()}, DraftLengthPolicy(CostModel()))
+    chain.begin(0, prompt, ["ngram-simple", "net"])
+    for name in (NGRAMS, "net"):  # both drafted this round
+        chain.gate.pays(0, name, cheap=name == NGRAMS)
+        chain.gate.note_cost(0, name, 0.001)
+    tree = DraftTree()
+    tree.add_chain([14, 15, 16], "ngram-simple")
+    tree.add_chain([14, 15, 16, 17], "net")  # the same three tokens, then one more
+    chain.accept_tree(0, tree, [0, 1, 2, 3])
+    assert chain.gate.estimates[(0, NGRAMS, False)].n == 1 and chain.gate.estimates[(0, "net", False)].n == 1
+    # the mean of the prior (1 token) and this round: the n-grams' 3 tokens, the head's 1 beyond them
+    assert chain.gate.estimates[(0, NGRAMS, False)].gain == pytest.approx(2.0)
+    assert chain.gate.estimates[(0, "net", False)].gain == pytest.approx(1.0)
+
+
 def test_the_ngram_drafters_are_gated_as_one_where_their_nodes_gain_nothing():
     from engine.draft.base import DraftRequest
     from engine.draft.chain import DrafterChain

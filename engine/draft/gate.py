@@ -7,7 +7,9 @@ among the nodes once they exist; it cannot give back the time it took to draft t
 drafting, for each (slot, model drafter), from what drafting gave that slot in earlier rounds:
 
 - gain g: tokens of the slot's kept path that only this drafter had proposed (the path's length minus the
-  longest prefix another drafter of the same tree also proposed), per round it drafted;
+  longest prefix another drafter of the same tree also proposed), per round it drafted. The n-gram drafters,
+  first in the relay, are credited all the kept tokens they proposed (DrafterChain.accept_tree): a model
+  drafter's gain is then what it adds beyond them, and where both read a repeated passage the n-grams stay;
 - cost t: its drafting time charged to the slot (one batched call's time shared by the slots in it), plus the
   forward time of the rows its nodes took (nodes it was first to propose that the budget kept, at the round's
   marginal time per row): the budget keeps a node when its score pays for its row, so the gain of those rows
