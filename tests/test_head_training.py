@@ -78,12 +78,14 @@ def test_training_prompts_are_disjoint_across_parts_and_from_the_evaluation_prom
     assert all(len(c) == len(p) for c, p in zip(contents, parts))
     assert not (contents[0] & contents[1]) and not (contents[1] & contents[2]) and not (contents[0] & contents[2])
     held = set()
-    for name in ("heldout.jsonl", "unseen.jsonl"):
+    for name in ("heldout.jsonl", "unseen.jsonl", "fresh.jsonl"):
         held |= set(load_jsonl_contents(root / "assets" / "prompts" / name))
-    assert len(held) == 22 and not any(held & c for c in contents)
+    assert len(held) == 34 and not any(held & c for c in contents)
     check_disjoint(parts[0], train.HELD_OUT)
-    with pytest.raises(ValueError, match="overlap the evaluation prompts"):
-        check_disjoint(parts[0] + [{"content": next(iter(held))}], train.HELD_OUT)
+    fresh = load_jsonl_contents(root / "assets" / "prompts" / "fresh.jsonl")
+    for clash in (next(iter(held)), fresh[0]):  # every evaluation set is refused, the newest one too
+        with pytest.raises(ValueError, match="overlap the evaluation prompts"):
+            check_disjoint(parts[0] + [{"content": clash}], train.HELD_OUT)
 
 
 def _greedy(model, prompt: list[int], n: int) -> list[int]:

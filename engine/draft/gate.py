@@ -20,8 +20,9 @@ Drafting for the slot adds g tokens and t seconds to a round of N tokens in T se
 tokens per second when (N + g) / (T + t) > N / T, that is when g * T / N > t. While that fails the drafter skips
 the slot, drafting anyway every `probe_every` rounds so the estimates follow the text (an open answer that
 starts to copy, or the reverse), twice as seldom after each probe that found nothing worth its time; the probes
-of all slots fall on the same rounds, so they share one batched call. The n-gram drafters cost microseconds and
-are not gated.
+of all slots fall on the same rounds, so they share one batched call. The n-gram drafters are weighed as one
+drafter (`NGRAMS`, engine/draft/chain.py): each costs microseconds, all of them together a few percent of a
+one-row forward, which on open text, where their nodes are seldom kept, is a round's cost for nothing.
 
 A new answer has no rounds of its own yet. Alone, a slot drafts from the start. Beside others, it starts from
 what the drafter gave the answers before it at the same number of slots (the engine's memory, `by_crowd`),
