@@ -1,5 +1,5 @@
-"""What a target forward of n rows costs, split into the decoder layers and the output head (final norm and
-lm_head over the vocabulary), beside the engine's calibrated curve c(n).
+"""What a target forward of n rows costs, split into the decoder layers and the lm_head (the linear over the
+vocabulary), beside the engine's calibrated curve c(n).
 
 One sequence after a prefix of a chat turn's length; each size is timed in turn, `--passes` times, the prefix's
 cache restored after each. Medians, as a round meets them (the calibration keeps each size's fastest timing).
@@ -57,7 +57,7 @@ def main() -> None:
     ctx, vocab = engine.ctx, engine.ctx.n_vocab
     spent: dict[str, float] = {}
     timer(lean_fused.FusedLayers, "__call__", "layers", spent)  # all decoder layers in one C call
-    timer(prepack, "linear", "head", spent)  # the lm_head (the only prepacked linear the forward calls by name)
+    timer(prepack, "linear", "lm_head", spent)  # the lm_head (the only prepacked linear the forward calls by name)
 
     prefix = Batch()
     for i in range(a.prefix):
@@ -82,7 +82,7 @@ def main() -> None:
 
     med = {n: {k: statistics.median(v) for k, v in parts.items()} for n, parts in timings.items()}
     one = med[sizes[0]]
-    keys = [k for k in ("forward", "layers", "head") if k in one]
+    keys = [k for k in ("forward", "layers", "lm_head") if k in one]
     if "layers" not in one:
         print("the decoder layers ran in torch here (no fused C layers): their column is left out")
     print(f"rows  {'  '.join(f'{k:>16}' for k in keys)}  calibrated c(n)   (ms, and over {sizes[0]} row(s))")

@@ -24,7 +24,8 @@ from training.unroll import step_loss, unroll
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
-HELD_OUT = [ROOT / "assets" / "prompts" / name for name in ("heldout.jsonl", "unseen.jsonl", "all.jsonl", "fresh.jsonl")]
+HELD_OUT = [ROOT / "assets" / "prompts" / name
+            for name in ("heldout.jsonl", "unseen.jsonl", "all.jsonl", "fresh.jsonl")]
 
 
 def pick_vocab(records: list[dict], size: int, vocab: int, eos: set[int]) -> torch.Tensor:
