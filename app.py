@@ -1,8 +1,9 @@
 """Speculative-decoding playground: python app.py [--target MODEL] [--draft MODEL] [--port N] ...
 
 Loads the models, starts the engine and its scheduler, and serves the Gradio UI, with an OpenAI-compatible API
-and /metrics on the same port unless --no-api (ui/api.py). Heavy imports (torch, transformers, gradio) happen
-inside main(), so `import app` and `--help` stay fast.
+and /metrics on the same port unless --no-api (ui/api/). Every request passes ui/api/guard.py first (Host,
+Origin, API key, body size). Heavy imports (torch, transformers, gradio) happen inside main(), so `import app`
+and `--help` stay fast.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "offered as the drafter draft-eagle3; default none")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
-    p.add_argument("--n-ctx", type=int, default=4096, help="KV cache cells shared by all sessions (default 4096)")
+    p.add_argument("--n-ctx", type=int, default=8192,
+                   help="KV cache cells shared by all sessions (default 8192; each answer holds at most its share, "
+                        "--ctx-per-slot)")
     p.add_argument("--parallel", type=int, default=4, help="slots: sessions generating at once (default 4)")
     p.add_argument("--queue", type=int, default=64,
                    help="requests that may wait for a slot when all are busy (default 64); past it, a message")
@@ -55,6 +58,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="let visitors load other models from the page when the app is reachable from another host "
                         "(--host not loopback, or --share); on loopback alone it is always allowed; off by default "
                         "so one visitor cannot swap the model under a class")
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="API key clients send as 'Authorization: Bearer KEY' for /v1/* and /metrics; repeat it to "
+                        "give several clients a key each (SPECPLAY_API_KEY: comma-separated keys). Required when the "
+                        "app is reachable from other hosts, where the page then asks for it too (any user name)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a host name the app answers to besides its addresses and localhost (a DNS name pointing "
+                        "here, a proxy's); '.example.org' allows its subdomains, '*' any name (no DNS-rebinding "
+                        "protection); pages of these hosts may also call the API")
+    p.add_argument("--ctx-per-slot", type=int, default=None, metavar="N",
+                   help="cells one answer may hold, prompt included (default: --n-ctx / --parallel, as "
+                        "llama-server divides its context); 0: the whole cache, so one long request can cut the "
+                        "others' answers short")
+    p.add_argument("--share-prefix-cache", action="store_true",
+                   help="reuse a cached prompt prefix across page tabs and API clients (a shared system prompt "
+                        "prefilled once); off by default: a client could then infer another's prompt from "
+                        "timings.cache_n or the prefill's time")
+    p.add_argument("--client-max", type=int, default=None, metavar="N",
+                   help="API requests one client (key, or address without keys) may have running or waiting at "
+                        "once; past it 429 (default: half the slots, at least 1)")
+    p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
+                   help="largest request body taken (default 1 MiB); larger ones get 413 before being read")
+    p.add_argument("--max-upload", type=int, default=10 << 20, metavar="BYTES",
+                   help="largest file the page takes as an upload (default 10 MiB)")
     p.add_argument("--no-api", action="store_true",
                    help="serve the page only: no OpenAI-compatible /v1/chat/completions and no /metrics (both are "
                         "on by default, on the page's host and port, through the same slots and line)")
@@ -63,7 +89,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         # the engine checks the slots fit the cache
         p.error("--parallel, --n-ctx and --threads must be >= 1, --n-rs and --queue >= 0")
     args.share = args.share or share_from_environment()
+    args.api_key = [k for k in (args.api_key or keys_from_environment()) if k]
+    if args.ctx_per_slot is None:
+        args.ctx_per_slot = args.n_ctx // args.parallel
+    if args.ctx_per_slot < 0 or (args.client_max or 1) < 1 or args.max_body < 1 or args.max_upload < 1:
+        p.error("--ctx-per-slot must be >= 0, --client-max, --max-body and --max-upload >= 1")
+    if args.client_max is None:
+        args.client_max = max(1, args.parallel // 2)
+    reason = unsafe_reason(args)
+    if reason:
+        p.error(reason)
     return args
+
+
+def keys_from_environment() -> list[str]:
+    return [k.strip() for k in os.environ.get("SPECPLAY_API_KEY", "").split(",") if k.strip()]
+
+
+def unsafe_reason(args: argparse.Namespace) -> str | None:
+    """Why the app must not start as asked: reachable from other hosts with no key anyone must know."""
+    if args.api_key or local_only(args):
+        return None
+    where = "a public --share link" if args.share else f"--host {args.host} (reachable from other hosts)"
+    return (f"refusing to serve {where} without an API key: anyone reaching the port could run the engine and "
+            "read /metrics. Give --api-key KEY (or SPECPLAY_API_KEY); the page then asks for it as its password")
 
 
 def share_from_environment() -> bool:
@@ -78,9 +127,14 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def local_only(args: argparse.Namespace) -> bool:
+    """Only this machine reaches the app: a loopback address and no public link."""
+    return is_loopback(args.host) and not args.share
+
+
 def model_load_allowed(args: argparse.Namespace) -> bool:
     """Visitors may load models when only this machine reaches the page, or when the host says so."""
-    return args.allow_model_load or (is_loopback(args.host) and not args.share)
+    return args.allow_model_load or local_only(args)
 
 
 def load_state(args: argparse.Namespace):
@@ -92,7 +146,8 @@ def load_state(args: argparse.Namespace):
     options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code,
                          n_rs=args.n_rs, queue_max=args.queue, dtype=args.dtype, budget=args.budget,
                          threads=args.threads, eagle3=args.draft if is_eagle3_dir(args.draft) else None,
-                         allow_model_load=model_load_allowed(args))
+                         allow_model_load=model_load_allowed(args), ctx_per_slot=args.ctx_per_slot or None,
+                         share_prefix_cache=args.share_prefix_cache)
 
     def start_loader(name: str):  # the host's own choice on the command line: their flag applies
         return load_model(name, trust_remote_code=options.trust_remote_code, dtype=options.dtype)
@@ -123,20 +178,41 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ready: {state.runtime.describe()}", flush=True)
     demo = build(state)
     demo.queue(default_concurrency_limit=None)
-    options = launch_options(state.options)
+    options = launch_options(state.options, args.max_upload)
+    options.update(front_door(args, state))
     if not args.no_api:
-        from ui.api import api_routes
-
-        # the routes join the FastAPI app Gradio builds (FastAPI(routes=...), ahead of Gradio's own), so the
-        # API shares the page's host, port and --share link
-        options["app_kwargs"] = {"routes": api_routes(state)}
-        print(f"API: /v1/chat/completions and /metrics on port {args.port}", flush=True)
+        print(f"API: /v1/chat/completions and /metrics on port {args.port}"
+              + (f", {len(args.api_key)} key(s)" if args.api_key else ", no key (loopback only)"), flush=True)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
                 **options)
     # Gradio makes its state holder inside launch(); any session begun meanwhile is carried over
     use_lazy_sessions(demo.server_app)
     demo.block_thread()
     return 0
+
+
+def front_door(args: argparse.Namespace, state) -> dict:
+    """launch() options that guard the app: the middleware on every request, the API's routes, and the page's
+    login when it is reachable from other hosts (any user name, an API key as the password)."""
+    from starlette.middleware import Middleware
+
+    from ui.api.guard import Guard, GuardConfig
+
+    allowed = list(args.allowed_host) + ([".gradio.live"] if args.share else [])
+    config = GuardConfig(keys=tuple(args.api_key), allowed_hosts=tuple(a.lower() for a in allowed),
+                         body_max=args.max_body, upload_max=args.max_upload)
+    kwargs: dict = {"middleware": [Middleware(Guard, config=config)]}
+    if not args.no_api:
+        from ui.api.routes import api_routes
+
+        # the routes join the FastAPI app Gradio builds (FastAPI(routes=...), ahead of Gradio's own), so the
+        # API shares the page's host, port and --share link
+        kwargs["routes"] = api_routes(state, keyed=bool(args.api_key), max_each=args.client_max)
+    options: dict = {"app_kwargs": kwargs}
+    if args.api_key and not local_only(args):
+        options["auth"] = lambda _user, password: config.key_ok(f"Bearer {password}")
+        options["auth_message"] = "This playground is shared: sign in with any name and the key its host gave you."
+    return options
 
 
 if __name__ == "__main__":

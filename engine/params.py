@@ -51,6 +51,9 @@ class GenParams:
     ignore_eos: bool = False  # keep going past end-of-sequence (benchmarks of fixed length)
     # constrains the target's sampler (and so the whole output, speculative or not); None = unconstrained
     grammar: GrammarSpec | None = None
+    # who may reuse this generation's cached prefix and whose it may reuse (vLLM's cache_salt): cells pass only
+    # between generations of equal salt, so one client's prompt cannot be probed through another's cache_n
+    cache_salt: str | None = None
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:

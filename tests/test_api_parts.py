@@ -14,9 +14,9 @@ from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
 from engine.serve.metrics import SpecCounters
 from engine.serve.scheduler import Scheduler
-from ui.api_answer import StopCut, Tally
+from ui.api.answer import StopCut, Tally
 from test_engine import SMALL_NGRAMS
-from ui.api_request import ApiError, parse_chat
+from ui.api.request import ApiError, parse_chat
 
 CHAIN = ["ngram-simple", "ngram-map-k"]
 USER = [{"role": "user", "content": "hi"}]
@@ -170,7 +170,7 @@ def test_a_json_schema_answer_through_the_routes(embedded):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from ui.api import api_routes
+    from ui.api.routes import api_routes
     from ui.state import AppOptions, AppState, Runtime
     from ui.tokens import Vocab
 

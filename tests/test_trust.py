@@ -66,11 +66,11 @@ def _args(argv: list[str]) -> Namespace:
 def test_model_loading_is_off_wherever_the_app_is_reachable_from_elsewhere(monkeypatch):
     monkeypatch.delenv("GRADIO_SHARE", raising=False)
     assert app.model_load_allowed(_args([]))
-    assert not app.model_load_allowed(_args(["--host", "0.0.0.0"]))
-    assert not app.model_load_allowed(_args(["--share"]))
-    assert app.model_load_allowed(_args(["--share", "--allow-model-load"]))
+    assert not app.model_load_allowed(_args(["--host", "0.0.0.0", "--api-key", "k"]))
+    assert not app.model_load_allowed(_args(["--share", "--api-key", "k"]))
+    assert app.model_load_allowed(_args(["--share", "--allow-model-load", "--api-key", "k"]))
     monkeypatch.setenv("GRADIO_SHARE", "True")  # Gradio would make a public link of its own accord
-    args = _args([])
+    args = _args(["--api-key", "k"])
     assert args.share and not app.model_load_allowed(args)
 
 

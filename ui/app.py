@@ -24,7 +24,12 @@ STYLE = Path(__file__).resolve().parent.parent / "assets" / "style.css"
 SPARE_THREADS = 32  # worker threads beyond one per slot and queue place: Stop, Step, page loads, charts
 
 
-def launch_options(options: AppOptions | None = None) -> dict:
+UPLOAD_MAX = 10 << 20  # bytes a file uploaded to the page may hold (app.py --max-upload)
+# Gradio's own temporary files (uploads, cached outputs): every hour, those older than an hour are removed
+DELETE_CACHE = (3600, 3600)
+
+
+def launch_options(options: AppOptions | None = None, upload_max: int = UPLOAD_MAX) -> dict:
     """Keyword arguments for Blocks.launch(): Gradio 6 takes the stylesheet at launch.
 
     Gradio runs each step of a handler in one of `max_threads` worker threads (40 by default), and a streaming
@@ -32,7 +37,7 @@ def launch_options(options: AppOptions | None = None) -> dict:
     parallel + queue threads, and Stop, Step and page loads need more on top or they wait behind them."""
     options = options or AppOptions()
     return {"css_paths": [STYLE], "theme": gr.themes.Default(), "show_error": True,
-            "max_threads": options.parallel + options.queue_max + SPARE_THREADS}
+            "max_threads": options.parallel + options.queue_max + SPARE_THREADS, "max_file_size": upload_max}
 
 
 def header_html() -> str:
@@ -172,7 +177,7 @@ def detail_tabs(v: dict, app: AppState) -> None:
 
 def build(state: AppState) -> gr.Blocks:
     """The whole page for this app state (models, engine, scheduler shared by every browser session)."""
-    with gr.Blocks(title="Speculative decoding playground", fill_width=True) as demo:
+    with gr.Blocks(title="Speculative decoding playground", fill_width=True, delete_cache=DELETE_CACHE) as demo:
         session = gr.State(SessionState(), delete_callback=release)
         c, controls = sidebar_controls(state)
         gr.HTML(header_html())

@@ -23,7 +23,8 @@ def make_runtime(target, draft, options: AppOptions, on_event=None) -> Runtime:
 
     params = {"draft-eagle3": Eagle3Params(weights=Path(options.eagle3))} if options.eagle3 else None
     engine = Engine(target, draft, n_ctx=options.n_ctx, n_seq_max=options.parallel, n_rs=options.n_rs,
-                    fair=options.budget == "fair", threads=options.threads, drafter_params=params)
+                    fair=options.budget == "fair", threads=options.threads, drafter_params=params,
+                    n_ctx_seq=options.ctx_per_slot)
     scheduler = Scheduler(engine, options.queue_max, on_event=on_event)
     return Runtime(target=target, draft=draft, engine=engine, scheduler=scheduler, vocab=Vocab.of(target.tokenizer))
 

@@ -52,6 +52,9 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
         raise UserError(f"Invalid settings: {e}") from e
     from engine import QueueFull
 
+    # this tab reuses its own earlier turns' cells, never another visitor's (unless the host shares them)
+    params.cache_salt = None if app.options.share_prefix_cache else session.cache_salt
+
     if prompt_ids is None:
         limit = getattr(runtime.engine, "prompt_limit", None)
         ids, dropped = fit_conversation(runtime.target.encode_chat, session, text, settings.max_new_tokens, limit)

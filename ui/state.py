@@ -7,6 +7,7 @@ shares the engine through the Scheduler, which batches them.
 
 from __future__ import annotations
 
+import secrets
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -33,6 +34,10 @@ class AppOptions:
     budget: str = "fair"
     threads: int | None = None  # forwards' threads; None: all cores, fewer while others hold some (engine/serve/threads.py)
     eagle3: str | None = None  # --draft DIR holding an EAGLE-3 head: offered as the drafter draft-eagle3
+    ctx_per_slot: int | None = None  # cells one answer may hold (llama-server's n_ctx / n_parallel); None: all
+    # cached prompt prefixes pass between clients (a class's shared system prompt prefilled once); off, each
+    # page tab and API client reuses only its own, so nobody can probe another's prompt through cache_n
+    share_prefix_cache: bool = False
 
 
 @dataclass
@@ -125,6 +130,7 @@ class SessionState:
     # the HTML each view was last sent (the components start empty): a streaming update re-sends it for the
     # views it leaves as they are, since a gr.skip() makes Gradio build a component and its config per output
     shown: dict[str, str] = field(default_factory=dict)
+    cache_salt: str = field(default_factory=lambda: secrets.token_hex(16))  # GenParams.cache_salt of its turns
 
     @property
     def busy(self) -> bool:

@@ -57,7 +57,7 @@ class Round:
         self.chain = chain  # the drafters in relay order per sequence; its length policy sizes the drafts
         self.probe = probe  # what rollback the memory supports (PART / RS / FULL)
         self.limits = limits  # logits rows per forward, in all and per sequence
-        self.n_pos_max = n_pos_max  # the model's last position + 1, or None where it has no such limit
+        self.n_pos_max = n_pos_max  # a sequence's positions end here (the model's, or its share of the cache)
         self.eos = eos  # tokens that end a generation
         self.detokenize = detokenize  # token ids -> text, for what a slot gives out
         # the one budget over the slots' trees: which slots draft, which nodes go in, each slot's balance

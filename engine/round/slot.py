@@ -7,6 +7,7 @@ end-of-sequence or the token limit and keeps the text free of half-decoded chara
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -50,6 +51,7 @@ class Slot:
     grammar: Grammar | None = None  # the output's grammar state, through every emitted token (None: unconstrained)
     prefill_rows: int = 0  # prompt tokens forwarded so far by the prefill, over its chunks
     prefill_ms: float = 0.0  # time its chunks took
+    t_start: float = field(default_factory=time.monotonic)  # an idle sequence started longest ago is taken first
 
     @property
     def n_remaining(self) -> int:

@@ -50,9 +50,12 @@ def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int, n_rs: in
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
                  n_seq_max: int = 4, calibrate: bool = True, drafter_params: dict | None = None,
-                 n_draft: int = 16, n_rs: int = 0, fair: bool = True, threads: int | None = None):
+                 n_draft: int = 16, n_rs: int = 0, fair: bool = True, threads: int | None = None,
+                 n_ctx_seq: int | None = None):
         """threads: forwards on this many threads always; None: all of torch's, fewer while another process
-        holds cores (engine/serve/threads.py; only with a calibrated cost curve to measure against)."""
+        holds cores (engine/serve/threads.py; only with a calibrated cost curve to measure against).
+        n_ctx_seq: the most cells one sequence may hold (llama-server's n_ctx / n_parallel), so one long request
+        cannot take the cells the others' answers grow into; None: the whole cache."""
         # why the draft model's vocabulary is not the target's (None: it is, or there is no draft model): such a
         # model drafts through text, as draft-uni, where draft-simple would propose ids the target reads otherwise
         self.draft_mismatch: str | None = None
@@ -74,7 +77,13 @@ class Engine:
         # n_rs: on a recurrent model, the tail (in tokens) that reversible state undoes without a checkpoint
         self.ctx = make_context(target.model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=self.limits.total,
                                 n_rs=n_rs)
-        self.n_pos_max = int(getattr(target.model.config, "max_position_embeddings", 0) or 0) or None
+        if n_ctx_seq is not None and not MIN_CELLS_PER_SLOT <= n_ctx_seq <= n_ctx:
+            raise ValueError(f"a slot's share of the cache must be in [{MIN_CELLS_PER_SLOT}, {n_ctx}] cells, "
+                             f"got {n_ctx_seq}")
+        n_pos_model = int(getattr(target.model.config, "max_position_embeddings", 0) or 0) or None
+        # a sequence ends with "context" at its share of the cache as at the model's last position
+        limits = [n for n in (n_pos_model, n_ctx_seq) if n is not None]
+        self.n_pos_max = min(limits) if limits else None
         self.probe: ProbeResult = probe_context(self.ctx)
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
@@ -183,9 +192,14 @@ class Engine:
         for name in params.spec.types:
             self.drafter(name)
 
-    def fits(self, tokens: list[int], seq: int) -> bool:
-        """Whether the cache has room to place `tokens` (a prompt, or a parked slot's) in `seq` now."""
-        return self.placement.fits(tokens, seq)
+    def affinity(self, tokens: list[int], seq: int, salt: str | None = None) -> tuple[int, int, float]:
+        """How well `seq` suits a new generation salted `salt` (smallest first): engine/serve/placement.py."""
+        return self.placement.affinity(tokens, seq, salt)
+
+    def fits(self, tokens: list[int], seq: int, salt: str | None = None) -> bool:
+        """Whether the cache has room to place `tokens` (a prompt, or a parked slot's) in `seq` now, reusing only
+        cells of generations salted `salt`."""
+        return self.placement.fits(tokens, seq, salt)
 
     def start(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Slot:
         """Start a generation in a free slot. Raises ValueError on bad input; nothing changes then."""
@@ -197,7 +211,7 @@ class Engine:
         if old is not None and old.state != "done":
             raise ValueError(f"slot {seq} is busy")
         # the prompt's last token is always forwarded again: its logits give the first answer token
-        kept = self.placement.place(prompt, seq, len(prompt) - 1)
+        kept = self.placement.place(prompt, seq, len(prompt) - 1, params.cache_salt)
         slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
                     tokens=list(prompt[:kept]))
         if params.grammar is not None:
@@ -262,7 +276,8 @@ class Engine:
             for other in old:
                 del self.parked[other]
             confirmed = list(slot.tokens)
-            kept = self.placement.place(confirmed, seq, len(confirmed))  # may copy its prefix from its old cells
+            # may copy its prefix from its old cells
+            kept = self.placement.place(confirmed, seq, len(confirmed), slot.params.cache_salt)
             slot.tokens, slot.refill = confirmed[:kept], confirmed[kept:]
             for other in old:  # then they belong to nobody: freed, not left for a later start to find
                 if other != seq and other not in self.slots:

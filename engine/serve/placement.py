@@ -1,6 +1,10 @@
 """Where a prompt's tokens go in the cell cache: the longest prefix the cache already holds is kept, the
 sequence's own (its previous turn) or one another slot holds (a shared system prompt, stored once with
 `seq_cp`, as llama-server's `cache_prompt` reuses a slot's prefix), and the rest must fit the free cells.
+
+Cells pass only between generations of the same `GenParams.cache_salt` (vLLM's cache salt): a prefix held for
+one client is never reused for another, so neither `timings.cache_n` nor the prefill's time tells a client what
+another one asked.
 """
 
 from __future__ import annotations
@@ -18,28 +22,43 @@ class Placement:
     slots: dict[int, Slot]  # the engine's slots by sequence (shared with it, never replaced)
     parked: dict[int, Slot]  # the engine's parked slots by the sequence whose cells they left (shared too)
 
-    def cells(self, tokens: list[int], seq: int, n_keep_max: int) -> tuple[int, int, int, int, int]:
-        """What placing `tokens` in `seq` takes, keeping at most n_keep_max of them from the cache:
-        (n_own, src, n_shared, cells needed, cells free for it)."""
+    def cells(self, tokens: list[int], seq: int, n_keep_max: int, salt: str | None = None
+              ) -> tuple[int, int, int, int, int]:
+        """What placing `tokens` in `seq` takes, keeping at most n_keep_max of them from the cache and only
+        from generations salted `salt`: (n_own, src, n_shared, cells needed, cells free for it)."""
         old = self.slots.get(seq)
         if old is None and self.parked.get(seq) is not None:
             old = self.parked[seq]
-        n_own = common_prefix(old.tokens, tokens, limit=n_keep_max) if old is not None else 0
-        src, n_shared = self.shared_prefix(seq, tokens, n_keep_max) if self.ctx.cache.can_share else (-1, 0)
+        n_own = common_prefix(old.tokens, tokens, limit=n_keep_max) if old is not None and \
+            old.params.cache_salt == salt else 0
+        src, n_shared = self.shared_prefix(seq, tokens, n_keep_max, salt) if self.ctx.cache.can_share else (-1, 0)
         n_owned = self.ctx.cache.seq_cells(seq).numel()
         n_need = len(tokens) + 1 - max(n_own, n_shared)
         n_free = self.ctx.n_ctx - self.ctx.cache.n_used() + n_owned
         return n_own, src, n_shared, n_need, n_free
 
-    def fits(self, tokens: list[int], seq: int) -> bool:
+    def affinity(self, tokens: list[int], seq: int, salt: str | None) -> tuple[int, int, float]:
+        """Sort key of `seq` for a new generation salted `salt` (smallest first): the sequence holding the longest
+        prefix of `tokens` of its own, then one its salt held before, then an empty one, then another salt's,
+        the one started longest ago first: one client's requests do not take the cells another's next turn
+        would reuse while others are idle longer."""
+        old = self.slots.get(seq) or self.parked.get(seq)
+        if old is None:
+            return 0, 1, 0.0
+        if old.params.cache_salt != salt:
+            return 0, 2, old.t_start
+        return -common_prefix(old.tokens, tokens, limit=len(tokens) - 1), 0, old.t_start
+
+    def fits(self, tokens: list[int], seq: int, salt: str | None = None) -> bool:
         """Whether the cache has room to place `tokens` (a prompt, or a parked slot's) in `seq` now."""
-        _, _, _, n_need, n_free = self.cells(tokens, seq, len(tokens) - 1)
+        _, _, _, n_need, n_free = self.cells(tokens, seq, len(tokens) - 1, salt)
         return n_need <= n_free
 
-    def place(self, tokens: list[int], seq: int, n_keep_max: int) -> int:
+    def place(self, tokens: list[int], seq: int, n_keep_max: int, salt: str | None = None) -> int:
         """Make `seq` hold the longest prefix of `tokens` the cache can give (its own cells, or a prefix another
-        slot holds, shared with seq_cp); return its length. Raises ValueError when the rest cannot fit."""
-        n_own, src, n_shared, n_need, n_free = self.cells(tokens, seq, n_keep_max)
+        slot of the same salt holds, shared with seq_cp); return its length. Raises ValueError when the rest
+        cannot fit."""
+        n_own, src, n_shared, n_need, n_free = self.cells(tokens, seq, n_keep_max, salt)
         if n_need > n_free:
             raise ValueError(f"the cache is full: this prompt needs {n_need} more cells, {n_free} are free "
                              f"(other slots hold the rest); wait for a slot to finish or raise n_ctx")
@@ -59,11 +78,12 @@ class Placement:
             self.chain.seq_cp(src, seq, n_shared)
         return kept
 
-    def shared_prefix(self, seq: int, tokens: list[int], n_keep_max: int) -> tuple[int, int]:
-        """The other slot whose cached tokens share the longest prefix with `tokens`: (its seq, the length)."""
+    def shared_prefix(self, seq: int, tokens: list[int], n_keep_max: int, salt: str | None) -> tuple[int, int]:
+        """The other slot of this salt whose cached tokens share the longest prefix with `tokens`: (its seq, the
+        length)."""
         best = (-1, 0)
         for other in self.slots.values():
-            if other.seq != seq and other.replay is None:
+            if other.seq != seq and other.replay is None and other.params.cache_salt == salt:
                 n = common_prefix(other.tokens, tokens, limit=n_keep_max)
                 if n > best[1]:
                     best = (other.seq, n)

@@ -263,6 +263,8 @@ class Scheduler:
             if len(members) > len(free):
                 break
             home = head.parked.seq if head.parked is not None else None
+            if head.group is None and head.parked is None:  # the sequence holding its own earlier turn first
+                free.sort(key=lambda s: self.engine.affinity(head.prompt, s, head.params.cache_salt))
             if home in free:  # a step-mode slot coming back takes its own sequence: its cells are still there
                 free.remove(home)
                 free.insert(0, home)
@@ -289,7 +291,7 @@ class Scheduler:
         """Whether the cache has room for these prompts now; cells that finished slots keep for prefix reuse
         are given up first (llama-server clears idle slots the same way)."""
         def fit() -> bool:
-            return all(self.engine.fits(r.prompt, seq) for r, seq in zip(members, free))
+            return all(self.engine.fits(r.prompt, seq, r.params.cache_salt) for r, seq in zip(members, free))
 
         if fit():
             return True

@@ -4,12 +4,14 @@ The fields are OpenAI's (messages, temperature, top_p, seed, max_tokens / max_co
 response_format, stream) and a few of llama-server's (top_k, min_p, ignore_eos, speculative.n_max / n_min /
 p_min). `speculative: false` is this app's own: plain decoding with the same sampler, for a lossless check from
 outside. Everything else goes through ui/settings.Settings, the page's own path to GenParams, so an API answer
-is built exactly as a page answer with the same controls. Bad input raises ApiError, a 400 with OpenAI's body.
+is built exactly as a page answer with the same controls. Bad input raises ApiError, a 400 with OpenAI's body
+naming the field; `parse_body` reads the bytes as strict JSON (no NaN or Infinity, bounded nesting).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from dataclasses import dataclass, field
 
@@ -23,6 +25,9 @@ SEED_LIMIT = 2 ** 63  # engine.sampling.SamplerParams takes seeds in [0, 2^63)
 
 MAX_STOPS = 4  # stop strings a request may give (OpenAI's limit)
 MAX_STOP_CHARS = 256  # characters a stop string may hold
+INT_LIMIT = 2 ** 31  # integer fields (max_tokens, top_k, n_max, ...) beyond this are refused, not clipped
+MAX_DEPTH = 32  # nesting a body may have: a chat request needs 5 levels (a json_schema more)
+MAX_SALT_CHARS = 256  # characters a cache_salt may hold
 
 
 class ApiError(Exception):
@@ -46,6 +51,7 @@ class ChatRequest:
     max_tokens: int | None = None  # None: until end-of-sequence or the context is full, as llama-server
     speculative: bool = True
     ignore_eos: bool = False
+    cache_salt: str = ""  # the client's own cache_salt (vLLM's field), joined to its identity by the routes
 
     def gen_params(self, room: int) -> GenParams:
         """GenParams through Settings.gen_params; `room`: the tokens the context has left after the prompt,
@@ -60,13 +66,45 @@ class ChatRequest:
         return params
 
 
-def number(body: dict, key: str, default, kind: type = float):
-    """body[key] as `kind` (int accepts whole numbers only); absent or null gives `default`."""
+def reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def depth(value, limit: int) -> int:
+    """How deeply `value` nests lists and objects, counted up to limit + 1 (iteratively: no recursion)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo and deepest <= limit:
+        item, level = todo.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            todo.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_body(raw: bytes):
+    """A request body as strict JSON. Raises ApiError: not UTF-8 JSON, NaN / Infinity, nesting past MAX_DEPTH."""
+    try:
+        body = json.loads(raw, parse_constant=reject_constant)
+    except RecursionError:
+        raise ApiError(f"the request body nests deeper than {MAX_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise ApiError(f"the request body is not JSON: {str(e)[:200]}") from None
+    if depth(body, MAX_DEPTH) > MAX_DEPTH:
+        raise ApiError(f"the request body nests deeper than {MAX_DEPTH} levels")
+    return body
+
+
+def number(body: dict, key: str, default, kind: type = float, limit: int = INT_LIMIT):
+    """body[key] as `kind` (int accepts whole numbers only, of magnitude below `limit`); absent or null gives
+    `default`."""
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-        raise ApiError(f"{key} must be {'an integer' if kind is int else 'a number'}, got {value!r}", param=key)
+    what = "an integer" if kind is int else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ApiError(f"{key} must be {what}, got {value!r}"[:300], param=key)
+    if kind is int and (value != int(value) or abs(value) >= limit):
+        raise ApiError(f"{key} must be an integer of magnitude below {limit}, got {value!r}"[:300], param=key)
     return kind(value)
 
 
@@ -85,16 +123,22 @@ def text_of(content, where: str) -> str:
     raise ApiError(f"{where}: content must be a string or a list of text parts", param="messages")
 
 
-def messages_of(raw) -> list[dict]:
+def messages_of(raw, max_chars: int | None = None) -> list[dict]:
+    """The messages; their text may hold at most max_chars characters in all (None: no bound), checked before
+    any template or tokenizer reads it."""
     if not isinstance(raw, list) or not raw:
         raise ApiError("messages must be a non-empty list of {role, content} objects", param="messages")
-    out = []
+    out, n_chars = [], 0
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            role = m.get("role") if isinstance(m, dict) else None
-            raise ApiError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}", param="messages")
-        out.append({"role": ROLES[m["role"]], "content": text_of(m.get("content"), where)})
+        role = m.get("role") if isinstance(m, dict) else None
+        if not isinstance(role, str) or role not in ROLES:
+            raise ApiError(f"{where}: role must be one of {', '.join(ROLES)}, got {role!r}"[:300], param="messages")
+        out.append({"role": ROLES[role], "content": text_of(m.get("content"), where)})
+        n_chars += len(out[-1]["content"])
+        if max_chars is not None and n_chars > max_chars:
+            raise ApiError(f"the messages hold over {max_chars} characters: more than this model's context of "
+                           "tokens could hold", param="messages")
     return out
 
 
@@ -150,12 +194,22 @@ def max_tokens_of(body: dict) -> int | None:
     return value
 
 
-def parse_chat(body, chain: list[str]) -> ChatRequest:
-    """Check a request body and build its ChatRequest; `chain`: the page's default drafter chain."""
+def salt_of(raw) -> str:
+    """vLLM's cache_salt: a client's own further partition of the prefix cache ("" none)."""
+    if raw is None:
+        return ""
+    if not isinstance(raw, str) or len(raw) > MAX_SALT_CHARS:
+        raise ApiError(f"cache_salt must be a string of at most {MAX_SALT_CHARS} characters", param="cache_salt")
+    return raw
+
+
+def parse_chat(body, chain: list[str], max_chars: int | None = None) -> ChatRequest:
+    """Check a request body and build its ChatRequest; `chain`: the page's default drafter chain; max_chars: the
+    most characters the messages may hold (ui/api/routes.py: the context's tokens times the longest token)."""
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     refuse_unsupported(body)
-    seed = number(body, "seed", None, int)
+    seed = number(body, "seed", None, int, SEED_LIMIT)
     output_format, format_text = format_of(body.get("response_format"))
     d = Settings()
     settings = Settings(
@@ -171,5 +225,6 @@ def parse_chat(body, chain: list[str]) -> ChatRequest:
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise ApiError(f"{key} must be true or false, got {value!r}", param=key)
-    return ChatRequest(messages=messages_of(body.get("messages")), settings=settings, stop=stop_of(body.get("stop")),
-                       max_tokens=max_tokens_of(body), **flags)
+    return ChatRequest(messages=messages_of(body.get("messages"), max_chars), settings=settings,
+                       stop=stop_of(body.get("stop")), max_tokens=max_tokens_of(body),
+                       cache_salt=salt_of(body.get("cache_salt")), **flags)

@@ -1,10 +1,15 @@
 """An OpenAI-compatible chat endpoint and /metrics, served beside the page, through the same scheduler and slots.
 
-POST /v1/chat/completions takes OpenAI's and llama-server's request shapes (ui/api_request.py) and answers with
-OpenAI's response, streamed as server-sent events or whole, plus llama-server's `timings` (ui/api_answer.py).
+POST /v1/chat/completions takes OpenAI's and llama-server's request shapes (ui/api/request.py) and answers with
+OpenAI's response, streamed as server-sent events or whole, plus llama-server's `timings` (ui/api/answer.py).
 A request is submitted exactly as a page message is: to the loaded runtime's scheduler (after a model load, the
 new one), so API answers wait in the page's line and share its batched rounds. GET /metrics is the engine's
 counters in Prometheus' format (ui/metrics.py), GET /v1/models names the loaded target.
+
+Before a route runs, ui/api/guard.py has checked the host, the origin, the key and the body's size. The routes
+then bound each client's requests in flight and salt its prefixes with its identity (ui/api/clients.py), and do
+their slow work (parsing, the chat template, a grammar's compilation, waiting for the engine thread) in a pool
+of their own: Gradio's worker threads, which Send, Stop, Step and page loads need, are never taken by the API.
 
 `api_routes(app)` gives the routes; app.py hands them to Blocks.launch(app_kwargs={"routes": ...}), so they join
 the FastAPI app Gradio builds and are served on its host and port, ahead of Gradio's own routes.
@@ -17,17 +22,19 @@ import json
 import queue
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
-import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from engine import ErrorEvent, QueueFull, WaitEvent
-from ui.api_answer import StopCut, Tally
-from ui.api_request import ApiError, ChatRequest, parse_chat
+from ui.api.answer import StopCut, Tally
+from ui.api.clients import ClientLimits, client_id
+from ui.api.request import ApiError, ChatRequest, parse_body, parse_chat
 from ui.metrics import exposition, registry_for
 from ui.settings import default_chain
 from ui.state import AppState, Runtime
@@ -39,6 +46,7 @@ POLL_S = 0.01
 POLL_MAX_S = 0.2
 DISCONNECT_CHECK_S = 0.25  # how often a whole (non-streamed) answer asks whether its client is still there
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies pass each event on at once
+API_WORKERS = 8  # the API's own threads: requests past them wait their turn without holding the page's
 
 
 @dataclass
@@ -50,6 +58,7 @@ class Call:
     chat: ChatRequest
     tally: Tally
     cut: StopCut
+    client: str = ""  # ui/api/clients.client_id: its request counts against this client until the answer ends
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
     ended: bool = False  # its last event was read: nothing to cancel
@@ -78,15 +87,22 @@ def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-def submit(runtime: Runtime, chat: ChatRequest):
-    """Encode, build the parameters and submit, as ui/session.submit does for a page (on a worker thread:
-    a chat template, a grammar's compilation and the engine thread's reply all take time)."""
+def longest_token(tokenizer) -> int:
+    """Characters of the vocabulary's longest token as stored: no token decodes to more text than that."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return max((len(p) for p in pieces if isinstance(p, str)), default=1)
+
+
+def submit(runtime: Runtime, chat: ChatRequest, salt: str | None):
+    """Encode, build the parameters and submit, as ui/session.submit does for a page (on the API's pool: a
+    chat template, a grammar's compilation and the engine thread's reply all take time)."""
     try:
         ids = runtime.target.encode_chat(chat.messages)
     except Exception as e:  # a chat template's own errors (jinja2's) have no common type
         raise ApiError(f"the chat template refused these messages: {e}", param="messages") from e
     limit = getattr(runtime.engine, "prompt_limit", None)
     params = chat.gen_params(room=(limit - len(ids)) if limit is not None else 1)
+    params.cache_salt = salt
     try:
         return ids, runtime.scheduler.submit(ids, params)
     except QueueFull as e:  # before RuntimeError: it is one
@@ -100,8 +116,12 @@ def submit(runtime: Runtime, chat: ChatRequest):
 @dataclass
 class Api:
     app: AppState
+    keyed: bool = False  # the app asks for API keys: a client is its key, not its address
+    limits: ClientLimits = field(default_factory=lambda: ClientLimits(max_each=2))
     registry: object = None  # the app's own prometheus_client CollectorRegistry
     chains: tuple = (None, [])  # (runtime, the page's default chain for it): the head's fit check reads weights
+    chars: tuple = (None, 0)  # (runtime, the most characters its context's tokens can hold)
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(API_WORKERS, "api"))
 
     def __post_init__(self):
         if self.registry is None:
@@ -114,20 +134,59 @@ class Api:
             self.chains = (runtime, chain)
         return list(chain)
 
+    def max_chars(self, runtime: Runtime) -> int | None:
+        limit = getattr(runtime.engine, "prompt_limit", None)
+        if limit is None:
+            return None
+        known, n = self.chars
+        if known is not runtime:
+            n = limit * longest_token(runtime.target.tokenizer)
+            self.chars = (runtime, n)
+        return n
+
+    def prepare(self, runtime: Runtime, raw: bytes, client: str):
+        """The body checked and submitted (on the pool): (chat, prompt ids, generation)."""
+        chat = parse_chat(parse_body(raw), self.chain(runtime), self.max_chars(runtime))
+        salt = None if self.app.options.share_prefix_cache else f"{client}/{chat.cache_salt}"
+        return (chat, *submit(runtime, chat, salt))
+
+    async def off_loop(self, runtime: Runtime, raw: bytes, client: str):
+        """prepare() on the API's pool. A client that leaves meanwhile cancels the wait, not the work: the
+        generation it may still start is cancelled as soon as it exists."""
+        job: Future = self.pool.submit(self.prepare, runtime, raw, client)
+        try:
+            return await asyncio.wrap_future(job)
+        except asyncio.CancelledError:
+            job.add_done_callback(lambda f: f.exception() is None and runtime.scheduler.cancel(f.result()[2].id))
+            raise
+
     async def chat(self, request: Request) -> Response:
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            return error_response(ApiError("the request body must be JSON, sent as Content-Type: application/json",
+                                           415))
+        client = client_id(request.headers.get("authorization"), request.client.host if request.client else None,
+                           self.keyed)
         try:
-            body = await request.json()
-        except ValueError:
-            return error_response(ApiError("the request body is not JSON"))
-        runtime = self.app.runtime
-        if runtime is None:
-            return error_response(ApiError("no model is loaded", 503, "server_error"))
-        try:
-            chat = parse_chat(body, self.chain(runtime))
-            ids, gen = await anyio.to_thread.run_sync(submit, runtime, chat)
+            self.limits.take(client)
         except ApiError as e:
             return error_response(e)
-        call = Call(runtime=runtime, gen=gen, chat=chat, tally=Tally(prompt_n=len(ids)), cut=StopCut(chat.stop))
+        try:
+            runtime = self.app.runtime
+            if runtime is None:
+                raise ApiError("no model is loaded", 503, "server_error")
+            try:
+                raw = await request.body()
+            except ClientDisconnect:  # gone, or cut off by the guard's body limit (its 413 is sent already)
+                raise ApiError("the client left before its body arrived", 499) from None
+            chat, ids, gen = await self.off_loop(runtime, raw, client)
+        except ApiError as e:
+            self.limits.give(client)
+            return error_response(e)
+        except BaseException:
+            self.limits.give(client)
+            raise
+        call = Call(runtime=runtime, gen=gen, chat=chat, tally=Tally(prompt_n=len(ids)), cut=StopCut(chat.stop),
+                    client=client)
         if chat.stream:
             return StreamingResponse(self.stream(call), media_type="text/event-stream", headers=SSE_HEADERS)
         return await self.whole(call, request)
@@ -162,8 +221,17 @@ class Api:
                 if text:
                     yield text
         finally:
-            if not call.ended:
-                call.runtime.scheduler.cancel(call.gen.id)
+            self.end(call)
+
+    def end(self, call: Call) -> None:
+        """The answer is over for its client: an unfinished generation is cancelled (its slot freed at the next
+        round) and the client's request stops counting, once."""
+        if not call.ended:
+            call.runtime.scheduler.cancel(call.gen.id)
+            call.ended = True
+        if call.client:
+            self.limits.give(call.client)
+            call.client = ""
 
     def take(self, call: Call, ev) -> str:
         """One round's text, cut at a stop string. After a stop string the engine is asked to stop and its last
@@ -176,16 +244,19 @@ class Api:
         return text + call.cut.flush() if ev.done else text
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
-        yield sse(call.chunk({"role": "assistant", "content": ""}))
-        async with aclosing(self.pieces(call)) as pieces:
-            try:
-                async for text in pieces:
-                    yield sse(call.chunk({"content": text}))
-            except ApiError as e:  # the answer began: the error goes in the stream, as llama-server sends it
-                yield sse(e.body())
-                return
-        yield sse({**call.chunk({}, call.finish_reason()), **call.ending()})
-        yield sse("[DONE]")
+        try:
+            yield sse(call.chunk({"role": "assistant", "content": ""}))
+            async with aclosing(self.pieces(call)) as pieces:
+                try:
+                    async for text in pieces:
+                        yield sse(call.chunk({"content": text}))
+                except ApiError as e:  # the answer began: the error goes in the stream, as llama-server sends it
+                    yield sse(e.body())
+                    return
+            yield sse({**call.chunk({}, call.finish_reason()), **call.ending()})
+            yield sse("[DONE]")
+        finally:  # also when the client left before the first piece
+            self.end(call)
 
     async def whole(self, call: Call, request: Request) -> Response:
         parts = []
@@ -211,9 +282,10 @@ class Api:
         return Response(body, media_type=content_type)
 
 
-def api_routes(app: AppState) -> list:
-    """The API's routes, for the FastAPI app that serves the page."""
-    api = Api(app)
+def api_routes(app: AppState, keyed: bool = False, max_each: int = 2) -> list:
+    """The API's routes, for the FastAPI app that serves the page; keyed: clients are told apart by their API
+    key; max_each: requests one client may have in flight."""
+    api = Api(app, keyed=keyed, limits=ClientLimits(max_each=max_each))
     router = APIRouter()
     router.add_api_route("/v1/chat/completions", api.chat, methods=["POST"])
     router.add_api_route("/v1/models", api.models, methods=["GET"])

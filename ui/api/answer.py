@@ -1,6 +1,6 @@
 """One API answer as it arrives: its text cut at a stop string, and its counts and times from the RoundEvents.
 
-No web framework here: ui/api.py feeds events in and sends out what these give, so the text, usage and timings
+No web framework here: ui/api/routes.py feeds events in and sends out what these give, so the text, usage and timings
 are testable with made-up events.
 """
 
