@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -69,6 +70,10 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> N
         try:
             with urllib.request.urlopen(url + "config", timeout=2):
                 return
+        except urllib.error.HTTPError as e:
+            if e.code == 401:  # a shared app's page asks for its login: it is up
+                return
+            time.sleep(1)
         except OSError:
             time.sleep(1)
     raise RuntimeError(f"app.py did not answer within {timeout:.0f} s:\n{log.read_text()[-3000:]}")

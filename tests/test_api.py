@@ -128,8 +128,11 @@ def test_bad_requests_get_400_with_a_message(client, kw, words):
 
 
 def test_a_body_that_is_not_json_gets_400(url):
-    r = httpx.post(url + "v1/chat/completions", content=b"{not json", timeout=30)
+    r = httpx.post(url + "v1/chat/completions", content=b"{not json", timeout=30,
+                   headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+    r = httpx.post(url + "v1/chat/completions", content=b'{"messages": []}', timeout=30)  # no JSON type: a form's
+    assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
 
 
 def test_models_names_the_loaded_target(client):
