@@ -39,7 +39,8 @@ def big_schema(n: int = 300) -> str:
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     log = tmp_path_factory.mktemp("load-long") / "app.log"
-    args = ["--port", str(free_port()), "--parallel", str(SLOTS), "--n-ctx", "8192"]
+    # each slot's share of the cache (n_ctx / parallel) holds the 3000-token document and its answer
+    args = ["--port", str(free_port()), "--parallel", str(SLOTS), "--n-ctx", "12288"]
     yield from serving(args, log, START_TIMEOUT_S)
 
 

@@ -98,4 +98,4 @@ def build(app) -> None:
                 str(csv_path) if csv_path else gr.skip(), str(png_path) if png_path else gr.skip())
 
     run.click(on_run, [prompt, n_max, max_new], [note, board, chart, csv_file, png_file],
-              concurrency_limit=1)  # one arena at a time
+              concurrency_limit=1, api_name="arena")  # one arena at a time

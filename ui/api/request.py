@@ -137,8 +137,8 @@ def messages_of(raw, max_chars: int | None = None) -> list[dict]:
         out.append({"role": ROLES[role], "content": text_of(m.get("content"), where)})
         n_chars += len(out[-1]["content"])
         if max_chars is not None and n_chars > max_chars:
-            raise ApiError(f"the messages hold over {max_chars} characters: more than this model's context of "
-                           "tokens could hold", param="messages")
+            raise ApiError(f"the messages hold over {max_chars} characters: that does not fit the model's context, "
+                           "whatever the tokenizer makes of them", param="messages")
     return out
 
 
