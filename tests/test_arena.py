@@ -2,16 +2,19 @@
 page's tab handler, on tiny models."""
 
 import csv
-import struct
 from types import SimpleNamespace
 
 import pytest
+from PIL import Image
 
 from engine.bench import arena
 from engine.bench.contest import ArenaParams, engine_runner, run_arena
-from engine.bench.leaderboard import COLUMNS, N_POSITIONS, leaderboard, write_csv, write_png
+from engine.bench import png
+from engine.bench.leaderboard import (COLUMNS, N_POSITIONS, PNG_WIDTH, leaderboard, png_height,
+                                      tokens_per_forward_figure, write_csv, write_png)
 from engine.draft.base import DraftRequest
 from engine.draft.oracle import OracleDrafter
+from engine.plotstyle import GREEN
 from engine.serve.engine import Engine
 from engine.serve.scheduler import Scheduler
 from ui import arena_tab
@@ -64,16 +67,24 @@ def test_a_round_cost_split_adds_up(rows):
             or r["draft_ms"] + r["forward_ms"] > r["round_ms"]
 
 
-def test_csv_has_the_columns_and_png_the_signature(rows, tmp_path):
+def test_csv_has_the_columns(rows, tmp_path):
     path = write_csv(rows, tmp_path / "arena.csv")
     with path.open() as f:
         back = list(csv.DictReader(f))
     assert list(back[0]) == COLUMNS and len(back) == len(rows)
     assert {f"acc_pos_{i}" for i in range(1, N_POSITIONS + 1)} <= set(COLUMNS)
-    data = write_png(rows, tmp_path / "arena.png").read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
-    width, height = struct.unpack(">II", data[16:24])
-    assert width > 0 and height > 0
+
+
+def test_png_is_a_bar_per_contender_in_rank_order(rows, tmp_path):
+    with Image.open(write_png(rows, tmp_path / "arena.png")) as im:
+        assert im.format == "PNG" and im.size == (PNG_WIDTH, png_height(len(rows)))
+        colours = {c for _, c in im.convert("RGB").getcolors(im.width * im.height)}
+    assert tuple(int(GREEN[i:i + 2], 16) for i in (1, 3, 5)) in colours  # the chain's bar
+    ax = png.draw(tokens_per_forward_figure(rows), PNG_WIDTH, png_height(len(rows))).axes[0]
+    assert [p.get_width() for p in ax.patches] == [r["tokens_per_forward"] for r in rows]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"{r['rank']}. {r['drafter']}" for r in rows]
+    assert [t.get_text() for t in ax.texts] == [f"{r['tokens_per_forward']:.2f}" for r in rows]
+    assert ax.yaxis_inverted()  # rank 1 on top
 
 
 def test_the_oracle_proposes_nothing_off_its_reference():
@@ -90,14 +101,16 @@ def test_the_oracle_proposes_nothing_off_its_reference():
 
 
 def test_the_command_line_writes_the_leaderboard(tiny_dirs, bench_prompts, tmp_path, capsys):
-    out, png = tmp_path / "a.csv", tmp_path / "a.png"
+    out, png_file = tmp_path / "a.csv", tmp_path / "a.png"
     rc = arena.main(["--prompts", str(bench_prompts), "--target", str(tiny_dirs["target"]), "--n-max", "3",
-                     "--max-new-tokens", "16", "--dtype", "float32", "--out", str(out), "--png", str(png)])
+                     "--max-new-tokens", "16", "--dtype", "float32", "--out", str(out), "--png", str(png_file)])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     assert "oracle" in printed and "skipped draft-simple" in printed
-    assert out.read_text().splitlines()[0].split(",") == COLUMNS
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = out.read_text().splitlines()
+    assert lines[0].split(",") == COLUMNS
+    with Image.open(png_file) as im:
+        assert im.format == "PNG" and im.size == (PNG_WIDTH, png_height(len(lines) - 1))
     assert arena.main(["--prompts", str(bench_prompts), "--n-max", "0"]) == 2
 
 
@@ -112,7 +125,9 @@ def test_the_tab_handler_ranks_every_contender(tiny_target):
         scheduler.close()
     names = [r["drafter"] for r in rows]
     assert names[0] == "oracle" and {"plain", "chain", "ngram-simple", "ngram-map-k"} <= set(names)
-    assert "draft-simple" in note and csv_path.is_file() and png_path.read_bytes()[:4] == b"\x89PNG"
+    assert "draft-simple" in note and csv_path.is_file()
+    with Image.open(png_path) as im:
+        assert im.format == "PNG" and im.size == (PNG_WIDTH, png_height(len(rows)))
     table = arena_tab.table(rows)
     assert len(table) == len(rows) and all(len(line) == len(arena_tab.HEADERS) for line in table)
     assert all(r["lossless"] == "True" for r in rows)

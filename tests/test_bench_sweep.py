@@ -4,8 +4,9 @@ plain-only runs, the curves' arithmetic and the plots."""
 import csv
 
 import pytest
+from PIL import Image
 
-from engine.bench import cli, plot, stats
+from engine.bench import cli, plot, png, stats
 from engine.bench.rows import load_rows
 from engine.bench.sweep import groups_of, parse_list
 
@@ -68,8 +69,7 @@ def test_synthetic_acceptance_is_realised_near_p(tiny_dirs, bench_prompts, tmp_p
     assert all(float(r["mean_acc_len"]) > 4.5 for r in full)  # 4 kept + 1 bonus, nearly every round
 
 
-def test_plain_only_concurrency_sweep_with_plots(tiny_dirs, bench_prompts, tmp_path, monkeypatch):
-    monkeypatch.setattr(plot, "write_pngs", lambda page, names, out: ["PNG skipped in this test"])
+def test_plain_only_concurrency_sweep_with_plots(tiny_dirs, bench_prompts, tmp_path):
     code, rows = run(tiny_dirs, bench_prompts, tmp_path, "--spec", "none", "--max-new-tokens", "10",
                      "--parallel", "1,2", "--plots", str(tmp_path / "plots"))
     assert code == 0
@@ -77,6 +77,9 @@ def test_plain_only_concurrency_sweep_with_plots(tiny_dirs, bench_prompts, tmp_p
     scaling = stats.plain_scaling(rows)
     assert [n for n, _ in scaling[0]] == [1, 2] and all(t > 0 for _, t in scaling[0])
     assert (tmp_path / "plots" / "bench.html").is_file()
+    for name in plot.FIGURES:
+        with Image.open(tmp_path / "plots" / f"{name}.png") as im:
+            assert im.format == "PNG" and im.size == (plot.PNG_WIDTH, plot.PNG_HEIGHT)
 
 
 @pytest.mark.parametrize("extra,why", [
@@ -134,8 +137,13 @@ def test_plots_build_from_a_small_csv(tmp_path):
     assert curve["y"][0] == pytest.approx(1 / 1.4) and "c=0.40" in curve["name"]
     assert any(t["name"].startswith("real drafters") for t in acc)
     assert len(figs["acceptance_position"]["data"]) == 2
+    drawn = png.draw(figs["speedup_concurrency"], plot.PNG_WIDTH, plot.PNG_HEIGHT).axes[0]
+    assert list(drawn.lines[0].get_xdata()) == [1, 4] and list(drawn.lines[0].get_ydata()) == pytest.approx([2, 1.2])
+    assert list(drawn.lines[1].get_ydata()) == [1, 1]  # the break-even rule
+    drawn = png.draw(figs["speedup_acceptance"], plot.PNG_WIDTH, plot.PNG_HEIGHT)
+    assert [t.get_text() for t in drawn.legends[0].get_texts()] == [t["name"] for t in acc]
     code = plot.main([str(path), "--out", str(tmp_path / "plots"), "--no-png"])
-    assert code == 0
+    assert code == 0 and not list((tmp_path / "plots").glob("*.png"))
     page = (tmp_path / "plots" / "bench.html").read_text()
     assert all(f'id="{name}"' in page for name in plot.FIGURES)
     assert "<script src=" not in page and "plotly.js v" in page  # plotly.js inline: the page opens offline

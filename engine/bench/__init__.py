@@ -11,6 +11,7 @@ Modules, each importing only those listed before it:
     sweep  the cross product n_max x concurrency x context length (x synthetic acceptance) on one engine
     live   a small run through a running Scheduler, for the UI's Benchmark tab
     stats  the curves of a sweep from rows (pure), and the sweep's summary lines
+    png    a figure dict (plotly's JSON) drawn as a PNG file by matplotlib
     plot   those curves as plotly figures, an HTML page and PNGs
     cli    the command line: arguments, prompts, the summary, exit codes
     tiny_pair  a tiny random target and a draft near it, built and loaded through engine.load.models

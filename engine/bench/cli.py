@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         print_sweep_summary(rows)
     print(f"wrote {len(rows)} rows to {args.out}")
     if args.plots:
-        from engine.bench.plot import write_plots  # plotly and Playwright: only when plots are asked for
+        from engine.bench.plot import write_plots  # plotly and matplotlib: only when plots are asked for
 
         for line in write_plots(rows, args.plots):
             print(line)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from engine.bench.bar_png import BarChart, write_bar_png
 from engine.bench.contest import ArenaResult, Entry
+from engine.bench.png import write_png as write_figure_png
 from engine.bench.run import reach_and_kept
-from engine.plotstyle import BLUE, GREEN, RULE
+from engine.plotstyle import BLUE, GREEN, RULE, axis, layout, message
 
 N_POSITIONS = 8  # acceptance per position: the first this many draft positions get a column
+PNG_WIDTH = 720  # pixels; the height grows with the contenders (png_height)
 
 COLUMNS = (["rank", "drafter", "kind", "types", "tokens_per_forward", "accept_rate"]
            + [f"acc_pos_{i}" for i in range(1, N_POSITIONS + 1)]
@@ -98,15 +99,27 @@ def write_csv(rows: list[dict], path: str | Path) -> Path:
     return path
 
 
-def write_png(rows: list[dict], path: str | Path) -> Path:
-    """Tokens per forward by contender, in the leaderboard's order: the oracle grey (the ceiling), the chain
-    green, plain decoding's 1.0 grey too."""
+def tokens_per_forward_figure(rows: list[dict]) -> dict:
+    """Tokens per forward by contender, one bar each in the leaderboard's order (top to bottom): the oracle grey
+    (the ceiling), the chain green, plain decoding's 1.0 grey too, the value written beside each bar."""
     colours = {"oracle": RULE, "plain": RULE, "chain": GREEN}
-    chart = BarChart(title="tokens per target forward", value_format=".2f",
-                     labels=[f"{r['rank']}. {r['drafter']}" for r in rows],
-                     values=[float(r["tokens_per_forward"] or 0.0) for r in rows],
-                     colours=[colours.get(r["kind"], BLUE) for r in rows])
-    return write_bar_png(chart, path)
+    values = [float(r["tokens_per_forward"] or 0.0) for r in rows]
+    bars = dict(type="bar", orientation="h", x=values, y=[f"{r['rank']}. {r['drafter']}" for r in rows],
+                marker=dict(color=[colours.get(r["kind"], BLUE) for r in rows]), text=[f"{v:.2f}" for v in values])
+    ticks = {} if rows else dict(tickvals=[])
+    return dict(data=[bars] if rows else [],
+                layout=layout("Tokens per target forward", axis("tokens per forward", rangemode="tozero"),
+                              axis("", autorange="reversed", showgrid=False, **ticks), showlegend=False,
+                              annotations=[] if rows else [message("no contenders")]))
+
+
+def png_height(n_rows: int) -> int:
+    """Pixels: the title and the axis, then 34 a bar."""
+    return 110 + 34 * max(1, n_rows)
+
+
+def write_png(rows: list[dict], path: str | Path) -> Path:
+    return write_figure_png(tokens_per_forward_figure(rows), path, PNG_WIDTH, png_height(len(rows)))
 
 
 def _fmt(v, spec: str) -> str:

@@ -4,9 +4,7 @@
 
 Figures are plain dicts (plotly's JSON), built by pure functions of the rows, so the UI's Benchmark tab shows
 the very same pictures and tests need no browser. The HTML page carries plotly.js inline: it opens with no
-network. PNGs are screenshots of that page in headless Chromium (Playwright, the browser tests' tools):
-plotly's own PNG export needs kaleido, which is not installed here; without Playwright the PNGs are skipped
-with a note.
+network. The PNGs are the same dicts drawn by matplotlib (engine.bench.png).
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import html
 import sys
 from pathlib import Path
 
+from engine.bench.png import write_png
 from engine.bench.rows import load_rows
 from engine.bench.stats import (acceptance_by_position, concurrency_curves, config_c, formula, is_chain, num,
                                 plain_scaling, short_name, speedup_of, synthetic_points)
@@ -24,7 +23,7 @@ from engine.plotstyle import COLORS, RULE, axis, message
 from engine.plotstyle import layout as base_layout
 
 DASHES = ["solid", "dash", "dot", "dashdot"]
-CHROMIUM = "/usr/bin/chromium"  # Debian's browser, as in tests/test_browser.py
+PNG_WIDTH, PNG_HEIGHT = 980, 420  # pixels, the page's figure height
 FIGURES = ["speedup_concurrency", "speedup_acceptance", "acceptance_position", "plain_scaling"]
 
 
@@ -153,29 +152,9 @@ def page_html(figs: dict[str, dict], title: str = "Speculative decoding: speedup
             f'{html.escape(title)}</h2>{body}</body></html>')
 
 
-def write_pngs(page: Path, names: list[str], out: Path) -> list[str]:
-    """Screenshot each figure's div of the page in headless Chromium; returns what was written or why not."""
-    try:
-        from playwright.sync_api import Error, sync_playwright
-    except ImportError:
-        return ["PNG skipped: Playwright is not installed (make test installs it); the HTML has every figure"]
-    if not Path(CHROMIUM).exists():
-        return [f"PNG skipped: no browser at {CHROMIUM}; the HTML has every figure"]
-    written = []
-    try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            tab = browser.new_page(viewport={"width": 1000, "height": 800})
-            tab.goto(page.resolve().as_uri())
-            for name in names:
-                div = tab.locator(f"#{name}")
-                div.locator(".main-svg").first.wait_for(timeout=20000)
-                div.screenshot(path=str(out / f"{name}.png"))
-                written.append(f"wrote {out / f'{name}.png'}")
-            browser.close()
-    except Error as e:
-        written.append(f"PNG stopped: {str(e).splitlines()[0]}")
-    return written
+def write_pngs(figs: dict[str, dict], out: Path) -> list[str]:
+    """Each figure as out/<name>.png; returns one line per file written."""
+    return [f"wrote {write_png(fig, out / f'{name}.png', PNG_WIDTH, PNG_HEIGHT)}" for name, fig in figs.items()]
 
 
 def write_plots(rows: list[dict], out_dir: str | Path, png: bool = True) -> list[str]:
@@ -187,7 +166,7 @@ def write_plots(rows: list[dict], out_dir: str | Path, png: bool = True) -> list
     page.write_text(page_html(figs))
     lines = [f"wrote {page} ({len(figs)} figures, plotly.js inline)"]
     if png:
-        lines += write_pngs(page, list(figs), out)
+        lines += write_pngs(figs, out)
     return lines
 
 
