@@ -46,6 +46,9 @@ _FACE = {  # public name -> (module, its name there)
     "load_rows": ("engine.bench.rows", "load_rows"),
     "write_rows": ("engine.bench.rows", "write_rows"),
     "sweep_summary": ("engine.bench.stats", "sweep_summary"),
+    "speedup_formula": ("engine.bench.stats", "formula"),
+    # this machine's forward by rows beside the weights' memory-bound floor (engine/cost/roofline.py)
+    "roofline": ("engine.cost.roofline", "roofline"),
     "LiveBenchError": ("engine.bench.live", "LiveBenchError"),
     "LivePlan": ("engine.bench.live", "LivePlan"),
     "run_live": ("engine.bench.live", "run_live"),

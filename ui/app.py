@@ -7,7 +7,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui import arena_tab, bench_tab, handlers
+from ui import arena_tab, bench_tab, handlers, lesson
 from ui.charts import acceptance_figure, plotly_figure, speed_figure
 from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
@@ -159,7 +159,14 @@ def stats_column(v: dict) -> None:
     v["speed_plot"] = gr.Plot(plotly_figure(speed_figure([], [], [])), show_label=False, elem_id="speed-plot")
 
 
-def detail_tabs(v: dict, app: AppState) -> None:
+def lesson_views(app: AppState) -> tuple:
+    """The free-lunch tab's figure and text for the loaded model (after a model load, the new one's)."""
+    roof = app.runtime.roofline if app.runtime is not None else None
+    return plotly_figure(lesson.curve_figure(roof)), lesson.free_lunch_text(roof)
+
+
+def detail_tabs(v: dict, app: AppState) -> tuple:
+    """The tabs under the chat; returns the free-lunch tab's (plot, text), refreshed at each page load."""
     with gr.Tabs():
         with gr.Tab("Rounds", elem_id="tab-rounds"):
             v["timeline"] = gr.HTML(elem_id="timeline")
@@ -173,6 +180,14 @@ def detail_tabs(v: dict, app: AppState) -> None:
             bench_tab.build(app)
         with gr.Tab("Arena", elem_id="tab-arena"):
             arena_tab.build(app)
+        with gr.Tab("Why it pays here", elem_id="tab-lesson"):
+            figure, text = lesson_views(app)
+            plot = gr.Plot(figure, show_label=False, elem_id="lesson-plot")
+            words = gr.HTML(text, elem_id="lesson-text")
+            gr.HTML('<div class="muted small">After each answer, the line under its speedup gives its acceptance '
+                    'a, its round\'s cost c, the formula\'s prediction beside the measured speedup and the '
+                    'acceptance at which speculation breaks even on this machine.</div>')
+    return plot, words
 
 
 def build(state: AppState) -> gr.Blocks:
@@ -187,8 +202,9 @@ def build(state: AppState) -> gr.Blocks:
                 w = chat_column(load_examples(), v)
             with gr.Column(scale=5, min_width=420):
                 stats_column(v)
-        detail_tabs(v, state)
+        lesson_outputs = detail_tabs(v, state)
         wire(state, demo, session, c, controls, v, w)
+        demo.load(lambda: lesson_views(state), None, list(lesson_outputs), show_progress="hidden")
     return demo
 
 

@@ -26,7 +26,19 @@ def make_runtime(target, draft, options: AppOptions, on_event=None) -> Runtime:
                     fair=options.budget == "fair", threads=options.threads, drafter_params=params,
                     n_ctx_seq=options.ctx_per_slot)
     scheduler = Scheduler(engine, options.queue_max, on_event=on_event)
-    return Runtime(target=target, draft=draft, engine=engine, scheduler=scheduler, vocab=Vocab.of(target.tokenizer))
+    return Runtime(target=target, draft=draft, engine=engine, scheduler=scheduler, vocab=Vocab.of(target.tokenizer),
+                   roofline=measure_roofline(target, engine))
+
+
+def measure_roofline(target, engine):
+    """The calibrated curve beside the weights' memory-bound floor (a copy timed now); None where the engine
+    timed no curve (a model that cannot speculate)."""
+    from engine import roofline
+
+    cost = engine.cost
+    if not engine.probe.can_speculate or len(cost.sizes) < 2:
+        return None
+    return roofline(target.model, list(cost.sizes), list(cost.seconds))
 
 
 def clean_name(name: str | None) -> str | None:

@@ -12,6 +12,7 @@ from typing import Iterator
 
 from engine import ErrorEvent, WaitEvent
 from ui.formatcheck import format_html
+from ui.lesson import explain, explained_html, lesson_line, prefill_decode_line
 from ui.render import compare_html, user_bubble
 from ui.run import RunRecord
 from ui.conversation import dropped_note, fit_conversation, wait_text
@@ -214,7 +215,8 @@ def compare(app: AppState, session: SessionState, settings: Settings) -> Iterato
             f"{run.tps:.1f} tok/s" if timed is not None and run.tps else
             "the speculative run timed as it streamed to the page (its unseen run did not finish alike)")
     session.compare_html = compare_html(run.ids, plain.ids, (timed or run).tps, plain.tps, run.vocab,
-                                        sampled=sampled, load=load_note(timed or run, plain), cut=cut, note=note)
+                                        sampled=sampled, load=load_note(timed or run, plain), cut=cut, note=note) \
+        + explained_html(explain(timed or run, plain)) + lesson_line(prefill_decode_line(run))
     yield
 
 

@@ -49,6 +49,7 @@ class Runtime:
     engine: object  # engine.Engine
     scheduler: object  # engine.Scheduler
     vocab: Vocab
+    roofline: object = None  # engine.cost.roofline.Roofline: the forward's cost by rows beside the weights' floor
 
     def describe(self) -> str:
         probe = self.engine.probe

@@ -1,0 +1,110 @@
+"""The lesson's numbers: the speedup formula and its break-even acceptance, an answer's a, k and c read from
+its rounds, the weights' bytes and the memory-bound floor, and the free-lunch view for the loaded model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.cost.roofline import Roofline, measure_bandwidth, weight_bytes
+from engine.events import RoundEvent
+from engine.bench.stats import formula
+from ui.lesson import break_even, curve_figure, explain, explained_html, free_lunch_text
+from ui.run import RunRecord
+
+
+def test_the_formula_at_its_ends():
+    assert formula(0.0, 4, 0.5) == pytest.approx(1 / 1.5)  # nothing kept: one token a dearer round
+    assert formula(1.0, 4, 0.5) == pytest.approx(5 / 1.5)  # everything kept: k + 1 tokens a round
+    assert formula(0.8, 4, 0.0) == pytest.approx((1 - 0.8 ** 5) / 0.2)
+
+
+@pytest.mark.parametrize("k, c", [(1, 0.2), (4, 0.5), (8, 1.5), (16, 3.0)])
+def test_break_even_is_where_the_formula_gives_one(k, c):
+    a = break_even(k, c)
+    assert 0 < a < 1 and formula(a, k, c) == pytest.approx(1.0, abs=1e-6)
+    assert formula(a - 0.01, k, c) < 1 < formula(a + 0.01, k, c)
+    assert break_even(4, 0.0) == 0.0 and break_even(2, 5.0) == 1.0  # free rounds always pay; dear ones never
+
+
+def event(round_no, kind, drafted=(), m=0, emitted=(1,), t=0.0, **times) -> RoundEvent:
+    return RoundEvent(seq=0, round=round_no, kind=kind, drafter="ngram-simple" if drafted else None, pos_sampled=0,
+                      p0=1, drafted=list(drafted), n_accepted=m, emitted=list(emitted), t_end=t, **times)
+
+
+def record(events) -> RunRecord:
+    run = RunRecord(vocab=None, prompt_ids=[1, 2, 3], shown=False)
+    for ev in events:
+        run.add(ev)
+    return run
+
+
+def test_an_answer_is_explained_from_its_rounds():
+    """Plain: 8 steps of 10 ms. Speculative: 4 rounds of 15 ms, drafts of 4 kept 4, 2, 0, 4 tokens."""
+    plain = record([event(0, "prefill", t=1.0)] + [event(i, "plain", t=1.0 + 0.01 * i) for i in range(1, 9)])
+    kept = [4, 2, 0, 4]
+    spec = record([event(0, "prefill", t=2.0)] + [
+        event(i + 1, "spec", drafted=[5] * 4, m=m, emitted=[5] * (m + 1), t=2.0 + 0.015 * (i + 1), t_draft_ms=1.0,
+              t_forward_ms=12.0, t_rollback_ms=0.5) for i, m in enumerate(kept)])
+    x = explain(spec, plain)
+    assert x.alpha == pytest.approx(10 / 12)  # kept / (kept + the two rounds that met a rejection)
+    assert x.per_pos == pytest.approx((0.75, 0.75, 0.5, 0.5))
+    assert x.k == 4 and x.c == pytest.approx(0.5)
+    assert x.measured == pytest.approx((14 / 0.06) / (8 / 0.08))
+    assert x.predicted == pytest.approx(formula(10 / 12, 4, 0.5))
+    assert x.break_even == pytest.approx(break_even(4, 0.5))
+    assert x.split_ms == pytest.approx((1.0, 12.0, 0.5, 1.5))
+    text = explained_html(x)
+    assert "a = 0.83" in text and "c = 0.50" in text and "breaks even" in text and "pays" in text
+
+
+def test_an_answer_without_drafts_says_it_could_not_pay():
+    plain = record([event(0, "prefill", t=1.0)] + [event(i, "plain", t=1.0 + 0.01 * i) for i in range(1, 5)])
+    assert explain(plain, plain) is None and "could not pay" in explained_html(None)
+
+
+def test_weight_bytes_counts_what_a_forward_reads():
+    emb, head = torch.nn.Embedding(100, 8), torch.nn.Linear(8, 100, bias=False)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.mid, self.head = emb, torch.nn.Linear(8, 8), head
+
+        def get_input_embeddings(self):
+            return self.emb
+
+        def get_output_embeddings(self):
+            return self.head
+
+    model = Tiny()
+    assert weight_bytes(model) == (8 * 8 + 8 + 100 * 8) * 4  # the input table is read a row at a time
+    head.weight = emb.weight  # tied: the head reads the table whole, once
+    assert weight_bytes(model) == (8 * 8 + 8 + 100 * 8) * 4
+
+
+def test_the_curve_beside_its_floor():
+    roof = Roofline(rows=(1, 2, 4, 8, 16), seconds=(0.010, 0.0105, 0.0108, 0.02, 0.04), weight_bytes=200_000_000,
+                    bandwidth=25e9)
+    assert roof.t_floor == pytest.approx(0.008) and roof.memory_share() == pytest.approx(0.8)
+    assert roof.flat_up_to() == 4 and roof.ratio(8) == pytest.approx(2.0) and roof.ratio(5) == roof.ratio(4)
+    text = free_lunch_text(roof)
+    assert "up to K = 3" in text and "200 MB" in text and "25.0 GB/s" in text and "waits on memory" in text
+    steep = Roofline(rows=(1, 2, 4), seconds=(0.01, 0.02, 0.04), weight_bytes=10_000_000, bandwidth=25e9)
+    assert steep.flat_up_to() == 1 and "not free" in free_lunch_text(steep)
+    figure = curve_figure(roof)
+    assert [len(d["y"]) for d in figure["data"]] == [5, 2, 2] and figure["data"][2]["y"][0] == pytest.approx(8.0)
+    assert measure_bandwidth(8 << 20, 2) > 1e8  # any machine copies faster than 100 MB/s
+
+
+def test_the_runtime_measures_its_free_lunch(tiny_target):
+    from ui.loader import make_runtime
+    from ui.state import AppOptions
+
+    runtime = make_runtime(tiny_target, None, AppOptions(n_ctx=512, parallel=1))
+    try:
+        roof = runtime.roofline
+        assert roof.rows == tuple(runtime.engine.cost.sizes) and roof.rows[0] == 1 and len(roof.rows) > 4
+        assert roof.weight_bytes > 0 and roof.bandwidth > 0
+    finally:
+        runtime.scheduler.close()
