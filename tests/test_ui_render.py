@@ -375,7 +375,7 @@ class FakeScheduler:
     def close(self):
         self.closed = True
 
-    def submit(self, prompt, params, manual=False):
+    def submit(self, prompt, params, manual=False, purpose="chat"):
         if self.busy:
             raise QueueFull("all 1 slots are busy and 64 requests are waiting (the queue holds 64)")
         params.validate()

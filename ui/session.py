@@ -41,8 +41,10 @@ class UserError(Exception):
 
 
 def submit(app: AppState, session: SessionState, text: str, settings: Settings, manual: bool = False,
-           speculative: bool = True, prompt_ids: list[int] | None = None, shown: bool = True) -> Active:
-    """Start a generation for this session in a free slot of the shared scheduler."""
+           speculative: bool = True, prompt_ids: list[int] | None = None, shown: bool = True,
+           purpose: str = "chat") -> Active:
+    """Start a generation for this session in a free slot of the shared scheduler; a comparison's runs are
+    submitted with purpose "compare", counted apart from the answers (engine/serve/metrics.py)."""
     runtime = app.runtime
     if runtime is None:
         raise UserError("No model is loaded: load a target model first.", "error")
@@ -59,7 +61,7 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
     else:
         ids = prompt_ids
     try:
-        gen = runtime.scheduler.submit(ids, params, manual=manual)
+        gen = runtime.scheduler.submit(ids, params, manual=manual, purpose=purpose)
     except ValueError as e:  # the engine refused the request (prompt too long, drafter needs a draft model...)
         raise UserError(f"Cannot start: {e}", "error") from e
     except QueueFull as e:  # every slot busy and the queue full, or the engine thread did not answer in time
@@ -227,7 +229,7 @@ def measure(app: AppState, session: SessionState, settings: Settings, speculativ
     time.sleep(COMPARE_SETTLE_S)
     try:
         active = submit(app, session, "", settings, speculative=speculative, prompt_ids=run.prompt_ids,
-                        shown=False)
+                        shown=False, purpose="compare")
     except UserError as e:
         session.compare_html = ""
         session.notice = (f"Comparison skipped: {e}", "warn")

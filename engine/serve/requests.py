@@ -30,6 +30,7 @@ class Generation:
 
     id: int  # never reused: stop and cancel address this, not a slot
     manual: bool  # step mode: advanced only by Scheduler.step
+    purpose: str = "chat"  # what it is for, counted apart (engine/serve/metrics.py PURPOSES)
     events: queue.Queue = field(default_factory=queue.Queue)  # WaitEvent*, RoundEvent*, then done or ErrorEvent
     seq: int | None = None  # the slot, once admitted (None while waiting or parked)
     stats: dict = field(default_factory=dict)  # the slot's drafter counters, a copy refreshed after each round

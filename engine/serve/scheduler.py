@@ -33,6 +33,7 @@ from engine.round.slot import Slot
 from engine.serve.engine import Engine
 from engine.serve.requests import Command, Generation, QueueFull, Request, stopped_without_a_slot
 from engine.serve.grammars import GrammarCache
+from engine.serve.metrics import CHAT, check_purpose
 
 QUEUE_MAX = 64  # requests that may wait for a slot (llama-server has no bound; a class of 30 needs one)
 IDLE_WAIT_S = 1.0  # how long the thread sleeps on an empty command queue when nothing generates
@@ -45,10 +46,11 @@ STEP_ABANDON_S = 900.0
 
 class Scheduler:
     def __init__(self, engine: Engine, queue_max: int = QUEUE_MAX, step_idle_s: float = STEP_IDLE_S,
-                 abandon_s: float = STEP_ABANDON_S, on_event: Callable[[RoundEvent, bool], None] | None = None):
+                 abandon_s: float = STEP_ABANDON_S,
+                 on_event: Callable[[RoundEvent, bool, str], None] | None = None):
         self.engine = engine  # read by callers only for what never changes (its context sizes, its probe)
-        # hears every round of every generation (ev, step mode?) on the engine thread, before its caller does:
-        # counters that must see the page's answers and the API's alike (engine/serve/metrics.py)
+        # hears every round of every generation (ev, step mode?, purpose) on the engine thread, before its caller
+        # does: counters that must see the page's answers and the API's alike (engine/serve/metrics.py)
         self.on_event = on_event
         self.queue_max = queue_max
         self.step_idle_s = step_idle_s
@@ -72,16 +74,19 @@ class Scheduler:
         self.commands.put(Command(kind, args, reply))
         return reply.result(timeout=REPLY_TIMEOUT_S if timeout is None else timeout)
 
-    def submit(self, prompt: list[int], params: GenParams, manual: bool = False) -> Generation:
-        """Queue a generation. Raises ValueError (bad input, nothing queued) or QueueFull."""
-        return self.submit_group([(prompt, params)], manual=manual)[0]
+    def submit(self, prompt: list[int], params: GenParams, manual: bool = False, purpose: str = CHAT) -> Generation:
+        """Queue a generation. Raises ValueError (bad input, nothing queued) or QueueFull. purpose: what it is
+        for (engine/serve/metrics.py PURPOSES): a run that only measures is counted apart from the answers."""
+        return self.submit_group([(prompt, params)], manual=manual, purpose=purpose)[0]
 
-    def submit_group(self, requests: list[tuple[list[int], GenParams]], manual: bool = False) -> list[Generation]:
+    def submit_group(self, requests: list[tuple[list[int], GenParams]], manual: bool = False,
+                     purpose: str = CHAT) -> list[Generation]:
         """Several generations admitted together or not at all (a benchmark's N slots start in one round)."""
+        check_purpose(purpose)
         for _, params in requests:
             if params.grammar is not None:
                 self.grammars.prepare(params.grammar)
-        gens = [Generation(id=next(self.ids), manual=manual) for _ in requests]
+        gens = [Generation(id=next(self.ids), manual=manual, purpose=purpose) for _ in requests]
         batch = [Request(g, list(p), params) for g, (p, params) in zip(gens, requests)]
         for r in batch:
             r.group = batch if len(batch) > 1 else None
@@ -320,7 +325,7 @@ class Scheduler:
             if ev.done:  # the slot is free before its last event is read
                 del self.running[ev.seq]
             if self.on_event is not None and isinstance(ev, RoundEvent):
-                self.on_event(ev, gen.manual)
+                self.on_event(ev, gen.manual, gen.purpose)
             gen.events.put(ev)
         return events
 
