@@ -14,7 +14,7 @@ from engine import ErrorEvent, WaitEvent
 from ui.formatcheck import format_html
 from ui.render import compare_html, user_bubble
 from ui.run import RunRecord
-from ui.conversation import dropped_note, fit_conversation, wait_text
+from ui.conversation import dropped_note, fit_conversation, forget_turns, wait_text
 from ui.settings import Settings
 from ui.state import Active, AppState, SessionState
 
@@ -58,6 +58,7 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
         limit = getattr(runtime.engine, "prompt_limit", None)
         ids, dropped = fit_conversation(runtime.target.encode_chat, session, text, settings.max_new_tokens, limit)
         session.dropped_turns = dropped
+        forget_turns(session, dropped)
     else:
         ids = prompt_ids
     try:
