@@ -15,7 +15,6 @@ offered as free drafts by the `grammar` drafter (engine/draft/grammar.py) throug
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,7 +34,7 @@ def _one_line(msg: str) -> str:
 
 MAX_GRAMMAR_CHARS = 200_000  # a grammar's text at most: compiling takes time in proportion to a JSON schema's size
 MAX_SCHEMA_DEPTH = 64  # objects and arrays nested in a JSON schema at most: llguidance crashes far past its own limit
-COMPILE_TIMEOUT_S = 20.0  # prepare() gives up waiting for a compilation after this long
+COMPILE_TIMEOUT_S = 20.0  # a request gives up waiting for its compilation after this long (engine/serve/grammars.py)
 
 
 def _depth(value) -> int:
@@ -134,27 +133,6 @@ class GrammarSpec:
             raise ValueError(f"invalid {self.label}: no token of this model can start it (it matches nothing)") \
                 from None
         self.template, self.tokenizer_id = matcher, id(tokenizer)
-
-    def prepare(self, tokenizer, timeout_s: float = COMPILE_TIMEOUT_S) -> None:
-        """validate(tokenizer) on a thread of its own, waiting at most timeout_s: the caller's thread (a web
-        request) pays for the compilation, never the engine's, and a grammar that compiles for longer is
-        refused. llguidance releases the interpreter while it builds a matcher, so other threads go on."""
-        done: list[BaseException | None] = []
-
-        def work() -> None:
-            try:
-                self.validate(tokenizer)
-                done.append(None)
-            except Exception as e:  # handed to the caller below
-                done.append(e)
-
-        worker = threading.Thread(target=work, name="grammar-compile", daemon=True)
-        worker.start()
-        worker.join(timeout_s)
-        if not done:
-            raise ValueError(f"the {self.label} took over {timeout_s:.0f} s to compile: simplify it")
-        if done[0] is not None:
-            raise done[0]
 
     def share_from(self, other: "GrammarSpec") -> None:
         """Take what `other`, the same grammar, compiled (its template is only ever copied, never advanced)."""

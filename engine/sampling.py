@@ -24,6 +24,8 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
 
 
 SEED_LIMIT = 2 ** 63  # seeds below it stay below 2^64 after the drafters' XOR with their own mix, as manual_seed needs
+# a temperature below it is greedy (vLLM's _SAMPLING_EPS): dividing logits by 1e-40 overflows to inf, softmax to NaN
+GREEDY_BELOW = 1e-5
 
 
 @dataclass
@@ -33,6 +35,13 @@ class SamplerParams:
     top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1 = off
     min_p: float = 0.0  # drop tokens below min_p * p(top token); 0 = off
     seed: int = 0  # seed of this sampler's own torch.Generator
+
+    def __setattr__(self, name, value) -> None:
+        # every reader (sampler, verifiers, drafters) tests `temp > 0`: snapping here, on construction and on
+        # every later assignment, makes all of them agree that a tiny temperature is greedy
+        if name == "temp" and isinstance(value, (int, float)) and 0.0 < value < GREEDY_BELOW:
+            value = 0.0
+        object.__setattr__(self, name, value)
 
     def validate(self) -> None:
         # comparisons alone let NaN through (every one of them is False), and a NaN temperature makes every

@@ -143,9 +143,9 @@ def test_the_scheduler_tells_its_listener_every_round(tiny_target):
     heard = []
     counters = SpecCounters()
 
-    def listener(e, manual):
+    def listener(e, manual, purpose):
         heard.append(e)
-        counters.observe(e, manual)
+        counters.observe(e, manual, purpose)
 
     s = Scheduler(Engine(tiny_target, n_ctx=512, n_seq_max=2, calibrate=False, drafter_params=SMALL_NGRAMS),
                   on_event=listener)

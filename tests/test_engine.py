@@ -125,6 +125,20 @@ def test_rejection_sampling_matches_the_target_distribution_end_to_end(engine, t
     assert tv_draft > tv_spec + 0.1, "the draft alone should be visibly off, or this test proves nothing"
 
 
+@pytest.mark.parametrize("types", [[], ["draft-simple"], NGRAM_CHAIN])
+def test_a_temperature_below_1e_5_answers_as_greedy(engine, types):
+    """logits / 1e-40 overflows to inf and softmax to NaN: such a temperature must decode as temperature 0."""
+    for prompt in PROMPTS:
+        greedy = tokens(run(engine, prompt, types, seed=5))
+        for temp in (1e-40, 9e-6):
+            events = run(engine, prompt, types, temp=temp, seed=5)
+            assert tokens(events) == greedy
+            assert all(e.verify_mode != "rejection" for e in events if e.kind == "spec")
+    params = SamplerParams(temp=0.7)
+    params.temp = 1e-40
+    assert params.temp == 0.0 and SamplerParams(temp=1e-5).temp == 1e-5
+
+
 def test_adaptive_policy_still_lossless(engine):
     for prompt in PROMPTS:
         assert tokens(run(engine, prompt, NGRAM_CHAIN, adaptive=True)) == tokens(run(engine, prompt, []))

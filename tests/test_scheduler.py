@@ -379,3 +379,86 @@ def test_a_submit_the_engine_does_not_answer_in_time_is_cancelled(tiny_target, m
         assert len(emitted(drain(s.submit(PROMPTS[1], params(5))))) == 5
     finally:
         s.close()
+
+
+# ---- the engine thread's end: nobody is left waiting ----------------------------------------------------
+
+
+def test_commands_that_come_with_a_close_are_answered_with_an_error(tiny_target, monkeypatch):
+    """A submit and a step taken in the same pass as a close: their callers hear that the engine shut down at
+    once, instead of waiting for REPLY_TIMEOUT_S."""
+    import engine.serve.scheduler as sched
+
+    s = make(tiny_target, slots=1)
+    monkeypatch.setattr(sched, "REPLY_TIMEOUT_S", 20.0)
+    busy, hold, outcomes = threading.Event(), threading.Event(), {}
+    s.commands.put(sched.Command("call", lambda _engine: (busy.set(), hold.wait(10))))  # the thread is busy
+    assert busy.wait(10)
+
+    def ask(name, fn):
+        t0 = time.monotonic()
+        try:
+            fn()
+            outcomes[name] = ("answered", 0.0)
+        except Exception as e:  # whatever came back is recorded and checked below
+            outcomes[name] = (f"{type(e).__name__}: {e}", time.monotonic() - t0)
+
+    callers = [threading.Thread(target=ask, args=("submit", lambda: s.submit(PROMPTS[0], params(5)))),
+               threading.Thread(target=ask, args=("step", lambda: s.step(12345)))]
+    for t in callers:
+        t.start()
+    deadline = time.time() + 5
+    while s.commands.qsize() < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    s.commands.put(sched.Command("close"))  # queued behind them: one pass takes all three
+    hold.set()
+    for t in callers:
+        t.join(timeout=30)
+    s.thread.join(timeout=10)
+    for name in ("submit", "step"):
+        message, waited = outcomes[name]
+        assert message == "RuntimeError: the engine shut down" and waited < 10, (name, message)
+    assert s.closed and not s.thread.is_alive()
+    with pytest.raises(RuntimeError, match="shut down"):
+        s.submit(PROMPTS[0], params(5))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread re-raises
+def test_a_shutdown_that_raises_still_closes_and_ends_every_generation(tiny_target, monkeypatch):
+    """A fault outside any generation ends them all (Scheduler._shutdown); when releasing a slot raises too, the
+    thread goes, but closed is set and every generation, running or waiting, hears its end."""
+    s = make(tiny_target, slots=1)
+    try:
+        running = s.submit(PROMPTS[0], params(40), manual=True)  # holds the slot until stepped
+        s.step(running.id)
+        waiting = s.submit(PROMPTS[1], params(40))
+        assert drain_until_place(waiting, 1)
+        real_release = s.engine.release
+        monkeypatch.setattr(s.engine, "release", lambda seq: {}["release failed"])
+        monkeypatch.setattr(s, "_park_idle", lambda: {}["a fault outside any generation"])
+        s.stop(999)  # any command wakes the thread for a pass
+        s.thread.join(timeout=10)
+        assert not s.thread.is_alive() and s.closed
+        for gen in (running, waiting):
+            last = take_all(gen)[-1]
+            assert isinstance(last, ErrorEvent) and "KeyError" in last.message
+        with pytest.raises(RuntimeError, match="shut down"):
+            s.submit(PROMPTS[2], params(5))
+        monkeypatch.setattr(s.engine, "release", real_release)
+    finally:
+        s.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread re-raises
+def test_a_close_whose_release_raises_still_ends_everyone(tiny_target, monkeypatch):
+    s = make(tiny_target, slots=1)
+    running = s.submit(PROMPTS[0], params(40), manual=True)
+    s.step(running.id)
+    waiting = s.submit(PROMPTS[1], params(40))
+    assert drain_until_place(waiting, 1)
+    monkeypatch.setattr(s.engine, "release", lambda seq: {}["release failed"])
+    s.close()
+    assert s.closed and not s.thread.is_alive()
+    for gen in (running, waiting):
+        last = take_all(gen)[-1]
+        assert isinstance(last, ErrorEvent) and "shut down" in last.message

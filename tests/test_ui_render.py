@@ -375,7 +375,7 @@ class FakeScheduler:
     def close(self):
         self.closed = True
 
-    def submit(self, prompt, params, manual=False):
+    def submit(self, prompt, params, manual=False, purpose="chat"):
         if self.busy:
             raise QueueFull("all 1 slots are busy and 64 requests are waiting (the queue holds 64)")
         params.validate()
@@ -794,6 +794,7 @@ def test_a_conversation_longer_than_the_context_drops_its_oldest_turns_and_says_
     from ui.conversation import fit_conversation
     from ui.session import converse
     from ui.state import SessionState
+    from ui.views import chat_view
 
     session = SessionState(history=[{"role": "user", "content": "a " * 30}, {"role": "assistant", "content": "b"},
                                     {"role": "user", "content": "c " * 5}, {"role": "assistant", "content": "d"}])
@@ -808,9 +809,35 @@ def test_a_conversation_longer_than_the_context_drops_its_oldest_turns_and_says_
 
     app = fake_app([answer(), answer()])
     app.runtime.engine.prompt_limit = 3 + 8  # the fake target encodes any conversation as 3 tokens
-    long_chat = SessionState(history=list(session.history))
+    long_chat = SessionState(history=list(session.history), turns_html=["<p>a</p>", "<p>b</p>", "<p>c</p>", "<p>d</p>"])
     list(converse(app, long_chat, "hi", Settings(max_new_tokens=9), manual=False))
     assert "2 oldest turns are left out" in long_chat.notice[0] and long_chat.notice[1] == "warn"
+    # the turns left out are gone from the stored conversation and its page, which says so
+    assert [m["content"] for m in long_chat.history if m["role"] == "user"] == ["hi"]
+    assert len(long_chat.turns_html) == 2 and "<p>a</p>" not in chat_view(long_chat)
+    assert long_chat.forgotten_turns == 2 and "2 earlier turns no longer fit the context" in chat_view(long_chat)
+
+
+def test_fitting_a_long_conversation_takes_a_logarithmic_number_of_encodings():
+    """600 turns of which the last few dozen fit: found with a handful of encodings of the conversation, not one
+    per dropped turn, and the same prompt as dropping one turn at a time gives."""
+    from ui.conversation import fit_conversation
+    from ui.state import SessionState
+
+    history = [{"role": r, "content": f"{r} {i} " + "w " * (i % 7)} for i in range(600) for r in ("user", "assistant")]
+    message = [{"role": "user", "content": "new question"}]
+    calls = []
+
+    def encode(messages):
+        calls.append(len(messages))
+        return [0] * sum(2 + len(m["content"].split()) for m in messages)
+
+    limit, room = 520, 16
+    ids, dropped = fit_conversation(encode, SessionState(history=history), "new question", room=room, limit=limit)
+    n_calls = len(calls)
+    one_by_one = next(k for k in range(601) if len(encode(history[2 * k:] + message)) + room <= limit)
+    assert 500 < dropped == one_by_one and ids == encode(history[2 * dropped:] + message)
+    assert n_calls <= 2 + 10, f"{n_calls} encodings for 600 turns"
 
 
 def timed_answer(seconds: float) -> list:

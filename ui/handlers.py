@@ -20,7 +20,7 @@ from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views, chat_view, waiting_view
 VIEWS = TEXT_VIEWS + CHART_VIEWS
 HTML_CHARTS = ("kpis", "counters")  # the chart views that are HTML, not plots
 CLEARED = ("history", "turns_html", "pending_user", "run", "plain", "compare_html", "format_html", "notice",
-           "seq_stats", "charts_key")
+           "seq_stats", "charts_key", "dropped_turns", "forgotten_turns")
 
 
 def pack(views: dict, s: SessionState, msg_value: str | None = None, stream: bool = False) -> tuple:

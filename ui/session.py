@@ -15,7 +15,7 @@ from ui.formatcheck import format_html
 from ui.lesson import explain, explained_html, lesson_line, prefill_decode_line
 from ui.render import compare_html, user_bubble
 from ui.run import RunRecord
-from ui.conversation import dropped_note, fit_conversation, wait_text
+from ui.conversation import dropped_note, fit_conversation, forget_turns, wait_text
 from ui.settings import Settings
 from ui.state import Active, AppState, SessionState
 
@@ -42,8 +42,10 @@ class UserError(Exception):
 
 
 def submit(app: AppState, session: SessionState, text: str, settings: Settings, manual: bool = False,
-           speculative: bool = True, prompt_ids: list[int] | None = None, shown: bool = True) -> Active:
-    """Start a generation for this session in a free slot of the shared scheduler."""
+           speculative: bool = True, prompt_ids: list[int] | None = None, shown: bool = True,
+           purpose: str = "chat") -> Active:
+    """Start a generation for this session in a free slot of the shared scheduler; a comparison's runs are
+    submitted with purpose "compare", counted apart from the answers (engine/serve/metrics.py)."""
     runtime = app.runtime
     if runtime is None:
         raise UserError("No model is loaded: load a target model first.", "error")
@@ -60,10 +62,11 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
         limit = getattr(runtime.engine, "prompt_limit", None)
         ids, dropped = fit_conversation(runtime.target.encode_chat, session, text, settings.max_new_tokens, limit)
         session.dropped_turns = dropped
+        forget_turns(session, dropped)
     else:
         ids = prompt_ids
     try:
-        gen = runtime.scheduler.submit(ids, params, manual=manual)
+        gen = runtime.scheduler.submit(ids, params, manual=manual, purpose=purpose)
     except ValueError as e:  # the engine refused the request (prompt too long, drafter needs a draft model...)
         raise UserError(f"Cannot start: {e}", "error") from e
     except QueueFull as e:  # every slot busy and the queue full, or the engine thread did not answer in time
@@ -232,7 +235,7 @@ def measure(app: AppState, session: SessionState, settings: Settings, speculativ
     time.sleep(COMPARE_SETTLE_S)
     try:
         active = submit(app, session, "", settings, speculative=speculative, prompt_ids=run.prompt_ids,
-                        shown=False)
+                        shown=False, purpose="compare")
     except UserError as e:
         session.compare_html = ""
         session.notice = (f"Comparison skipped: {e}", "warn")

@@ -128,6 +128,7 @@ class SessionState:
     # active, and a second turn must not start there); set under AppState.turn_lock
     turn_open: bool = False
     dropped_turns: int = 0  # oldest turns the last prompt left out to fit the context (said on the page)
+    forgotten_turns: int = 0  # turns removed from history since the chat began, all prompts together (on the page)
     # the HTML each view was last sent (the components start empty): a streaming update re-sends it for the
     # views it leaves as they are, since a gr.skip() makes Gradio build a component and its config per output
     shown: dict[str, str] = field(default_factory=dict)

@@ -10,6 +10,7 @@ import html
 import time
 
 from ui import charts
+from ui.conversation import forgotten_html
 from ui.drafter_costs import drafter_costs_html
 from ui.kvview import kv_html
 from ui.render import notice_html, transcript_html, user_bubble
@@ -25,7 +26,7 @@ EMPTY_HINT = ("Ask something, or click an example. Each token of the answer is c
 
 
 def chat_view(session: SessionState) -> str:
-    turns = list(session.turns_html)
+    turns = [t for t in [forgotten_html(session)] if t] + session.turns_html
     if session.pending_user and session.run is not None:
         turns += [user_bubble(session.pending_user), session.run.answer_html(live=True)]
     return transcript_html(turns, EMPTY_HINT, session.show_rejected)

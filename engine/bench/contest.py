@@ -134,12 +134,13 @@ def engine_runner(engine, seq: int = 0) -> Runner:
     return run
 
 
-def scheduler_runner(scheduler) -> Runner:
-    """Runs through a running Scheduler like a chat (other generations share its forwards); LiveBenchError with
-    a message for the user when it cannot start or stops."""
+def scheduler_runner(scheduler, purpose: str = "arena") -> Runner:
+    """Runs through a running Scheduler like a chat (other generations share its forwards), counted apart from
+    the chats under `purpose` (its oracle's drafts are kept by construction); LiveBenchError with a message for
+    the user when it cannot start or stops."""
     def run(ids: list[int], gp: GenParams) -> RunResult:
         try:
-            gen = scheduler.submit(list(ids), gp)
+            gen = scheduler.submit(list(ids), gp, purpose=purpose)
         except (RuntimeError, ValueError) as e:
             raise LiveBenchError(f"cannot start a run: {e}") from e
         t0 = time.perf_counter()

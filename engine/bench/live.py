@@ -58,13 +58,13 @@ def collect_events(scheduler, gens: list) -> list[list[RoundEvent]]:
 
 
 def run_group(scheduler, prompt: list[int], n: int, spec: SpecParams, plan: LivePlan,
-              reference: list[RunResult] | None) -> list[RunResult]:
+              reference: list[RunResult] | None, purpose: str = "bench") -> list[RunResult]:
     """n copies of the prompt, admitted together so they share every forward, read to the end."""
     params = [GenParams(max_new_tokens=plan.max_new_tokens, sampling=SamplerParams(temp=0.0, seed=plan.seed),
                         spec=SpecParams(**{**vars(spec), "types": list(spec.types)}), ignore_eos=True)
               for _ in range(n)]
     try:
-        gens = scheduler.submit_group([(list(prompt), p) for p in params])
+        gens = scheduler.submit_group([(list(prompt), p) for p in params], purpose=purpose)
     except (RuntimeError, ValueError) as e:
         raise LiveBenchError(f"cannot start {n} slot(s): {e}") from e
     events = collect_events(scheduler, gens)
@@ -86,11 +86,13 @@ def run_group(scheduler, prompt: list[int], n: int, spec: SpecParams, plan: Live
     return out
 
 
-def run_live(scheduler, prompt: list[int], plan: LivePlan, target, progress=None) -> list[dict]:
+def run_live(scheduler, prompt: list[int], plan: LivePlan, target, progress=None,
+             purpose: str = "bench") -> list[dict]:
     """The plan's runs on the scheduler's engine; traces.csv rows (engine.bench.rows.COLUMNS).
 
     `target` is the engine's LoadedModel (its name, quant_bits and dtype go into the rows).
-    `progress(done, total, what)` is called before each run, for a progress bar."""
+    `progress(done, total, what)` is called before each run, for a progress bar. Its generations are counted
+    under `purpose` (engine/serve/metrics.py), apart from the chats: synthetic acceptance keeps drafts by a coin."""
     n_slots = scheduler.engine.ctx.n_seq_max
     too_many = [n for n in plan.concurrency if n > n_slots]
     if too_many:
@@ -106,7 +108,7 @@ def run_live(scheduler, prompt: list[int], plan: LivePlan, target, progress=None
         for name, spec in specs:
             if progress is not None:
                 progress(done, total, f"N={n} {name or 'plain'}")
-            runs = run_group(scheduler, prompt, n, spec, plan, base)
+            runs = run_group(scheduler, prompt, n, spec, plan, base, purpose)
             cfg = BenchConfig(target=target.name, draft=None, spec=spec, sampling=SamplerParams(temp=0.0, seed=plan.seed),
                               max_new_tokens=plan.max_new_tokens, parallel=n, ctx_len=0, n_ctx=0,
                               trust_remote_code=False, quant_bits=target.quant_bits, ignore_eos=True,

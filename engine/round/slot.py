@@ -22,6 +22,35 @@ from engine.sampling import Sampler
 
 WINDOW = 16  # tokens a detokenising window grows to before a new one starts
 WINDOW_CONTEXT = 4  # tokens of the old window a new one starts with
+# characters after a space that a decoder's clean-up may still rewrite when more tokens arrive: transformers'
+# clean_up_tokenization turns "a ." into "a.", "do n't" into "don't" and "it ' s" into "it's"
+REWRITE_CHARS = 4
+
+
+def held_tail(text: str) -> str:
+    """The end of a decoding that the next tokens may still change: a half-decoded character (U+FFFD), and
+    everything from the first whitespace among the last REWRITE_CHARS characters (TextStreamer holds back
+    from the last space for the same reason)."""
+    whole = text.rstrip("\ufffd")
+    cut = len(whole)
+    for i in range(max(0, len(whole) - REWRITE_CHARS), len(whole)):
+        if whole[i].isspace():
+            cut = i
+            break
+    return text[cut:]
+
+
+def realign(given: str, now: str) -> str:
+    """What of `now` follows `given` when the decoder changed given text: after their common prefix, the new
+    text less its longest start that the given text already ends with ("it '" then "it's" gives "s")."""
+    c = 0
+    while c < min(len(given), len(now)) and given[c] == now[c]:
+        c += 1
+    old, new = given[c:], now[c:]
+    for k in range(min(len(old), len(new)), 0, -1):
+        if old.endswith(new[:k]):
+            return new[k:]
+    return new
 
 
 @dataclass
@@ -72,22 +101,33 @@ class Slot:
                                               pos_sampled=len(self.tokens), p0=len(self.tokens) + 1))
 
     def _text_delta(self, detokenize: Callable[[list[int]], str], final: bool) -> str:
-        """The text the new tokens add: the window's decoding minus what was already given out of it, a
-        half-decoded character held back until the tokens that complete it arrive (or the answer ends). Once
-        the window holds WINDOW tokens and ends on a whole character, a new one starts WINDOW_CONTEXT tokens
-        back: those give the next tokens their context (a tokenizer may decode a word differently at the start
-        of a text), and each delta is the difference of two decodings from the same first token."""
+        """The text the new tokens add: the window's decoding minus what was already given out of it. Until the
+        answer ends, a tail that later tokens may still rewrite is held back (held_tail). Once the window holds
+        WINDOW tokens, a new one starts WINDOW_CONTEXT tokens back: those give the next tokens their context (a
+        tokenizer may decode a word differently at the start of a text), and each delta is the difference of
+        two decodings from the same first token."""
         window = detokenize(self.generated[self.dec_from:])
-        stable = window if final else window.rstrip("\ufffd")
-        if not stable.startswith(self.dec_done):  # the decoder changed text it had given out: keep it as given
-            return ""
-        delta = stable[len(self.dec_done):]
+        stable = window if final else window[:len(window) - len(held_tail(window))]
+        if stable.startswith(self.dec_done):
+            delta = stable[len(self.dec_done):]
+        elif self.dec_done.startswith(stable):  # the decoding got shorter: nothing new until it passes the given
+            delta, stable = "", self.dec_done
+        else:  # the decoder rewrote text beyond the held tail: given text stays given, the rest still goes out
+            delta = realign(self.dec_done, stable)
         self.dec_done = stable
         self.text += delta
-        if stable == window and len(self.generated) - self.dec_from >= WINDOW:
-            self.dec_from = len(self.generated) - WINDOW_CONTEXT
-            self.dec_done = detokenize(self.generated[self.dec_from:])
+        if len(self.generated) - self.dec_from >= WINDOW and window.startswith(stable):
+            self._move_window(detokenize, window[len(stable):])
         return delta
+
+    def _move_window(self, detokenize: Callable[[list[int]], str], held: str) -> None:
+        """Start the window WINDOW_CONTEXT tokens back, if its decoding ends with the same held tail (otherwise
+        the given text's end has no place in the new window's text yet: try again next round)."""
+        start = len(self.generated) - WINDOW_CONTEXT
+        text = detokenize(self.generated[start:])
+        if text.endswith(held):
+            self.dec_from = start
+            self.dec_done = text[:len(text) - len(held)]
 
     def emit(self, tokens: list[int], ev: RoundEvent, eos: set[int],
              detokenize: Callable[[list[int]], str]) -> RoundEvent:

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events import RoundEvent
+from engine.events import ErrorEvent, RoundEvent
 from engine.params import GenParams
 from engine.round.slot import Slot
 
@@ -18,6 +18,26 @@ def stopped_without_a_slot() -> RoundEvent:
     """The final event of a generation stopped while it had no slot (waiting in line, or parked)."""
     return RoundEvent(seq=-1, round=0, kind="plain", drafter=None, pos_sampled=0, p0=0, done=True,
                       stop_reason="stopped")
+
+
+def end_generations(running: dict, parked: dict, waiting, message: str) -> None:
+    """Tell every generation, running (seq -> Generation), parked (id -> (Generation, Slot)) or waiting (a deque
+    of Requests), that it ended with `message`, and empty the three; touches no engine."""
+    for seq, gen in list(running.items()):
+        gen.events.put(ErrorEvent(seq=seq, message=message))
+    running.clear()
+    for gen, _ in list(parked.values()):
+        gen.events.put(ErrorEvent(seq=-1, message=message))
+    parked.clear()
+    while waiting:
+        waiting.popleft().gen.events.put(ErrorEvent(seq=-1, message=message))
+
+
+def refuse(commands: list["Command"], message: str) -> None:
+    """Answer the commands that will not run with an error (the engine thread has gone)."""
+    for cmd in commands:
+        if cmd.reply is not None and not cmd.reply.done():
+            cmd.reply.set_exception(RuntimeError(message))
 
 
 class QueueFull(RuntimeError):
@@ -30,6 +50,7 @@ class Generation:
 
     id: int  # never reused: stop and cancel address this, not a slot
     manual: bool  # step mode: advanced only by Scheduler.step
+    purpose: str = "chat"  # what it is for, counted apart (engine/serve/metrics.py PURPOSES)
     events: queue.Queue = field(default_factory=queue.Queue)  # WaitEvent*, RoundEvent*, then done or ErrorEvent
     seq: int | None = None  # the slot, once admitted (None while waiting or parked)
     stats: dict = field(default_factory=dict)  # the slot's drafter counters, a copy refreshed after each round

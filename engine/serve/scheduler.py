@@ -31,8 +31,10 @@ from engine.events import ErrorEvent, RoundEvent, WaitEvent
 from engine.params import GenParams
 from engine.round.slot import Slot
 from engine.serve.engine import Engine
-from engine.serve.requests import Command, Generation, QueueFull, Request, stopped_without_a_slot
+from engine.serve.requests import (Command, Generation, QueueFull, Request, end_generations, refuse,
+                                   stopped_without_a_slot)
 from engine.serve.grammars import GrammarCache
+from engine.serve.metrics import CHAT, check_purpose
 
 QUEUE_MAX = 64  # requests that may wait for a slot (llama-server has no bound; a class of 30 needs one)
 IDLE_WAIT_S = 1.0  # how long the thread sleeps on an empty command queue when nothing generates
@@ -45,10 +47,11 @@ STEP_ABANDON_S = 900.0
 
 class Scheduler:
     def __init__(self, engine: Engine, queue_max: int = QUEUE_MAX, step_idle_s: float = STEP_IDLE_S,
-                 abandon_s: float = STEP_ABANDON_S, on_event: Callable[[RoundEvent, bool], None] | None = None):
+                 abandon_s: float = STEP_ABANDON_S,
+                 on_event: Callable[[RoundEvent, bool, str], None] | None = None):
         self.engine = engine  # read by callers only for what never changes (its context sizes, its probe)
-        # hears every round of every generation (ev, step mode?) on the engine thread, before its caller does:
-        # counters that must see the page's answers and the API's alike (engine/serve/metrics.py)
+        # hears every round of every generation (ev, step mode?, purpose) on the engine thread, before its caller
+        # does: counters that must see the page's answers and the API's alike (engine/serve/metrics.py)
         self.on_event = on_event
         self.queue_max = queue_max
         self.step_idle_s = step_idle_s
@@ -58,7 +61,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()  # FIFO of requests without a slot (engine thread only)
         self.running: dict[int, Generation] = {}  # seq -> its generation (engine thread only)
         self.parked: dict[int, tuple[Generation, Slot]] = {}  # id -> an idle step-mode generation without a slot
-        self.closed = False
+        self.closed = False  # set by the engine thread's end (or close() giving up on it), never cleared
+        # closed is set and the last commands taken under it, and a command is posted under it only while closed is
+        # not set: none is left behind that nobody will answer
+        self.post_lock = threading.Lock()
         self.grammars = GrammarCache(engine.grammar_tokenizer)  # compiled on the callers' threads, kept
         self.thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self.thread.start()
@@ -66,22 +72,26 @@ class Scheduler:
     # ---- the callers' side: post a command, maybe wait for its answer --------------------------------------
 
     def _ask(self, kind: str, args: Any = None, timeout: float | None = None) -> Any:
-        if self.closed:
-            raise RuntimeError("the engine has shut down (a new model was loaded)")
         reply: Future = Future()
-        self.commands.put(Command(kind, args, reply))
+        with self.post_lock:
+            if self.closed:
+                raise RuntimeError("the engine has shut down (a new model was loaded)")
+            self.commands.put(Command(kind, args, reply))
         return reply.result(timeout=REPLY_TIMEOUT_S if timeout is None else timeout)
 
-    def submit(self, prompt: list[int], params: GenParams, manual: bool = False) -> Generation:
-        """Queue a generation. Raises ValueError (bad input, nothing queued) or QueueFull."""
-        return self.submit_group([(prompt, params)], manual=manual)[0]
+    def submit(self, prompt: list[int], params: GenParams, manual: bool = False, purpose: str = CHAT) -> Generation:
+        """Queue a generation. Raises ValueError (bad input, nothing queued) or QueueFull. purpose: what it is
+        for (engine/serve/metrics.py PURPOSES): a run that only measures is counted apart from the answers."""
+        return self.submit_group([(prompt, params)], manual=manual, purpose=purpose)[0]
 
-    def submit_group(self, requests: list[tuple[list[int], GenParams]], manual: bool = False) -> list[Generation]:
+    def submit_group(self, requests: list[tuple[list[int], GenParams]], manual: bool = False,
+                     purpose: str = CHAT) -> list[Generation]:
         """Several generations admitted together or not at all (a benchmark's N slots start in one round)."""
+        check_purpose(purpose)
         for _, params in requests:
             if params.grammar is not None:
                 self.grammars.prepare(params.grammar)
-        gens = [Generation(id=next(self.ids), manual=manual) for _ in requests]
+        gens = [Generation(id=next(self.ids), manual=manual, purpose=purpose) for _ in requests]
         batch = [Request(g, list(p), params) for g, (p, params) in zip(gens, requests)]
         for r in batch:
             r.group = batch if len(batch) > 1 else None
@@ -114,11 +124,29 @@ class Scheduler:
     def close(self) -> None:
         self.commands.put(Command("close"))
         self.thread.join(timeout=10)
-        self.closed = True
+        with self.post_lock:
+            self.closed = True
 
     # ---- the engine thread -----------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        """Serve until a close; however it ends, closed is set, every generation hears its end and every
+        command's caller an error, so nobody waits on a thread that has gone."""
+        message = "the engine shut down"
+        try:
+            self._serve()
+        except BaseException as e:  # the thread's own end, whatever the type: report it, then end the rest
+            message = f"the engine stopped: {type(e).__name__}: {e}"
+            raise
+        finally:
+            with self.post_lock:
+                self.closed = True
+                late = list(self.commands.queue)
+                self.commands.queue.clear()
+            end_generations(self.running, self.parked, self.waiting, message)
+            refuse(late, message)
+
+    def _serve(self) -> None:
         while True:
             busy = any(not g.manual for g in self.running.values())
             todo = []
@@ -132,8 +160,8 @@ class Scheduler:
                 except queue.Empty:
                     break
             if any(cmd.kind == "close" for cmd in todo):
+                refuse(todo, "the engine shut down")  # the commands that came with the close
                 self._shutdown("the engine shut down")
-                self.closed = True
                 return
             try:
                 for cmd in todo:
@@ -237,17 +265,17 @@ class Scheduler:
         return fn(self.engine)
 
     def _shutdown(self, message: str) -> None:
-        """End every generation, running or waiting, with `message`."""
-        for seq, gen in list(self.running.items()):
-            self.engine.release(seq)
-            gen.events.put(ErrorEvent(seq=seq, message=message))
-        self.running.clear()
-        for gen, _ in self.parked.values():
-            gen.events.put(ErrorEvent(seq=-1, message=message))
-        self.parked.clear()
-        while self.waiting:
-            r = self.waiting.popleft()
-            r.gen.events.put(ErrorEvent(seq=-1, message=message))
+        """End every generation, running or waiting, with `message`, and free their slots. Each one hears its
+        end even when a release fails; the first such failure is raised after."""
+        failure = None
+        for seq in list(self.running):
+            try:
+                self.engine.release(seq)
+            except Exception as e:  # any type: the others must still be ended and told
+                failure = failure or e
+        end_generations(self.running, self.parked, self.waiting, message)
+        if failure is not None:
+            raise failure
 
     def _free_seqs(self) -> list[int]:
         """Sequences without a running generation; those that still hold a parked slot's cells come last."""
@@ -322,7 +350,7 @@ class Scheduler:
             if ev.done:  # the slot is free before its last event is read
                 del self.running[ev.seq]
             if self.on_event is not None and isinstance(ev, RoundEvent):
-                self.on_event(ev, gen.manual)
+                self.on_event(ev, gen.manual, gen.purpose)
             gen.events.put(ev)
         return events
 
