@@ -33,11 +33,11 @@ _FACE = {  # public name -> (module, its name there)
     # drafters and their counters
     "NGRAM_CHAIN": ("engine.draft.registry", "NGRAM_CHAIN"),
     "PRIORITY": ("engine.draft.registry", "PRIORITY"),
-    "DraftHeadParams": ("engine.draft.draft_head", "DraftHeadParams"),
+    "DraftHeadParams": ("engine.draft.head.drafter", "DraftHeadParams"),
     "DraftModelParams": ("engine.draft.draft_model", "DraftModelParams"),
-    "head_fits": ("engine.draft.draft_head", "head_fits"),
+    "head_fits": ("engine.draft.head.drafter", "head_fits"),
     "starting_chain": ("engine.draft.registry", "starting_chain"),
-    "Eagle3Params": ("engine.draft.draft_eagle3", "Eagle3Params"),
+    "Eagle3Params": ("engine.draft.head.eagle3", "Eagle3Params"),
     "is_eagle3_dir": ("engine.load.eagle3", "is_eagle3_dir"),
     "DrafterStats": ("engine.draft.stats", "DrafterStats"),
     # the bench: its traces, figures and a live run

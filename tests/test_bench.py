@@ -72,7 +72,7 @@ def test_bad_arguments_exit_2_with_a_reason(tiny_dirs, bench_prompts, tmp_path, 
 
 def test_head_tree_shape_reaches_the_draft_head(tiny_target, bench_prompts):
     from engine.bench.run import BenchConfig
-    from engine.draft.head_tree import HeadTreeParams
+    from engine.draft.head.tree import HeadTreeParams
 
     a = cli.parse_args(["--prompts", str(bench_prompts), "--tree", "on", "--head-tree", "8, 8, 0.005"])
     engine = BenchConfig.from_args(a, n_max=16, parallel=1, ctx_len=0).build(tiny_target, None)

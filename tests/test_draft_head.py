@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from engine.draft.registry import NGRAM_CHAIN
-from engine.draft.draft_head import DraftHeadDrafter, DraftHeadParams, head_fits
-from engine.draft.head_net import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
-from engine.draft.head_tree import HeadTreeParams
+from engine.draft.head.drafter import DraftHeadDrafter, DraftHeadParams, head_fits
+from engine.draft.head.net import DraftHead, HeadConfig, load_head, save_head, target_fingerprint
+from engine.draft.head.tree import HeadTreeParams
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
@@ -214,7 +214,7 @@ def test_trees_grown_for_several_sequences_at_once_are_the_trees_grown_alone(eng
 
 
 def test_a_tree_grows_no_depth_that_cannot_enter_it_and_is_the_tree_grown_in_full(engine, monkeypatch):
-    from engine.draft import head_tree
+    from engine.draft.head import tree as head_tree
     from engine.draft.base import DraftRequest
 
     params = GenParams(max_new_tokens=40, ignore_eos=True, spec=SpecParams(types=["draft-head"], tree_nodes=8))
@@ -457,7 +457,7 @@ def test_features_of_forwards_not_yet_sorted_are_written_as_immediate_writes_wou
     from engine.memory.context import DecodeResult
 
     from engine.batch import Batch
-    from engine.draft.draft_head import DraftHeadDrafter
+    from engine.draft.head.drafter import DraftHeadDrafter
 
     drafter = DraftHeadDrafter(tiny_target, DraftHeadParams(weights=head_file))
     drafter.sort_every = 100
@@ -516,8 +516,8 @@ def test_the_inference_heads_fused_linears_and_rope_table_compute_what_the_train
     from torch import nn
 
     from engine.forward import prepack
-    from engine.draft.draft_head import DEFAULT_WEIGHTS
-    from engine.draft.head_net import _stacked
+    from engine.draft.head.drafter import DEFAULT_WEIGHTS
+    from engine.draft.head.net import _stacked
 
     trained = load_head(DEFAULT_WEIGHTS)
     served = load_head(DEFAULT_WEIGHTS)
@@ -561,11 +561,11 @@ def test_the_inference_heads_fused_linears_and_rope_table_compute_what_the_train
 
 
 def test_the_heads_pieces_in_c_compute_what_its_torch_pieces_do():
-    """engine/draft/head_step.py: fuse, q-k-v with rope, the attention output with the MLP and the logits in
+    """engine/draft/head/step.py: fuse, q-k-v with rope, the attention output with the MLP and the logits in
     one C call each, where the served head's linears are our float16-weight kernel; the torch pieces over the
     same packed linears give the same values within rounding (only the norms sum in another order)."""
     from engine.forward import prepack
-    from engine.draft.draft_head import DEFAULT_WEIGHTS
+    from engine.draft.head.drafter import DEFAULT_WEIGHTS
 
     served = load_head(DEFAULT_WEIGHTS)
     served.embed = torch.randn(served.cfg.target_vocab, served.cfg.hidden)

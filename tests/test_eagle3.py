@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.draft.base import DraftRequest
-from engine.draft.draft_eagle3 import Eagle3Params
-from engine.draft.head_tree import HeadTreeParams
+from engine.draft.head.eagle3 import Eagle3Params
+from engine.draft.head.tree import HeadTreeParams
 from engine.load.eagle3 import detect_layout, is_eagle3_dir
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams

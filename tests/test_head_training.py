@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from engine.draft.draft_head import DraftHeadParams
-from engine.draft.head_net import load_head, target_fingerprint
+from engine.draft.head.drafter import DraftHeadParams
+from engine.draft.head.net import load_head, target_fingerprint
 from engine.params import GenParams, SpecParams
 from engine.serve.engine import Engine
 from training import train

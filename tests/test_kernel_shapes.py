@@ -7,7 +7,7 @@ import torch
 
 from engine.forward import gemm, prepack, quant
 from engine.forward.attention import CellLayout, RowAttention
-from engine.draft.head_step import _rows as head_rows
+from engine.draft.head.step import _rows as head_rows
 
 ROWS = range(0, 65)
 KERNELS = gemm.load()

@@ -276,11 +276,13 @@ def test_run_record_renders_each_round_once_and_stays_linear(vocab, monkeypatch)
 def test_settings_validation_messages():
     with pytest.raises(ValueError, match="n_min"):
         Settings(n_max=2, n_min=5).gen_params()
-    s = settings_from([["ngram-simple"], 8.0, None, 0.5, True, 0.0, 0, 1.0, 0.0, 7.0, 32.0, True])
+    controls = dict(types=["ngram-simple"], n_max=8.0, n_min=None, p_min=0.5, adaptive=True, temp=0.0, top_k=0,
+                    top_p=1.0, min_p=0.0, seed=7.0, max_new_tokens=32.0, compare=True)
+    s = settings_from(controls)
     assert s.n_max == 8 and s.n_min == 0 and s.seed == 7 and s.max_new_tokens == 32
     assert s.gen_params(speculative=False).spec.types == []
     assert s.p_min_own and s.gen_params().spec.p_min is None  # each model drafter's own p_min by default
-    s = settings_from([["draft-head"], 8.0, None, 0.5, True, 0.0, 0, 1.0, 0.0, 7.0, 32.0, True, "auto", False])
+    s = settings_from({**controls, "types": ["draft-head"], "rollback": "auto", "p_min_own": False})
     assert s.gen_params().spec.p_min == 0.5  # the slider's value once the box is off
     assert s.gen_params().grammar is None  # free text by default
 
@@ -288,8 +290,9 @@ def test_settings_validation_messages():
 def test_output_format_sets_the_grammar_and_leads_the_chain_with_its_drafter():
     from ui.settings import EXAMPLE_SCHEMA
 
-    s = settings_from([["ngram-simple"], 8.0, None, 0.5, True, 0.0, 0, 1.0, 0.0, 7.0, 32.0, True, "auto", True,
-                       "json_schema", EXAMPLE_SCHEMA])
+    s = settings_from(dict(types=["ngram-simple"], n_max=8.0, n_min=None, p_min=0.5, adaptive=True, temp=0.0,
+                           top_k=0, top_p=1.0, min_p=0.0, seed=7.0, max_new_tokens=32.0, compare=True,
+                           rollback="auto", p_min_own=True, output_format="json_schema", format_text=EXAMPLE_SCHEMA))
     spec, plain = s.gen_params(), s.gen_params(speculative=False)
     assert spec.grammar.kind == "json_schema" and spec.grammar.text == EXAMPLE_SCHEMA
     assert spec.spec.types == ["grammar", "ngram-simple"]

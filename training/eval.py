@@ -134,7 +134,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_engine(dtype: str, weights: Path | None):
     """(target, engine): the embedded model, and an engine of one slot on it with the head's weights."""
-    from engine.draft.draft_head import DraftHeadParams
+    from engine.draft.head.drafter import DraftHeadParams
     from engine.load.models import load_model
     from engine.serve.engine import Engine
 
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    from engine.draft.draft_head import DraftHeadParams
+    from engine.draft.head.drafter import DraftHeadParams
 
     p_mins = args.p_min or [DraftHeadParams().p_min]
     runs = configs(args.n_max, p_mins, speed=not args.no_speed)

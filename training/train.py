@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from engine.draft.head_net import DraftHead, HeadConfig, bf16_fingerprint, save_head, target_fingerprint
+from engine.draft.head.net import DraftHead, HeadConfig, bf16_fingerprint, save_head, target_fingerprint
 from engine.load.dtype import CHOICES as DTYPES
 from training.data import DataParams, data_path, load_or_build
 from training.unroll import step_loss, unroll

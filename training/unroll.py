@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.draft.head_net import DraftHead
+from engine.draft.head.net import DraftHead
 
 
 def _heads_first(t: torch.Tensor) -> torch.Tensor:

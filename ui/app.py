@@ -46,9 +46,9 @@ def header_html() -> str:
             '</p></div>')
 
 
-def sidebar_controls(app: AppState) -> tuple[dict, list]:
-    """The model loader and every generation setting; returns (named components, settings inputs in
-    Settings field order)."""
+def sidebar_controls(app: AppState) -> tuple[dict, dict]:
+    """The model loader and every generation setting; returns (named components, the settings' inputs by
+    Settings field name, in the order the page's send event takes them)."""
     d = Settings()
     c: dict = {}
     with gr.Sidebar(open=True, width=360):
@@ -104,8 +104,10 @@ def sidebar_controls(app: AppState) -> tuple[dict, list]:
                                       visible=False, elem_id="format-text")
         # .input, not .change: an example that sets the format and its schema must not have it replaced here
         c["format"].input(format_box, [c["format"], c["format_text"]], c["format_text"], show_progress="hidden")
-    return c, [types, n_max, n_min, p_min, adaptive, temp, top_k, top_p, min_p, seed, max_new, cmp, rollback,
-               p_min_own, c["format"], c["format_text"], tree_nodes]
+    return c, dict(types=types, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive, temp=temp, top_k=top_k,
+                   top_p=top_p, min_p=min_p, seed=seed, max_new_tokens=max_new, compare=cmp, rollback=rollback,
+                   p_min_own=p_min_own, output_format=c["format"], format_text=c["format_text"],
+                   tree_nodes=tree_nodes)
 
 
 def filler(text: str):
@@ -208,7 +210,7 @@ def build(state: AppState) -> gr.Blocks:
     return demo
 
 
-def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: list, v: dict, w: dict) -> None:
+def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: dict, v: dict, w: dict) -> None:
     """Event handlers. Each is a thin closure over the app state around ui.handlers."""
     outputs = [v[name] for name in VIEWS] + [w["msg"]]
 
@@ -216,7 +218,7 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: l
         return wire_values(outputs, values)
 
     def on_send(s, text, stepping, *values):
-        for update in handlers.send(app, s, text, stepping, values):
+        for update in handlers.send(app, s, text, stepping, dict(zip(controls, values))):
             yield wired(update)
 
     def on_open(s, request: gr.Request):
@@ -229,7 +231,7 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: l
         if s is not None:
             release(s)
 
-    inputs = [session, w["msg"], w["step_mode"]] + controls
+    inputs = [session, w["msg"], w["step_mode"]] + list(controls.values())
     # the scheduler, not Gradio, limits sessions; the handlers postprocess their views themselves (ui/wire.py)
     stream = dict(concurrency_limit=None, show_progress="hidden", postprocess=False)
     # one event for both triggers: while its answer streams, another Enter or Send click is dropped by the
@@ -243,7 +245,7 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: l
     w["step"].click(lambda s: wired(handlers.step(app, s)), session, outputs, api_name="step", **stream)
     w["clear"].click(lambda s: wired(handlers.clear(app, s)), session, outputs, api_name="clear", **stream)
     w["show_rej"].change(handlers.show_rejected, [session, w["show_rej"]], v["chat"], show_progress="hidden")
-    c["load"].click(lambda t, d, types: handlers.load(app, t, d, types), [c["target"], c["draft"], controls[0]],
-                    [c["model_status"], controls[0]], concurrency_limit=1, api_name="load_models")
+    c["load"].click(lambda t, d, types: handlers.load(app, t, d, types), [c["target"], c["draft"], controls["types"]],
+                    [c["model_status"], controls["types"]], concurrency_limit=1, api_name="load_models")
     demo.load(on_open, session, outputs, show_progress="hidden", postprocess=False)
     demo.unload(on_close)

@@ -47,9 +47,10 @@ def warn(app: AppState, s: SessionState, e: UserError) -> tuple:
     return pack(all_views(app, s), s)
 
 
-def send(app: AppState, s: SessionState, text: str, stepping: bool, values) -> object:
-    """Stream a chat turn; the message box empties once the turn is accepted."""
-    settings = settings_from(list(values))
+def send(app: AppState, s: SessionState, text: str, stepping: bool, values: dict) -> object:
+    """Stream a chat turn; the message box empties once the turn is accepted. values: the controls' values by
+    Settings field name."""
+    settings = settings_from(values)
     first = True
     try:
         for _ in converse(app, s, text, settings, bool(stepping)):

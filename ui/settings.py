@@ -95,7 +95,7 @@ def chain_for_target(types: list[str], target) -> tuple[list[str], str]:
 
 @dataclass
 class Settings:
-    """Everything the sidebar sets, in the order app.py lists the control components."""
+    """Everything the sidebar sets; app.py names each control by its field."""
 
     types: list[str] = field(default_factory=lambda: list(DEFAULT_CHAIN))  # drafter chain, in relay order
     n_max: int = 16
@@ -148,11 +148,13 @@ class Settings:
         return params
 
 
-def settings_from(values: list) -> Settings:
-    """Build Settings from the control values in field order (numbers arrive as floats or None)."""
-    names = list(Settings.__dataclass_fields__)
+def settings_from(values: dict) -> Settings:
+    """Build Settings from the control values by field name (numbers arrive as floats or None)."""
+    unknown = set(values) - set(Settings.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"no setting is named {', '.join(sorted(unknown))}")
     s = Settings()
-    for name, value in zip(names, values):
+    for name, value in values.items():
         if value is None:
             continue  # a cleared number box: keep the default rather than fail on None
         setattr(s, name, value)

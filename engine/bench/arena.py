@@ -65,7 +65,7 @@ def load(args: argparse.Namespace, n_max: int):
     from engine.load.models import load_model
     from engine.serve.engine import Engine
 
-    from engine.draft.draft_eagle3 import Eagle3Params
+    from engine.draft.head.eagle3 import Eagle3Params
     from engine.load.eagle3 import is_eagle3_dir
 
     target = load_model(args.target, trust_remote_code=args.trust_remote_code, dtype=args.dtype)

@@ -20,7 +20,7 @@ from engine.bench.live import LiveBenchError, collect_events
 from engine.bench.lossless import lossless_check
 from engine.bench.run import RunResult
 from engine.draft.registry import PRIORITY, starting_chain
-from engine.draft.draft_head import head_fits
+from engine.draft.head.drafter import head_fits
 from engine.events import ErrorEvent, RoundEvent
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams

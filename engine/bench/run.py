@@ -40,7 +40,7 @@ class BenchConfig:
     n_rs: int = 0  # recurrent targets: tail undone from kept states instead of a checkpoint (engine.memory.rs_steps)
     # the output format of every prompt (--json-schema, --regex, --grammar); a prompt's own field overrides it
     grammar: GrammarSpec | None = None
-    head_tree: tuple[int, int, float] | None = None  # --head-tree: the draft head's tree shape (head_tree.py)
+    head_tree: tuple[int, int, float] | None = None  # --head-tree: the draft head's tree shape (engine/draft/head/tree.py)
     fair: bool = True  # --budget fair / goodput: several slots' draft rows (engine/round/budget.py, BudgetState.fair)
     threads: int | None = None  # --threads: forwards on this many threads; None: fewer while cores are taken
 
@@ -98,9 +98,9 @@ class BenchConfig:
 
         if target is None:
             target, draft = self.load()
-        from engine.draft.draft_eagle3 import Eagle3Params
-        from engine.draft.draft_head import DraftHeadParams
-        from engine.draft.head_tree import HeadTreeParams
+        from engine.draft.head.eagle3 import Eagle3Params
+        from engine.draft.head.drafter import DraftHeadParams
+        from engine.draft.head.tree import HeadTreeParams
 
         tree = HeadTreeParams(*self.head_tree) if self.head_tree is not None else HeadTreeParams()
         drafter_params = {"draft-head": DraftHeadParams(tree=tree)}

@@ -42,7 +42,7 @@ class DraftRequest:
     # kept of its model drafters' nodes (engine/round/budget.py, BudgetState.model_nodes)
     model_tree_max: int = 0
     # tree mode: the batch's time per emitted token over recent rounds (0: not known yet): a drafter that grows a
-    # tree weighs the time of each further step against the tokens it may add (engine/draft/head_tree.py)
+    # tree weighs the time of each further step against the tokens it may add (engine/draft/head/tree.py)
     token_seconds: float = 0.0
     # tree mode: the slot rests (its drafts were refused round after round, engine/round/budget.py) and drafts this
     # round to probe: the n-gram drafters look, a model drafter does not spend its time on it

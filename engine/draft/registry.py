@@ -18,9 +18,9 @@ DRAFTER_TYPES: dict[str, tuple[str, str]] = {
     "ngram-mod": ("engine.draft.ngram_mod", "NgramMod"),
     "ngram-cache": ("engine.draft.ngram_cache", "NgramCache"),
     "draft-simple": ("engine.draft.draft_model", "DraftModelDrafter"),
-    "draft-head": ("engine.draft.draft_head", "DraftHeadDrafter"),  # the trained EAGLE-style head
+    "draft-head": ("engine.draft.head.drafter", "DraftHeadDrafter"),  # the trained EAGLE-style head
     # a published EAGLE-3 head (the EAGLE authors' or speculators' checkpoint layout), given as --draft DIR
-    "draft-eagle3": ("engine.draft.draft_eagle3", "Eagle3Drafter"),
+    "draft-eagle3": ("engine.draft.head.eagle3", "Eagle3Drafter"),
     # a draft model of another vocabulary, drafting through text (engine/draft/draft_uni.py)
     "draft-uni": ("engine.draft.draft_uni", "DraftUniDrafter"),
     # not a real drafter: full-length drafts for synthetic-acceptance measurements (SpecParams.synthetic_accept)
@@ -77,6 +77,6 @@ def starting_chain(target) -> list[str]:
     """The chain a page and the arena start with: the n-gram drafters, then the trained head where it fits the
     target. The head pays on open prompts, where the n-grams find nothing to copy, and after the n-grams it was
     the fastest chain on open and copy prompts alike (docs/measured.md, the draft head)."""
-    from engine.draft.draft_head import head_fits  # torch and the head's config: only when asked
+    from engine.draft.head.drafter import head_fits  # torch and the head's config: only when asked
 
     return list(NGRAM_CHAIN) + (["draft-head"] if head_fits(target) else [])

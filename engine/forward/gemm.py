@@ -1,6 +1,6 @@
 """Our own linears for a few rows (engine/forward/kernels/small_gemm*.c): bfloat16 where the CPU has AVX512-BF16,
 float32 where it has AVX2 and FMA, and float16 weights over float32 inputs where it also has F16C (the draft
-head's, engine/draft/head_net.py).
+head's, engine/draft/head/net.py).
 
 A decoding or verification forward multiplies 1 to 16 rows by each weight matrix: the cost is reading the
 weights, plus whatever each call spends around that. oneDNN's packed linear (engine/forward/prepack.py) spends a

@@ -108,7 +108,7 @@ class BudgetState:
     refused: dict[int, int] = field(default_factory=dict)  # seq -> rounds in a row its nodes were all refused
     correction: ScoreCorrection = field(default_factory=ScoreCorrection)
     # the last round's Budget.threshold: a model drafter growing a tree need not expand nodes scored below it,
-    # whose children could not get a row either (engine/draft/head_tree.py)
+    # whose children could not get a row either (engine/draft/head/tree.py)
     threshold: float = 0.0
     # seq -> tokens the slot got beyond what plain decoding would have given it in the same time: each round
     # adds its emitted tokens minus c(rows) / c(n_base), the forward's cost in plain forwards

@@ -10,6 +10,7 @@ kept: the slot's own previous turn, or a prefix another slot holds (a shared sys
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Iterator
 
 import torch
@@ -18,7 +19,7 @@ from engine.batch import output_limits
 from engine.memory.context import ModelContext
 from engine.draft.base import Drafter
 from engine.draft.chain import DrafterChain
-from engine.draft.registry import default_params, make_drafter, parse_types
+from engine.draft.registry import default_params, parse_types
 from engine.events import ErrorEvent, RoundEvent
 from engine.grammar import Grammar
 from engine.load.errors import VocabMismatchError
@@ -31,7 +32,7 @@ from engine.memory.probe import ProbeResult, probe_context
 from engine.round.round import Round
 from engine.round.slot import Slot
 from engine.memory.stateful import StatefulContext, has_own_state
-from engine.serve.drafters import drafter_kwargs
+from engine.serve.drafters import DrafterContext, build_drafter
 from engine.serve.placement import Placement
 from engine.serve.prefill import N_BATCH, Prefiller
 from engine.serve.threads import ThreadGovernor
@@ -92,8 +93,10 @@ class Engine:
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
         self.threads.fixed = self.threads.fixed or not (calibrate and self.probe.can_speculate)
         self.policy = DraftLengthPolicy(self.cost)
-        # type name -> its params dataclass; ours by default (see chain.default_params), overridable per type
+        # type name -> its params dataclass; ours by default (engine/draft/registry.py, default_params), overridable per type
         self.drafter_params = {**default_params(), **(drafter_params or {})}
+        self.drafter_context = DrafterContext(target, draft, self.draft_mismatch, self.ctx.n_ctx, self.ctx.n_seq_max,
+                                              self.ctx.n_vocab, self.drafter_params)
         self.pool: dict[str, Drafter] = {}
         self.chain = DrafterChain(self.pool, self.policy)
         self.slots: dict[int, Slot] = {}
@@ -140,7 +143,7 @@ class Engine:
 
     def drafter(self, name: str) -> Drafter:
         if name not in self.pool:
-            self.pool[name] = make_drafter(name, **drafter_kwargs(self, name))
+            self.pool[name] = build_drafter(self.drafter_context, name)
             wanted = set(self.ctx.hidden_layers) | set(self.pool[name].hidden_layers)
             self.ctx.hidden_layers = tuple(sorted(wanted))
         return self.pool[name]
@@ -169,10 +172,11 @@ class Engine:
         """The most tokens a prompt and its answer may hold together: the cache, and the model's positions."""
         return self.ctx.n_ctx if self.n_pos_max is None else min(self.ctx.n_ctx, self.n_pos_max)
 
-    def check(self, prompt: list[int], params: GenParams) -> None:
-        """Refuse a request that could never run, with the reason (ValueError); nothing changes."""
+    def check(self, prompt: list[int], params: GenParams) -> GenParams:
+        """Refuse a request that could never run, with the reason (ValueError). Returns the parameters as the
+        engine runs them (the drafter chain parsed), a copy: the caller's stay as they were."""
         params.validate()
-        params.spec.types = parse_types(params.spec.types)
+        params = replace(params, spec=replace(params.spec, types=parse_types(params.spec.types)))
         if not prompt:
             raise ValueError("empty prompt")
         if isinstance(prompt, (str, bytes, dict)) or not all(isinstance(t, int) and not isinstance(t, bool)
@@ -191,6 +195,7 @@ class Engine:
             raise ValueError(f"speculation is off for this model: {self.probe.reason}")
         for name in params.spec.types:
             self.drafter(name)
+        return params
 
     def affinity(self, tokens: list[int], seq: int, salt: str | None = None) -> tuple[int, int, float]:
         """How well `seq` suits a new generation salted `salt` (smallest first): engine/serve/placement.py."""
@@ -203,7 +208,10 @@ class Engine:
 
     def start(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Slot:
         """Start a generation in a free slot. Raises ValueError on bad input; nothing changes then."""
-        self.check(prompt, params)
+        return self.admit(prompt, self.check(prompt, params), seq)
+
+    def admit(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Slot:
+        """Start a request that `check` passed, with the parameters it returned, in a free slot (or `seq`)."""
         seq = self.free_seq() if seq is None else seq
         if not 0 <= seq < self.ctx.n_seq_max:
             raise ValueError(f"slot {seq} out of range [0, {self.ctx.n_seq_max})")

@@ -187,7 +187,7 @@ class Scheduler:
 
     def _on_submit(self, batch: list[Request]) -> list[Generation]:
         for r in batch:
-            self.engine.check(r.prompt, r.params)
+            r.params = self.engine.check(r.prompt, r.params)  # once: admitted below or later, it is not checked again
         # the queue bounds those that would wait: with free slots and nobody ahead, a request starts at once
         # (so a queue of 0 still serves whoever finds a slot free)
         starts_now = not self.waiting and len(batch) <= len(self._free_seqs())
@@ -304,7 +304,7 @@ class Scheduler:
                     if r.parked is not None:
                         self.engine.resume(r.parked, seq)
                     else:
-                        self.engine.start(r.prompt, r.params, seq=seq)
+                        self.engine.admit(r.prompt, r.params, seq=seq)
                 except ValueError as e:
                     r.gen.events.put(ErrorEvent(seq=seq, message=f"cannot start: {e}"))
                     continue

@@ -1,6 +1,6 @@
 """A published EAGLE-3 head (Li et al., arXiv:2503.01840) as our draft head network.
 
-EAGLE-3's step is the one head_net.DraftHead computes (references: SafeAILab/EAGLE eagle/model/cnets.py,
+EAGLE-3's step is the one net.DraftHead computes (references: SafeAILab/EAGLE eagle/model/cnets.py,
 LlamaDecoderLayeremb and Model.forward; vllm-project/speculators src/speculators/models/eagle3/
 model_definitions.py, Eagle3FirstLayerMixin.forward; vLLM vllm/model_executor/models/llama_eagle3.py):
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.draft.head_net import DraftHead, HeadConfig, rotate
+from engine.draft.head.net import DraftHead, HeadConfig, rotate
 from engine.load.eagle3 import Eagle3Checkpoint
 
 

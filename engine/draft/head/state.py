@@ -1,5 +1,5 @@
 """The draft head's stores for one sequence: the target's features and the head's own KV entries, both indexed
-by position, so a rollback of the target is a cut of these lists (engine/draft/draft_head.py)."""
+by position, so a rollback of the target is a cut of these lists (engine/draft/head/drafter.py)."""
 
 from __future__ import annotations
 

@@ -23,13 +23,13 @@ import torch.nn.functional as F
 
 from engine.batch import Batch
 from engine.draft.base import Drafter, DraftRequest, DraftStreams, top_k_q
-from engine.draft.head_net import DraftHead, HeadConfig, fingerprint_matches, load_head
-from engine.draft.head_state import HeadSeqState
-from engine.draft.head_tree import HeadTreeParams, StepCost, TreeSeed, grow_many
+from engine.draft.head.net import DraftHead, HeadConfig, fingerprint_matches, load_head
+from engine.draft.head.state import HeadSeqState
+from engine.draft.head.tree import HeadTreeParams, StepCost, TreeSeed, grow_many
 from engine.forward.mapped import drop_resident
 from engine.prefix import common_prefix
 
-DEFAULT_WEIGHTS = Path(__file__).resolve().parents[2] / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
+DEFAULT_WEIGHTS = Path(__file__).resolve().parents[3] / "assets" / "draft_head" / "smollm2-135m-instruct.safetensors"
 
 
 @dataclass
@@ -78,7 +78,7 @@ class DraftHeadDrafter(Drafter):
         self.unsorted: list[tuple[list[int], list[int], list[int], torch.Tensor]] = []
         self.sort_every = 64
         self.streams = DraftStreams()  # per-seq temperature, seed and random stream
-        self.step_cost = StepCost()  # tree mode: what a depth step of the head costs and gives (head_tree.py)
+        self.step_cost = StepCost()  # tree mode: what a depth step of the head costs and gives (tree.py)
 
     def _sort(self) -> None:
         """Write the forwards' features into their sequences' stores; where a position was forwarded twice (a
@@ -253,7 +253,7 @@ class DraftHeadDrafter(Drafter):
         feat, q = self._catch_up(requests)
         base = {r.seq: len(self._state(r.seq).kv_tokens) for r in requests}  # entries of confirmed positions
         trees = [i for i, r in enumerate(requests) if r.tree_max > 0]
-        if trees:  # tree mode: the head's first step, then a dynamic tree per sequence (head_tree.py)
+        if trees:  # tree mode: the head's first step, then a dynamic tree per sequence (tree.py)
             attn = torch.stack([self._attend(self._state(requests[i].seq), q[i]) for i in trees])
             g = head.finish(feat[trees], attn)
             logits = head.logits(g).float()

@@ -181,7 +181,7 @@ class DraftHead(nn.Module):
             for module in linears:
                 prepack.prepack_linears(module, store=torch.float16 if dtype == torch.float32 else None)
         self.lm_weight = None  # the packed LM head is the one copy
-        from engine.draft.head_step import HeadStep
+        from engine.draft.head.step import HeadStep
 
         self.step = HeadStep.build(self)
 

@@ -1,9 +1,9 @@
 """draft-eagle3: a published EAGLE-3 head (the EAGLE authors' or vllm-project/speculators' layout) as a drafter.
 
-The checkpoint is read by engine/load/eagle3.py and becomes a DraftHead (engine/draft/eagle3_net.py), so it
+The checkpoint is read by engine/load/eagle3.py and becomes a DraftHead (engine/draft/head/eagle3_net.py), so it
 drafts exactly as draft-head does: it reads the target hidden states the checkpoint names (`hidden_layers`),
 keeps its own KV cache rolled back with the target, drafts chains, and grows dynamic trees in tree mode
-(head_tree.py). One difference in the cache, after the reference (SafeAILab/EAGLE eagle/model/cnets.py,
+(tree.py). One difference in the cache, after the reference (SafeAILab/EAGLE eagle/model/cnets.py,
 topK_genrate, which feeds input_ids[:, 1:] beside the hidden states): the head has no entry for a sequence's
 first token, which no target hidden state precedes, where our own head keeps one made from a zero feature.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.draft.draft_head import DraftHeadDrafter, DraftHeadParams
-from engine.draft.eagle3_net import eagle3_head
+from engine.draft.head.drafter import DraftHeadDrafter, DraftHeadParams
+from engine.draft.head.eagle3_net import eagle3_head
 from engine.load.eagle3 import read_eagle3
 
 
