@@ -64,3 +64,30 @@ def test_an_arena_run_leaves_the_chat_counters_unchanged(app):
     assert rows and rows[0]["drafter"] == "oracle"
     assert app.counters.snapshot() == Totals()
     assert arena.accepted_tokens > 0 and arena.generation_tokens >= len(rows)  # the oracle kept its drafts
+
+
+def round_event(drafted, m, emitted) -> "RoundEvent":
+    from engine.events import RoundEvent
+
+    return RoundEvent(seq=0, round=1, kind="spec", drafter="oracle", pos_sampled=0, p0=1, drafted=list(drafted),
+                      n_accepted=m, emitted=list(emitted))
+
+
+def test_metrics_show_measurement_runs_apart():
+    """/metrics keeps the chat's counters in vLLM's names and each measuring purpose under its own label."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ui.metrics import exposition, registry_for
+    from ui.state import AppState
+
+    app = AppState(runtime=None)
+    app.counters.observe(round_event(drafted=[1, 2, 3], m=3, emitted=[1, 2, 3, 4]), purpose="arena")
+    app.counters.observe(round_event(drafted=[1, 2], m=1, emitted=[1, 2]), purpose="chat")
+    body, _ = exposition(registry_for(app))
+    samples = {(s.name, s.labels.get("purpose")): s.value for f in text_string_to_metric_families(body.decode())
+               for s in f.samples}
+    assert samples[("spec_decode_num_accepted_tokens_total", None)] == 1
+    assert samples[("generation_tokens_total", None)] == 2
+    assert samples[("measurement_accepted_tokens_total", "arena")] == 3
+    assert samples[("measurement_generation_tokens_total", "arena")] == 4
+    assert samples[("measurement_generation_tokens_total", "compare")] == 0
