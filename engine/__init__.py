@@ -24,7 +24,7 @@ _FACE = {  # public name -> (module, its name there)
     "Scheduler": ("engine.serve.scheduler", "Scheduler"),
     "QueueFull": ("engine.serve.requests", "QueueFull"),
     "SpecCounters": ("engine.serve.metrics", "SpecCounters"),
-    "MEASUREMENTS": ("engine.serve.metrics", "MEASUREMENTS"),
+    "MEASUREMENTS": ("engine.serve.metrics", "MEASUREMENTS"),  # purposes counted apart from the answers
     # models
     "load_model": ("engine.load.models", "load_model"),
     "ModelLoadError": ("engine.load.models", "ModelLoadError"),

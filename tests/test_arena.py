@@ -18,6 +18,7 @@ from engine.plotstyle import GREEN
 from engine.serve.engine import Engine
 from engine.serve.scheduler import Scheduler
 from ui import arena_tab
+from ui.run_folders import RunFolders
 
 N_MAX = 4
 PROMPTS = [[1, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [1, 9, 10, 11, 12, 13, 9, 10, 11]]
@@ -118,7 +119,7 @@ def test_the_tab_handler_ranks_every_contender(tiny_target):
     scheduler = Scheduler(Engine(tiny_target, n_ctx=1024, n_seq_max=2, n_draft=8, calibrate=False))
     try:
         app = SimpleNamespace(runtime=SimpleNamespace(target=tiny_target, draft=None, engine=scheduler.engine,
-                                                      scheduler=scheduler))
+                                                      scheduler=scheduler), run_folders=RunFolders())
         rows, note, csv_path, png_path = arena_tab.run_arena_tab(app, "w5 w6 w7 w8 w5 w6 w7", n_max=3,
                                                                  max_new_tokens=16)
     finally:
@@ -131,6 +132,7 @@ def test_the_tab_handler_ranks_every_contender(tiny_target):
     table = arena_tab.table(rows)
     assert len(table) == len(rows) and all(len(line) == len(arena_tab.HEADERS) for line in table)
     assert all(r["lossless"] == "True" for r in rows)
+    app.run_folders.remove_all()
 
 
 def test_the_tab_without_a_model_says_so():

@@ -25,6 +25,7 @@ def app(tiny_target):
                             vocab=Vocab.of(tiny_target.tokenizer))
     yield state
     scheduler.close()
+    state.run_folders.remove_all()
 
 
 def test_purposes_are_counted_apart_and_an_unknown_one_is_refused(app):

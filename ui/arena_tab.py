@@ -8,7 +8,6 @@ forwards and slow its timings; it never owns the engine, and one arena runs at a
 from __future__ import annotations
 
 import html
-import tempfile
 from pathlib import Path
 
 from engine import (ARENA_POSITIONS, ArenaParams, LiveBenchError, arena_leaderboard, run_arena, scheduler_runner,
@@ -51,7 +50,7 @@ def run_arena_tab(app, prompt: str, n_max: int = 8, max_new_tokens: int = 64,
     except LiveBenchError as e:
         return [], f"Arena stopped: {e}", None, None
     rows = arena_leaderboard(result)
-    out = Path(tempfile.mkdtemp(prefix="specplay-arena-"))
+    out = app.run_folders.new("arena")
     csv_path, png_path = write_arena_csv(rows, out / "arena.csv"), write_arena_png(rows, out / "arena.png")
     skipped = "; ".join(result.skipped)
     note = (f"{runtime.target.name}: {len(rows)} runs of {len(ids)} prompt tokens, n_max {params.n_max}, up to "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import html
-import tempfile
 from pathlib import Path
 
 from engine import FIGURES, figures, load_rows, sweep_summary, write_rows
@@ -73,7 +72,7 @@ def run_live_bench(app, prompt: str, progress=None) -> tuple[list[dict], str, Pa
         rows = run_live(runtime.scheduler, ids, plan, runtime.target, progress)
     except LiveBenchError as e:
         return [], f"Benchmark stopped: {e}", None
-    path = write_traces(rows, tempfile.mkdtemp(prefix="specplay-bench-"))
+    path = write_traces(rows, app.run_folders.new("bench"))
     return rows, (f"live run on {runtime.target.name} in {runtime.target.dtype} ({runtime.target.dtype_reason}): "
                   f"{len(rows)} rows, concurrency {plan.concurrency}, "
                   f"k={plan.n_max}, {plan.max_new_tokens} tokens; shared with any chat running meanwhile"), path

@@ -14,6 +14,7 @@ from typing import Callable
 
 from engine import SpecCounters
 from ui.run import RunRecord
+from ui.run_folders import RunFolders
 from ui.tokens import Vocab
 
 
@@ -80,6 +81,7 @@ class AppState:
     sessions: dict = field(default_factory=dict)
     # every generation's rounds counted, page and API alike; kept across model loads so /metrics only grows
     counters: SpecCounters = field(default_factory=SpecCounters)
+    run_folders: RunFolders = field(default_factory=RunFolders)  # the Benchmark and Arena tabs' downloads
 
     def opened(self, session_hash: str, session: "SessionState", now: float) -> None:
         """Remember an opened page, and forget those idle past SESSION_TTL_S: an API client that vanished sends

@@ -44,11 +44,21 @@ def map_tensor(t: torch.Tensor, folder: Path) -> tuple[torch.Tensor, np.memmap] 
             with open(tmp, "wb") as f:
                 f.write(data)
             tmp.rename(path)
+        else:
+            _touch(path)
         arr = np.memmap(path, dtype=np_dtype, mode="c", shape=tuple(t.shape))
     except (OSError, ValueError):
         return None
     mapped = torch.from_numpy(arr)
     return (mapped.view(torch.bfloat16) if t.dtype == torch.bfloat16 else mapped), arr
+
+
+def _touch(path: Path) -> None:
+    """Mark a reused table as used now: the cache is pruned least recently used (engine/load/disk_cache.py)."""
+    try:
+        os.utime(path)
+    except OSError:  # a read-only cache: the table is still mapped, only never marked
+        pass
 
 
 def drop_resident(t: torch.Tensor) -> None:

@@ -11,6 +11,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from engine.load.disk_cache import touch
 from engine.load.errors import ModelLoadError
 
 EMBEDDED = "embedded"
@@ -83,6 +84,7 @@ def load_gguf(path: Path, dtype):
 
     converted = _converted_dir(path)
     if (converted / "model.safetensors").is_file():
+        touch(converted)  # used now: the cache's pruning removes the least recently used (engine/load/disk_cache.py)
         try:
             return _load_converted(converted, dtype), AutoTokenizer.from_pretrained(converted)
         except (OSError, ValueError, RuntimeError):

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.load.disk_cache import cap_bytes, prune
 from engine.load.errors import ModelLoadError, VocabMismatchError
 from engine.load.gguf import EMBEDDED, cache_dir, embedded_gguf_path, gguf_config, load_gguf, stored_blocks
 
@@ -79,6 +81,10 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
     if not name:
         raise ModelLoadError("no model given")
     device = pick_device(device)
+    try:  # a bad cap is said before a long load, not after it
+        cap, t_start = cap_bytes(), time.time()
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
     try:
         gguf_path = _gguf_source(name)
         if gguf_path is not None:
@@ -96,8 +102,18 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
     n_params = sum(p.numel() for p in model.parameters())
     if device == "cpu" and prepack:
         _prepack(model, gguf_path, choice)
+    _prune_cache(cap, t_start)
     return LoadedModel(model=model, tokenizer=tok, name=name, quant_bits=_quant_bits(name, gguf_path, choice.dtype),
                        n_params=n_params, device=device, dtype=choice.dtype, dtype_reason=choice.reason)
+
+
+def _prune_cache(cap: int, t_start: float) -> None:
+    """Cap the cache directory (engine/load/disk_cache.py), keeping what this load used (a second's slack for a
+    file system that stores times in whole seconds)."""
+    try:
+        prune(cache_dir(), cap, used_since=t_start - 1.0)
+    except OSError:  # a cache that cannot be listed is one we cannot fill either
+        pass
 
 
 def _gguf_source(name: str) -> Path | None:

@@ -1,0 +1,86 @@
+"""The cache directory's own files, capped in size and pruned least recently used.
+
+A load writes or reuses two kinds of entries there: a GGUF's dequantised copy (a folder `<stem>-<fingerprint>-f32`,
+engine/load/gguf.py) and a tied embedding table mapped from a file (`mapped/<hash>-<dtype>-<shape>.bin`,
+engine/forward/mapped.py). An entry's modification time is when a load last used it (a reuse touches it). After
+each load, while the entries add up to more than the cap, the least recently used one is removed, never one this
+load used: the next load that needs it converts or writes it again. Other files in the directory are never
+touched. The cap is SPECPLAY_CACHE_MAX_GB (gigabytes, CACHE_MAX_GB unless set).
+
+Removing a file that another process has mapped or is reading is safe on POSIX systems: the data stays until the
+last handle closes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_MAX_GB = 8.0  # the embedded model's entries take 0.6 GB, a 270M model's 1.3 GB
+CAP_ENV = "SPECPLAY_CACHE_MAX_GB"
+
+
+@dataclass
+class Entry:
+    path: Path
+    size: int  # bytes, every file inside a folder entry
+    used: float  # its modification time: when a load last wrote or reused it
+
+
+def cap_bytes() -> int:
+    """The cap in bytes, from SPECPLAY_CACHE_MAX_GB. Raises ValueError naming the variable for a bad value."""
+    raw = os.environ.get(CAP_ENV)
+    if raw is None or not raw.strip():
+        return int(CACHE_MAX_GB * 1e9)
+    try:
+        gb = float(raw)
+    except ValueError:
+        gb = -1.0
+    if not 0.0 <= gb < float("inf"):
+        raise ValueError(f"{CAP_ENV} must be a number of gigabytes >= 0, got {raw!r}")
+    return int(gb * 1e9)
+
+
+def touch(path: Path) -> None:
+    """Mark an entry as used now (a read-only cache stays as it is)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def entries(root: Path) -> list[Entry]:
+    """The cache's own entries under `root`, least recently used first."""
+    found = [p for p in root.glob("*-f32") if p.is_dir()] + list((root / "mapped").glob("*.bin"))
+    out = []
+    for path in found:
+        try:
+            out.append(Entry(path, _size(path), path.stat().st_mtime))
+        except OSError:  # removed meanwhile by another process
+            continue
+    return sorted(out, key=lambda e: e.used)
+
+
+def prune(root: Path, cap: int, used_since: float) -> list[Path]:
+    """Remove the least recently used entries until they add up to `cap` bytes or less, keeping every entry
+    used at or after `used_since` (the load's start); the removed paths."""
+    listed = entries(root)
+    total, removed = sum(e.size for e in listed), []
+    for e in listed:
+        if total <= cap or e.used >= used_since:
+            break
+        try:
+            shutil.rmtree(e.path) if e.path.is_dir() else e.path.unlink()
+        except OSError:
+            continue
+        total -= e.size
+        removed.append(e.path)
+    return removed
