@@ -267,3 +267,16 @@ def test_fuzzed_requests_get_an_answer_or_a_4xx_with_a_reason(served, body):
     if r.status_code >= 400:
         error = r.json()["error"]
         assert error["message"] and error["type"]
+
+
+def test_sessions_that_never_leave_are_forgotten_past_the_capacity():
+    from ui.state import AppOptions, AppState, SessionState, session_capacity
+
+    app = AppState(runtime=None, options=AppOptions(parallel=2, queue_max=8))
+    cap = session_capacity(app.options)
+    busy = SessionState(turn_open=True)
+    app.opened("busy", busy, 0.0)
+    for i in range(cap + 50):
+        app.opened(f"s{i}", SessionState(), float(i))
+    assert len(app.sessions) == cap and "busy" in app.sessions  # the idle oldest went; a generating one stays
+    assert "s0" not in app.sessions and f"s{cap + 49}" in app.sessions

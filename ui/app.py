@@ -14,7 +14,7 @@ from ui.handlers import VIEWS, model_status
 from ui.render import legend_html
 from ui.session import release
 from ui.settings import ALL_TYPES, FORMAT_EXAMPLES, FORMATS, Settings, default_chain, format_box, own_p_min_text
-from ui.state import AppOptions, AppState, SessionState
+from ui.state import SESSION_TTL_S, AppOptions, AppState, SessionState, session_capacity
 from ui.views import all_views
 from ui.wire import wire_values
 
@@ -37,7 +37,8 @@ def launch_options(options: AppOptions | None = None, upload_max: int = UPLOAD_M
     parallel + queue threads, and Stop, Step and page loads need more on top or they wait behind them."""
     options = options or AppOptions()
     return {"css_paths": [STYLE], "theme": gr.themes.Default(), "show_error": True,
-            "max_threads": options.parallel + options.queue_max + SPARE_THREADS, "max_file_size": upload_max}
+            "max_threads": options.parallel + options.queue_max + SPARE_THREADS, "max_file_size": upload_max,
+            "state_session_capacity": session_capacity(options)}
 
 
 def header_html() -> str:
@@ -195,7 +196,7 @@ def detail_tabs(v: dict, app: AppState) -> tuple:
 def build(state: AppState) -> gr.Blocks:
     """The whole page for this app state (models, engine, scheduler shared by every browser session)."""
     with gr.Blocks(title="Speculative decoding playground", fill_width=True, delete_cache=DELETE_CACHE) as demo:
-        session = gr.State(SessionState(), delete_callback=release)
+        session = gr.State(SessionState(), delete_callback=release, time_to_live=SESSION_TTL_S)
         c, controls = sidebar_controls(state)
         gr.HTML(header_html())
         v: dict = {}

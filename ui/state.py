@@ -19,6 +19,13 @@ from ui.tokens import Vocab
 
 
 SESSION_TTL_S = 3600.0  # an opened page not generating is forgotten after this long (AppState.opened)
+SESSIONS_MIN = 100  # sessions kept in memory at least (a class); more with more slots and places in line
+
+
+def session_capacity(options: "AppOptions") -> int:
+    """Visitors' sessions kept in memory: past it the longest idle is forgotten, so clients that come and
+    never say goodbye (an API script's sessions, closed laptops) cannot grow the app's memory without bound."""
+    return max(SESSIONS_MIN, 4 * (options.parallel + options.queue_max))
 
 
 @dataclass
@@ -91,6 +98,9 @@ class AppState:
             if not other.busy and now - since > SESSION_TTL_S:
                 del self.sessions[key]
         self.sessions[session_hash] = (session, now)
+        idle = [key for key, (other, _) in self.sessions.items() if not other.busy]  # oldest first
+        for key in idle[: max(0, len(self.sessions) - session_capacity(self.options))]:
+            del self.sessions[key]
 
     def closed(self, session_hash: str | None) -> "SessionState | None":
         entry = self.sessions.pop(session_hash, None)
