@@ -108,3 +108,19 @@ def test_the_runtime_measures_its_free_lunch(tiny_target):
         assert roof.weight_bytes > 0 and roof.bandwidth > 0
     finally:
         runtime.scheduler.close()
+
+
+def test_a_round_is_told_in_the_lessons_order_in_two_languages():
+    from ui.narration import narration_html
+
+    roof = Roofline(rows=(1, 2, 4, 8), seconds=(0.01, 0.011, 0.013, 0.02), weight_bytes=1, bandwidth=1.0)
+    ev = RoundEvent(seq=1, round=3, kind="spec", drafter="ngram-simple", pos_sampled=40, p0=41, drafted=[5, 6, 7],
+                    n_accepted=1, emitted=[5, 9], rollback="seq_rm", rm_range=(42, 44))
+    text = narration_html(ev, roof)
+    order = ["Draft.", "Verify.", "Accept.", "Its own token.", "Cut the cache."]
+    assert [text.index(w) for w in order] == sorted(text.index(w) for w in order)
+    assert "copied from earlier text" in text and "1.30&times;" in text and "first 1 of them" in text
+    assert "correction" in text and "seq_rm(seq 1, 42, -1)" in text and "[42, 44)" in text
+    assert "中文" in text and "起草" in text and "裁剪缓存" in text
+    plain = RoundEvent(seq=1, round=4, kind="plain", drafter=None, pos_sampled=44, p0=45, emitted=[3])
+    assert narration_html(plain, roof) == ""

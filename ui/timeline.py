@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 
+from ui.narration import narration_html
 from ui.tokens import Vocab, tip, visible
 from ui.treeview import tree_html, tree_summary
 
@@ -113,8 +114,9 @@ def step_rows(ev, vocab: Vocab, context: list[int], sampled: int | None) -> list
     return rows
 
 
-def step_html(ev, vocab: Vocab, context: list[int], sampled: int | None) -> str:
-    """Step mode: the whole verification batch of the latest round, and what the rollback removes."""
+def step_html(ev, vocab: Vocab, context: list[int], sampled: int | None, roof=None) -> str:
+    """Step mode: the whole verification batch of the latest round, and what the rollback removes, told in the
+    lesson's order (ui/narration.py; `roof`: this machine's forward by rows)."""
     if ev is None:
         return ('<div class="step muted">Tick <b>Step mode</b>, send a message, then press <b>Step</b>: '
                 'each press runs one round and shows its batch here.</div>')
@@ -143,7 +145,7 @@ def step_html(ev, vocab: Vocab, context: list[int], sampled: int | None) -> str:
     intro = (f'<p><b>Round {ev.round}</b>: {k} token(s) drafted{who}, batch of {k + 1} rows at positions '
              f'{ev.pos_sampled}..{ev.pos_sampled + k}, verified by {mode}: {m} accepted.</p>')
     done = f'<p class="muted">Finished: {html.escape(ev.stop_reason or "")}.</p>' if ev.done else ""
-    return f'<div class="step">{intro}<table>{head}{body}</table>{removed}{done}</div>'
+    return f'<div class="step">{intro}<table>{head}{body}</table>{removed}{done}{narration_html(ev, roof)}</div>'
 
 
 def tree_step_html(ev, vocab: Vocab, context: list[int]) -> str:

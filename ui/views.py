@@ -51,7 +51,8 @@ def text_views(app: AppState, session: SessionState) -> dict[str, str]:
         "chat": chat_view(session),
         "timeline": timeline_html(run.timeline_rows),
         "kv": kv_html(run.last, run.cache_ids(), len(run.prompt_ids), run.vocab, n_ctx),
-        "step": step_html(run.last, run.vocab, run.context_last, run.sampled_last()),
+        "step": step_html(run.last, run.vocab, run.context_last, run.sampled_last(),
+                          app.runtime.roofline if app.runtime is not None else None),
         "summary": summary_view(session),
         "notice": notice_html(*session.notice),
     }
