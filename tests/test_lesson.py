@@ -124,3 +124,59 @@ def test_a_round_is_told_in_the_lessons_order_in_two_languages():
     assert "中文" in text and "起草" in text and "裁剪缓存" in text
     plain = RoundEvent(seq=1, round=4, kind="plain", drafter=None, pos_sampled=44, p0=45, emitted=[3])
     assert narration_html(plain, roof) == ""
+
+
+def test_the_advisor_weighs_each_drafter_and_length():
+    """A drafter kept at 0.9 a position on a machine where rows are nearly free: a long chain pays; the same
+    acceptance where each row costs a whole forward: plain decoding."""
+    from ui.advisor import advise, chain_tokens
+
+    assert chain_tokens([0.5, 0.5], 2) == pytest.approx(1.75) and chain_tokens([0.5], 3) == pytest.approx(1.5)
+    plain = record([event(0, "prefill", t=1.0)] + [event(i, "plain", t=1.0 + 0.01 * i) for i in range(1, 21)])
+    spec = record([event(0, "prefill", t=2.0)] + [
+        event(i + 1, "spec", drafted=[5] * 8, m=m, emitted=[5] * (m + 1), t=2.0 + 0.01 * (i + 1), t_draft_ms=0.2)
+        for i, m in enumerate([8, 8, 7, 8, 3, 8, 8, 6, 8, 8])])
+    flat = Roofline(rows=tuple(range(1, 17)), seconds=tuple(0.009 + 0.0001 * n for n in range(1, 17)),
+                    weight_bytes=1, bandwidth=1.0)
+    advice = advise(spec, plain, flat)
+    assert advice.drafter == "ngram-simple" and advice.n_max >= 6 and advice.predicted > 3
+    steep = Roofline(rows=tuple(range(1, 17)), seconds=tuple(0.01 * n for n in range(1, 17)), weight_bytes=1,
+                     bandwidth=1.0)
+    low = record([event(0, "prefill", t=2.0)] + [
+        event(i + 1, "spec", drafted=[5] * 4, m=m, emitted=[5] * (m + 1), t=2.0 + 0.02 * (i + 1), t_draft_ms=2.0)
+        for i, m in enumerate([0, 1, 0, 0, 2, 0])])
+    assert advise(low, plain, steep).drafter is None  # nothing pays: plain decoding
+
+
+def test_an_answer_is_compared_explained_advised_and_the_advice_run(tiny_target):
+    """Through the real engine: a copying answer's comparison carries its explanation and the advice, and
+    Try the advice runs the prompt again with the advised chain and reports prediction against result."""
+    from engine.serve.engine import Engine
+    from engine.serve.scheduler import Scheduler
+    from test_engine import SMALL_NGRAMS
+    from ui.loader import measure_roofline
+    from ui.session import UserError, advice_turn, converse
+    from ui.settings import Settings
+    from ui.state import AppOptions, AppState, Runtime, SessionState
+    from ui.tokens import Vocab
+
+    app = AppState(runtime=None, options=AppOptions(n_ctx=512, parallel=1))
+    engine = Engine(tiny_target, n_ctx=512, n_seq_max=1, drafter_params=SMALL_NGRAMS)
+    app.runtime = Runtime(target=tiny_target, draft=None, engine=engine, vocab=Vocab.of(tiny_target.tokenizer),
+                          scheduler=Scheduler(engine, on_event=app.counters.observe),
+                          roofline=measure_roofline(tiny_target, engine))
+    try:
+        session = SessionState()
+        with pytest.raises(UserError, match="No advice"):
+            list(advice_turn(app, session, Settings()))
+        settings = Settings(types=["ngram-simple", "ngram-map-k"], max_new_tokens=40, compare=True, tree_nodes=0,
+                            adaptive=False)
+        copy = "w10 w11 w12 w13 w10 w11 w12 w13 w10 w11"  # the tiny model's answer repeats: the n-grams draft
+        list(converse(app, session, copy, settings, manual=False))
+        assert "Why " in session.compare_html and "breaks even" in session.compare_html
+        assert "Advice here" in session.compare_html and session.advice is not None
+        assert session.advice.drafter in settings.types and session.advice.predicted > 1  # a copying answer
+        list(advice_turn(app, session, settings))
+        assert "measured against" in session.compare_html and not session.busy
+    finally:
+        app.runtime.scheduler.close()

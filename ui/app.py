@@ -144,6 +144,7 @@ def chat_column(examples: list, v: dict) -> dict:
         w["step_mode"] = gr.Checkbox(label="Step mode", value=False, elem_id="step-mode", scale=1, min_width=110)
         w["step"] = gr.Button("Step", elem_id="step-btn", scale=1, min_width=70)
         w["clear"] = gr.Button("New chat", elem_id="clear-btn", scale=1, min_width=90)
+        w["advise"] = gr.Button("Try the advice", elem_id="advise-btn", scale=1, min_width=110)
     w["examples"] = []
     with gr.Row(elem_classes=["examples"]):
         for ex in examples:
@@ -242,6 +243,11 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: d
     for btn, ex in w["examples"]:
         btn.click(example_filler(ex), None, [w["msg"], c["format"], c["format_text"]],
                   show_progress="hidden").then(on_send, inputs, outputs, **stream)
+    def on_advice(s, *values):
+        for update in handlers.try_advice(app, s, dict(zip(controls, values))):
+            yield wired(update)
+
+    w["advise"].click(on_advice, [session] + list(controls.values()), outputs, api_name="advice", **stream)
     w["stop"].click(lambda s: wired(handlers.stop(app, s)), session, outputs, api_name="stop", **stream)
     w["step"].click(lambda s: wired(handlers.step(app, s)), session, outputs, api_name="step", **stream)
     w["clear"].click(lambda s: wired(handlers.clear(app, s)), session, outputs, api_name="clear", **stream)

@@ -12,15 +12,15 @@ import gradio as gr
 
 from ui.loader import load_models
 from ui.render import notice_html
-from ui.session import UserError, converse, step_turn, stop_turn
+from ui.session import UserError, advice_turn, converse, step_turn, stop_turn
 from ui.settings import DRAFT_MODEL_TYPE, chain_for_target, settings_from, with_draft_type
 from ui.state import AppState, SessionState
 from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views, chat_view, waiting_views
 
 VIEWS = TEXT_VIEWS + CHART_VIEWS
 HTML_CHARTS = ("kpis", "counters")  # the chart views that are HTML, not plots
-CLEARED = ("history", "turns_html", "pending_user", "run", "plain", "compare_html", "format_html", "notice",
-           "seq_stats", "charts_key", "dropped_turns", "forgotten_turns")
+CLEARED = ("history", "turns_html", "pending_user", "run", "plain", "compare_html", "compare_base", "advice",
+           "format_html", "notice", "seq_stats", "charts_key", "dropped_turns", "forgotten_turns")
 
 
 def pack(views: dict, s: SessionState, msg_value: str | None = None, stream: bool = False) -> tuple:
@@ -58,6 +58,15 @@ def send(app: AppState, s: SessionState, text: str, stepping: bool, values: dict
             views = waiting_views(s) if in_line else all_views(app, s)
             yield pack(views, s, "" if first else None, stream=True)
             first = False
+    except UserError as e:
+        yield warn(app, s, e)
+
+
+def try_advice(app: AppState, s: SessionState, values: dict) -> object:
+    """Run the last prompt again with the advised chain; the comparison's line then shows the result."""
+    try:
+        for _ in advice_turn(app, s, settings_from(values)):
+            yield pack(all_views(app, s), s, stream=True)
     except UserError as e:
         yield warn(app, s, e)
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import queue
 import time
+from dataclasses import replace
 from typing import Iterator
 
 from engine import ErrorEvent, WaitEvent
 from ui.formatcheck import format_html
+from ui.advisor import advice_html, advise
 from ui.lesson import explain, explained_html, lesson_line, prefill_decode_line
 from ui.render import compare_html, user_bubble
 from ui.run import RunRecord
@@ -217,9 +219,11 @@ def compare(app: AppState, session: SessionState, settings: Settings) -> Iterato
     note = (f"both runs timed with the page idle; while it streamed to the page the speculative run made "
             f"{run.tps:.1f} tok/s" if timed is not None and run.tps else
             "the speculative run timed as it streamed to the page (its unseen run did not finish alike)")
-    session.compare_html = compare_html(run.ids, plain.ids, (timed or run).tps, plain.tps, run.vocab,
+    session.advice = advise(timed or run, plain, app.runtime.roofline if app.runtime is not None else None)
+    session.compare_base = compare_html(run.ids, plain.ids, (timed or run).tps, plain.tps, run.vocab,
                                         sampled=sampled, load=load_note(timed or run, plain), cut=cut, note=note) \
         + explained_html(explain(timed or run, plain)) + lesson_line(prefill_decode_line(run))
+    session.compare_html = session.compare_base + advice_html(session.advice)
     yield
 
 
@@ -317,6 +321,28 @@ def converse(app: AppState, session: SessionState, text: str, settings: Settings
         if settings.compare and settings.types and run.error is None and run.stop_reason != "stopped":
             yield from compare(app, session, settings)
     finally:  # the page went away mid-answer: do not leave the slot busy
+        release(session)
+        session.turn_open = False
+
+
+def advice_turn(app: AppState, session: SessionState, settings: Settings) -> Iterator[None]:
+    """The last answer's prompt once more with the advised chain (ui/advisor.py), unseen and timed as the
+    comparison's runs are: its speedup over the same plain run, beside the prediction."""
+    advice, plain = session.advice, session.plain
+    if advice is None or advice.drafter is None or plain is None or not plain.tps:
+        raise UserError("No advice to try: send a message with 'Compare with plain decoding' on first.")
+    with app.turn_lock:
+        if session.busy:
+            raise UserError("This session is still generating: press Stop (or finish the steps) first.")
+        session.turn_open = True
+    try:
+        tried = replace(settings, types=[advice.drafter], n_max=advice.n_max, n_min=0, tree_nodes=0,
+                        adaptive=False, compare=False)
+        run = yield from measure(app, session, tried, speculative=True, what="the advised setting")
+        measured = run.tps / plain.tps if run is not None and run.done and run.tps else None
+        session.compare_html = session.compare_base + advice_html(advice, measured)
+        yield
+    finally:
         release(session)
         session.turn_open = False
 

@@ -128,6 +128,8 @@ class SessionState:
     run: RunRecord | None = None  # the speculative run shown (live or last)
     plain: RunRecord | None = None  # the plain run of the comparison
     compare_html: str = ""  # speedup + lossless badge of the last comparison
+    compare_base: str = ""  # the comparison's lines without the advice (the advice's own run adds its result)
+    advice: object = None  # ui.advisor.Advice for the last compared answer, None: none
     format_html: str = ""  # whether the last answer parses and follows its output format ("" for free text)
     format_spec: object = None  # the turn's output format (engine.grammar.GrammarSpec), None for free text
     active: Active | None = None  # generation in flight, if any
