@@ -8,6 +8,7 @@ import torch
 
 from engine.cost.roofline import Roofline, measure_bandwidth, weight_bytes
 from engine.events import RoundEvent
+from engine.serve.engine import Engine
 from engine.bench.stats import formula
 from ui.lesson import break_even, curve_figure, explain, explained_html, free_lunch_text
 from ui.run import RunRecord
@@ -180,3 +181,33 @@ def test_an_answer_is_compared_explained_advised_and_the_advice_run(tiny_target)
         assert "measured against" in session.compare_html and not session.busy
     finally:
         app.runtime.scheduler.close()
+
+
+def test_presets_set_llama_cpp_chains_fastest_and_plain():
+    from ui.presets import preset
+
+    chain = ["ngram-simple", "draft-head", "ngram-mod"]
+    lcpp = preset("llama.cpp", chain, {}, ngram_mod_match=8)
+    assert lcpp.types == ["ngram-simple", "ngram-mod", "draft-head"]  # n-grams first, then model drafters
+    assert (lcpp.n_max, lcpp.n_min, lcpp.p_min, lcpp.adaptive, lcpp.tree_nodes) == (16, 0, 0.75, False, 0)
+    assert any("under 16" in n for n in lcpp.notes)
+    assert not any("under 16" in n for n in preset("llama.cpp", chain, {}, ngram_mod_match=24).notes)
+    fast = preset("fastest here", chain, {"draft-head": "costs more than it keeps"})
+    assert fast.types == ["ngram-simple", "ngram-mod"] and "draft-head left out" in fast.notes[0]
+    assert preset("plain", chain, {}).types == [] and preset("playground", chain, {}).types == chain
+    with pytest.raises(ValueError, match="preset must be"):
+        preset("turbo", chain, {})
+
+
+def test_the_load_probe_leaves_out_a_drafter_that_cannot_pay(tiny_target, tiny_draft):
+    """A draft model as dear as the target (the tiny pair: same size) on a machine whose rows cost a forward
+    each cannot pay; on a curve where rows are free and drafting costs nothing, the same drafter stays."""
+    from ui.presets import probe_model_drafters
+
+    engine = Engine(tiny_target, tiny_draft, n_ctx=512, n_seq_max=1, calibrate=False)
+    steep = Roofline(rows=tuple(range(1, 17)), seconds=tuple(1.0 * n for n in range(1, 17)), weight_bytes=1,
+                     bandwidth=1.0)
+    prompt = [15, 16, 17, 18, 15, 16, 17, 18, 15, 16]
+    assert "draft-simple" in probe_model_drafters(engine, prompt, ["ngram-simple", "draft-simple"], steep)
+    free = Roofline(rows=tuple(range(1, 17)), seconds=(1e3,) * 16, weight_bytes=1, bandwidth=1.0)
+    assert probe_model_drafters(engine, prompt, ["ngram-simple", "draft-simple"], free) == {}

@@ -13,6 +13,7 @@ from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
 from ui.render import legend_html
 from ui.session import release
+from ui.presets import PRESETS
 from ui.settings import ALL_TYPES, FORMAT_EXAMPLES, FORMATS, Settings, default_chain, format_box, own_p_min_text
 from ui.state import SESSION_TTL_S, AppOptions, AppState, SessionState, session_capacity
 from ui.views import all_views
@@ -66,6 +67,10 @@ def sidebar_controls(app: AppState) -> tuple[dict, dict]:
                               variant="secondary", elem_id="load-btn", interactive=allowed)
         c["model_status"] = gr.HTML(model_status(app), elem_id="model-status")
         gr.Markdown("### Speculation")
+        c["preset"] = gr.Radio(list(PRESETS), value="playground", label="Preset", elem_id="preset",
+                               info="playground: this app's default; llama.cpp: its chains and defaults; fastest "
+                                    "here: without the drafters that cannot pay on this machine; plain: none")
+        c["preset_note"] = gr.HTML(elem_id="preset-note")
         types = gr.Dropdown(ALL_TYPES, value=default_chain(rt, app.options.eagle3), multiselect=True,
                             label="Drafter chain, in relay order",
                             info="the first drafter with a proposal wins the round (with a tree of drafts: every "
@@ -251,6 +256,9 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: d
     w["stop"].click(lambda s: wired(handlers.stop(app, s)), session, outputs, api_name="stop", **stream)
     w["step"].click(lambda s: wired(handlers.step(app, s)), session, outputs, api_name="step", **stream)
     w["clear"].click(lambda s: wired(handlers.clear(app, s)), session, outputs, api_name="clear", **stream)
+    named = ("types", "n_max", "n_min", "p_min_own", "p_min", "adaptive", "tree_nodes")
+    c["preset"].input(lambda name: handlers.choose_preset(app, name), c["preset"],
+                      [controls[k] for k in named] + [c["preset_note"]], show_progress="hidden")
     w["show_rej"].change(handlers.show_rejected, [session, w["show_rej"]], v["chat"], show_progress="hidden")
     c["load"].click(lambda t, d, types: handlers.load(app, t, d, types), [c["target"], c["draft"], controls["types"]],
                     [c["model_status"], controls["types"]], concurrency_limit=1, api_name="load_models")

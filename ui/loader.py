@@ -7,7 +7,9 @@ loaded."""
 
 from __future__ import annotations
 
+from ui.presets import PROBE_PROMPT, probe_model_drafters
 from ui.session import UserError
+from ui.settings import default_chain
 from ui.state import AppOptions, AppState, Runtime
 from ui.tokens import Vocab
 
@@ -25,9 +27,13 @@ def make_runtime(target, draft, options: AppOptions, on_event=None) -> Runtime:
     engine = Engine(target, draft, n_ctx=options.n_ctx, n_seq_max=options.parallel, n_rs=options.n_rs,
                     fair=options.budget == "fair", threads=options.threads, drafter_params=params,
                     n_ctx_seq=options.ctx_per_slot)
-    scheduler = Scheduler(engine, options.queue_max, on_event=on_event)
-    return Runtime(target=target, draft=draft, engine=engine, scheduler=scheduler, vocab=Vocab.of(target.tokenizer),
-                   roofline=measure_roofline(target, engine))
+    runtime = Runtime(target=target, draft=draft, engine=engine, scheduler=None, vocab=Vocab.of(target.tokenizer),
+                      roofline=measure_roofline(target, engine))
+    # before its scheduler starts: the probe drafts on the engine directly, with nobody else on it
+    runtime.left_out = probe_model_drafters(engine, target.encode_chat([{"role": "user", "content": PROBE_PROMPT}]),
+                                            default_chain(runtime, options.eagle3), runtime.roofline)
+    runtime.scheduler = Scheduler(engine, options.queue_max, on_event=on_event)
+    return runtime
 
 
 def measure_roofline(target, engine):

@@ -58,6 +58,7 @@ class Runtime:
     scheduler: object  # engine.Scheduler
     vocab: Vocab
     roofline: object = None  # engine.cost.roofline.Roofline: the forward's cost by rows beside the weights' floor
+    left_out: dict = field(default_factory=dict)  # model drafters the load's probe found unable to pay here: why
 
     def describe(self) -> str:
         probe = self.engine.probe
