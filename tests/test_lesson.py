@@ -200,14 +200,17 @@ def test_presets_set_llama_cpp_chains_fastest_and_plain():
 
 
 def test_the_load_probe_leaves_out_a_drafter_that_cannot_pay(tiny_target, tiny_draft):
-    """A draft model as dear as the target (the tiny pair: same size) on a machine whose rows cost a forward
-    each cannot pay; on a curve where rows are free and drafting costs nothing, the same drafter stays."""
+    """The target drafting for itself keeps every draft: where each row costs a whole forward even that cannot
+    pay, where rows are free it stays; another draft model is left out with the reason."""
     from ui.presets import probe_model_drafters
 
-    engine = Engine(tiny_target, tiny_draft, n_ctx=512, n_seq_max=1, calibrate=False)
+    engine = Engine(tiny_target, tiny_target, n_ctx=512, n_seq_max=1, calibrate=False)
     steep = Roofline(rows=tuple(range(1, 17)), seconds=tuple(1.0 * n for n in range(1, 17)), weight_bytes=1,
                      bandwidth=1.0)
     prompt = [15, 16, 17, 18, 15, 16, 17, 18, 15, 16]
-    assert "draft-simple" in probe_model_drafters(engine, prompt, ["ngram-simple", "draft-simple"], steep)
+    # p_min 0: the tiny models' flat distributions would stop every draft at a draft model's own 0.75
+    assert "draft-simple" in probe_model_drafters(engine, prompt, ["ngram-simple", "draft-simple"], steep, 0.0)
     free = Roofline(rows=tuple(range(1, 17)), seconds=(1e3,) * 16, weight_bytes=1, bandwidth=1.0)
-    assert probe_model_drafters(engine, prompt, ["ngram-simple", "draft-simple"], free) == {}
+    assert probe_model_drafters(engine, prompt, ["ngram-simple", "draft-simple"], free, 0.0) == {}
+    other = Engine(tiny_target, tiny_draft, n_ctx=512, n_seq_max=1, calibrate=False)
+    assert "at best" in probe_model_drafters(other, prompt, ["draft-simple"], steep, 0.0)["draft-simple"]

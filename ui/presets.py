@@ -64,10 +64,12 @@ def preset(name: str, chain: list[str], left_out: dict[str, str], ngram_mod_matc
     raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {name!r}")
 
 
-def probe_model_drafters(engine, prompt: list[int], chain: list[str], roof) -> dict[str, str]:
+def probe_model_drafters(engine, prompt: list[int], chain: list[str], roof, p_min: float | None = None
+                         ) -> dict[str, str]:
     """At load, before anyone is served: each model drafter of the chain drafts alone over a short greedy
     answer; it is left out of "fastest here" when the best chain length its measured acceptance and cost allow
-    does not beat plain decoding (ui/advisor.py's arithmetic). Returns {type: why} for those left out."""
+    does not beat plain decoding (ui/advisor.py's arithmetic); p_min: None, each drafter's own. Returns {type:
+    why} for those left out."""
     from engine import GenParams, SpecParams
     from ui.advisor import chain_tokens
 
@@ -76,7 +78,8 @@ def probe_model_drafters(engine, prompt: list[int], chain: list[str], roof) -> d
         return left_out
     step_ms = roof.seconds[0] * 1e3
     for name in [t for t in chain if is_model_drafter(t)]:
-        params = GenParams(max_new_tokens=PROBE_TOKENS, spec=SpecParams(types=[name], n_max=8, adaptive=False))
+        params = GenParams(max_new_tokens=PROBE_TOKENS, spec=SpecParams(types=[name], n_max=8, adaptive=False,
+                                                                               p_min=p_min))
         try:
             events = [ev for ev in engine.generate(list(prompt), params) if ev.kind != "prefill"]
         except (ValueError, RuntimeError) as e:
