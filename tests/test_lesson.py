@@ -144,7 +144,7 @@ def test_the_advisor_weighs_each_drafter_and_length():
     steep = Roofline(rows=tuple(range(1, 17)), seconds=tuple(0.01 * n for n in range(1, 17)), weight_bytes=1,
                      bandwidth=1.0)
     low = record([event(0, "prefill", t=2.0)] + [
-        event(i + 1, "spec", drafted=[5] * 4, m=m, emitted=[5] * (m + 1), t=2.0 + 0.02 * (i + 1), t_draft_ms=2.0)
+        event(i + 1, "spec", drafted=[5] * 4, m=m, emitted=[5] * (m + 1), t=2.0 + 0.052 * (i + 1), t_draft_ms=2.0)
         for i, m in enumerate([0, 1, 0, 0, 2, 0])])
     assert advise(low, plain, steep).drafter is None  # nothing pays: plain decoding
 
@@ -214,3 +214,14 @@ def test_the_load_probe_leaves_out_a_drafter_that_cannot_pay(tiny_target, tiny_d
     assert probe_model_drafters(engine, prompt, ["ngram-simple", "draft-simple"], free, 0.0) == {}
     other = Engine(tiny_target, tiny_draft, n_ctx=512, n_seq_max=1, calibrate=False)
     assert "at best" in probe_model_drafters(other, prompt, ["draft-simple"], steep, 0.0)["draft-simple"]
+
+
+def test_the_advice_is_anchored_to_the_answers_own_rounds():
+    """Rounds that took twice what the load's curve says make every predicted cost twice as dear."""
+    from ui.advisor import anchor
+
+    roof = Roofline(rows=(1, 2, 4, 8), seconds=(0.01, 0.01, 0.01, 0.02), weight_bytes=1, bandwidth=1.0)
+    spec = record([event(0, "prefill", t=2.0)] + [
+        event(i + 1, "spec", drafted=[5] * 3, m=3, emitted=[5] * 4, t=2.0 + 0.024 * (i + 1), t_draft_ms=2.0)
+        for i in range(5)])
+    assert anchor(spec, roof, beside_ms=0.0) == pytest.approx(2.0)  # 24 ms measured, 10 + 2 ms modelled
