@@ -30,6 +30,8 @@ COLUMNS = [
     # trees of drafts: the node limit (0: chains), mean nodes verified per drafted round, mean rows per forward;
     # tokens per target forward over all decode rounds (drafted or not)
     "tree", "tree_nodes", "rows_per_forward", "tokens_per_forward",
+    # where it was measured (engine/bench/provenance.py): commit, CPU model and vector extensions, threads, date
+    "commit", "cpu", "cpu_flags", "threads", "date",
 ]
 
 
@@ -80,12 +82,17 @@ def _grammar_kind(cfg: BenchConfig, prompt: dict) -> str:
     return spec.kind if spec is not None else ""
 
 
-def write_rows(rows: list[dict], path: str | Path) -> None:
-    """rows -> a traces.csv; a column a row lacks is left empty, a key that is no column is dropped."""
+def write_rows(rows: list[dict], path: str | Path, measured: dict | None = None) -> None:
+    """rows -> a traces.csv; a column a row lacks is left empty, a key that is no column is dropped. Rows
+    without provenance get this host's now (`measured`: engine.bench.provenance.provenance(), taken when
+    None)."""
+    from engine.bench.provenance import provenance
+
+    measured = provenance() if measured is None else measured
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, restval="", extrasaction="ignore")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows({**measured, **row} for row in rows)
 
 
 def load_rows(path: str | Path) -> list[dict]:
