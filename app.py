@@ -58,6 +58,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="let visitors load other models from the page when the app is reachable from another host "
                         "(--host not loopback, or --share); on loopback alone it is always allowed; off by default "
                         "so one visitor cannot swap the model under a class")
+    add_sharing_args(p)
+    p.add_argument("--no-api", action="store_true",
+                   help="serve the page only: no OpenAI-compatible /v1/chat/completions and no /metrics (both are "
+                        "on by default, on the page's host and port, through the same slots and line)")
+    args = p.parse_args(argv)
+    if args.parallel < 1 or args.n_rs < 0 or args.n_ctx < 1 or args.queue < 0 or (args.threads or 1) < 1:
+        # the engine checks the slots fit the cache
+        p.error("--parallel, --n-ctx and --threads must be >= 1, --n-rs and --queue >= 0")
+    args.share = args.share or share_from_environment()
+    settle_sharing_args(p, args)
+    return args
+
+
+def settle_sharing_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Defaults that depend on other flags, the bounds, and the refusal to be reachable without a key."""
+    args.api_key = [k for k in (args.api_key or keys_from_environment()) if k]
+    if args.ctx_per_slot is None:
+        args.ctx_per_slot = args.n_ctx // args.parallel
+    if args.ctx_per_slot < 0 or (args.client_max or 1) < 1 or args.max_body < 1 or args.max_upload < 1:
+        p.error("--ctx-per-slot must be >= 0, --client-max, --max-body and --max-upload >= 1")
+    if args.client_max is None:
+        args.client_max = max(1, args.parallel // 2)
+    reason = unsafe_reason(args)
+    if reason:
+        p.error(reason)
+
+
+def keys_from_environment() -> list[str]:
+    return [k.strip() for k in os.environ.get("SPECPLAY_API_KEY", "").split(",") if k.strip()]
+
+
+def unsafe_reason(args: argparse.Namespace) -> str | None:
+    """Why the app must not start as asked: reachable from other hosts with no key anyone must know."""
+    if args.api_key or local_only(args):
+        return None
+    where = "a public --share link" if args.share else f"--host {args.host} (reachable from other hosts)"
+    return (f"refusing to serve {where} without an API key: anyone reaching the port could run the engine and "
+            "read /metrics. Give --api-key KEY (or SPECPLAY_API_KEY); the page then asks for it as its password")
+
+
+def add_sharing_args(p: argparse.ArgumentParser) -> None:
+    """The flags that guard a playground others can reach (docs/ui.md, Sharing safely)."""
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
                    help="API key clients send as 'Authorization: Bearer KEY' for /v1/* and /metrics; repeat it to "
                         "give several clients a key each (SPECPLAY_API_KEY: comma-separated keys). Required when the "
@@ -81,38 +123,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="largest request body taken (default 1 MiB); larger ones get 413 before being read")
     p.add_argument("--max-upload", type=int, default=10 << 20, metavar="BYTES",
                    help="largest file the page takes as an upload (default 10 MiB)")
-    p.add_argument("--no-api", action="store_true",
-                   help="serve the page only: no OpenAI-compatible /v1/chat/completions and no /metrics (both are "
-                        "on by default, on the page's host and port, through the same slots and line)")
-    args = p.parse_args(argv)
-    if args.parallel < 1 or args.n_rs < 0 or args.n_ctx < 1 or args.queue < 0 or (args.threads or 1) < 1:
-        # the engine checks the slots fit the cache
-        p.error("--parallel, --n-ctx and --threads must be >= 1, --n-rs and --queue >= 0")
-    args.share = args.share or share_from_environment()
-    args.api_key = [k for k in (args.api_key or keys_from_environment()) if k]
-    if args.ctx_per_slot is None:
-        args.ctx_per_slot = args.n_ctx // args.parallel
-    if args.ctx_per_slot < 0 or (args.client_max or 1) < 1 or args.max_body < 1 or args.max_upload < 1:
-        p.error("--ctx-per-slot must be >= 0, --client-max, --max-body and --max-upload >= 1")
-    if args.client_max is None:
-        args.client_max = max(1, args.parallel // 2)
-    reason = unsafe_reason(args)
-    if reason:
-        p.error(reason)
-    return args
-
-
-def keys_from_environment() -> list[str]:
-    return [k.strip() for k in os.environ.get("SPECPLAY_API_KEY", "").split(",") if k.strip()]
-
-
-def unsafe_reason(args: argparse.Namespace) -> str | None:
-    """Why the app must not start as asked: reachable from other hosts with no key anyone must know."""
-    if args.api_key or local_only(args):
-        return None
-    where = "a public --share link" if args.share else f"--host {args.host} (reachable from other hosts)"
-    return (f"refusing to serve {where} without an API key: anyone reaching the port could run the engine and "
-            "read /metrics. Give --api-key KEY (or SPECPLAY_API_KEY); the page then asks for it as its password")
 
 
 def share_from_environment() -> bool:

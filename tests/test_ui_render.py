@@ -681,7 +681,7 @@ def test_the_prefill_notes_of_the_engine_reach_the_page():
 
 
 def test_a_speedup_taken_under_load_says_so(vocab):
-    from ui.session import load_note
+    from ui.compare import load_note
 
     alone, crowded = RunRecord(vocab=vocab, prompt_ids=[1]), RunRecord(vocab=vocab, prompt_ids=[1])
     for run, n_seqs in ((alone, 1), (crowded, 3)):

@@ -48,6 +48,41 @@ def header_html() -> str:
             '</p></div>')
 
 
+def speculation_controls(app: AppState, c: dict, d: Settings) -> dict:
+    """The preset, the drafter chain and the draft-length controls (inside the sidebar); returns them by
+    Settings field name, and puts the preset's radio and note into `c`."""
+    rt = app.runtime
+    gr.Markdown("### Speculation")
+    c["preset"] = gr.Radio(list(PRESETS), value="playground", label="Preset", elem_id="preset",
+                           info="playground: this app's default; llama.cpp: its chains and defaults; fastest "
+                                "here: without the drafters that cannot pay on this machine; plain: none")
+    c["preset_note"] = gr.HTML(elem_id="preset-note")
+    types = gr.Dropdown(ALL_TYPES, value=default_chain(rt, app.options.eagle3), multiselect=True,
+                        label="Drafter chain, in relay order",
+                        info="the first drafter with a proposal wins the round (with a tree of drafts: every "
+                             "drafter proposes); order = order of selection; empty = plain decoding",
+                        elem_id="drafters")
+    n_max = gr.Slider(0, 32, value=d.n_max, step=1, label="n_max: draft tokens per round at most",
+                      elem_id="n-max")
+    n_min = gr.Slider(0, 32, value=d.n_min, step=1, label="n_min: shorter drafts are dropped", elem_id="n-min")
+    p_min_own = gr.Checkbox(value=d.p_min_own, label=f"p_min: each model drafter's own ({own_p_min_text()})",
+                            elem_id="p-min-own")
+    p_min = gr.Slider(0, 1, value=d.p_min, step=0.05, label="p_min: a model drafter stops below this",
+                      interactive=not d.p_min_own, elem_id="p-min")
+    p_min_own.change(lambda own: gr.update(interactive=not own), p_min_own, p_min)
+    adaptive = gr.Checkbox(value=d.adaptive, label="Adaptive draft length (cut drafts that do not pay)",
+                           elem_id="adaptive")
+    tree_nodes = gr.Slider(0, 32, value=d.tree_nodes, step=1, elem_id="tree-nodes",
+                           label="Tree of drafts: nodes per round at most (0 = one chain)",
+                           info="every drafter proposes, the draft head branches, and one forward checks the "
+                                "whole tree; with adaptive length one budget keeps the nodes that pay")
+    rollback = gr.Radio(["auto", "checkpoint"], value="auto", label="Rollback", elem_id="rollback",
+                        info="auto: seq_rm cuts the rejected tail. checkpoint: restore the state saved "
+                             "before drafting, then replay the accepted tokens (llama.cpp's FULL path)")
+    return dict(types=types, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive, rollback=rollback,
+                p_min_own=p_min_own, tree_nodes=tree_nodes)
+
+
 def sidebar_controls(app: AppState) -> tuple[dict, dict]:
     """The model loader and every generation setting; returns (named components, the settings' inputs by
     Settings field name, in the order the page's send event takes them)."""
@@ -66,33 +101,7 @@ def sidebar_controls(app: AppState) -> tuple[dict, dict]:
         c["load"] = gr.Button("Load models" if allowed else "Loading models is off on this shared demo",
                               variant="secondary", elem_id="load-btn", interactive=allowed)
         c["model_status"] = gr.HTML(model_status(app), elem_id="model-status")
-        gr.Markdown("### Speculation")
-        c["preset"] = gr.Radio(list(PRESETS), value="playground", label="Preset", elem_id="preset",
-                               info="playground: this app's default; llama.cpp: its chains and defaults; fastest "
-                                    "here: without the drafters that cannot pay on this machine; plain: none")
-        c["preset_note"] = gr.HTML(elem_id="preset-note")
-        types = gr.Dropdown(ALL_TYPES, value=default_chain(rt, app.options.eagle3), multiselect=True,
-                            label="Drafter chain, in relay order",
-                            info="the first drafter with a proposal wins the round (with a tree of drafts: every "
-                                 "drafter proposes); order = order of selection; empty = plain decoding",
-                            elem_id="drafters")
-        n_max = gr.Slider(0, 32, value=d.n_max, step=1, label="n_max: draft tokens per round at most",
-                          elem_id="n-max")
-        n_min = gr.Slider(0, 32, value=d.n_min, step=1, label="n_min: shorter drafts are dropped", elem_id="n-min")
-        p_min_own = gr.Checkbox(value=d.p_min_own, label=f"p_min: each model drafter's own ({own_p_min_text()})",
-                                elem_id="p-min-own")
-        p_min = gr.Slider(0, 1, value=d.p_min, step=0.05, label="p_min: a model drafter stops below this",
-                          interactive=not d.p_min_own, elem_id="p-min")
-        p_min_own.change(lambda own: gr.update(interactive=not own), p_min_own, p_min)
-        adaptive = gr.Checkbox(value=d.adaptive, label="Adaptive draft length (cut drafts that do not pay)",
-                               elem_id="adaptive")
-        tree_nodes = gr.Slider(0, 32, value=d.tree_nodes, step=1, elem_id="tree-nodes",
-                               label="Tree of drafts: nodes per round at most (0 = one chain)",
-                               info="every drafter proposes, the draft head branches, and one forward checks the "
-                                    "whole tree; with adaptive length one budget keeps the nodes that pay")
-        rollback = gr.Radio(["auto", "checkpoint"], value="auto", label="Rollback", elem_id="rollback",
-                            info="auto: seq_rm cuts the rejected tail. checkpoint: restore the state saved "
-                                 "before drafting, then replay the accepted tokens (llama.cpp's FULL path)")
+        spec = speculation_controls(app, c, d)
         gr.Markdown("### Sampling")
         temp = gr.Slider(0, 2, value=d.temp, step=0.05, label="temperature (0 = greedy)")
         top_k = gr.Slider(0, 200, value=d.top_k, step=1, label="top-k (0 = off)")
@@ -110,10 +119,10 @@ def sidebar_controls(app: AppState) -> tuple[dict, dict]:
                                       visible=False, elem_id="format-text")
         # .input, not .change: an example that sets the format and its schema must not have it replaced here
         c["format"].input(format_box, [c["format"], c["format_text"]], c["format_text"], show_progress="hidden")
-    return c, dict(types=types, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive, temp=temp, top_k=top_k,
-                   top_p=top_p, min_p=min_p, seed=seed, max_new_tokens=max_new, compare=cmp, rollback=rollback,
-                   p_min_own=p_min_own, output_format=c["format"], format_text=c["format_text"],
-                   tree_nodes=tree_nodes)
+    controls = dict(**spec, temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, max_new_tokens=max_new,
+                    compare=cmp, output_format=c["format"], format_text=c["format_text"])
+    # in Settings' field order: an API client of the page (gradio_client) passes them by position
+    return c, {name: controls[name] for name in Settings.__dataclass_fields__}
 
 
 def filler(text: str):

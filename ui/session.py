@@ -14,8 +14,8 @@ from typing import Iterator
 from engine import ErrorEvent, WaitEvent
 from ui.formatcheck import format_html
 from ui.advisor import advice_html, advise
-from ui.lesson import explain, explained_html, lesson_line, prefill_decode_line
-from ui.render import compare_html, user_bubble
+from ui.compare import verdict_html
+from ui.render import user_bubble
 from ui.run import RunRecord
 from ui.conversation import dropped_note, fit_conversation, forget_turns, wait_text
 from ui.settings import Settings
@@ -214,15 +214,8 @@ def compare(app: AppState, session: SessionState, settings: Settings) -> Iterato
         return
     quiet = yield from measure(app, session, settings, speculative=True, what="the speculative run, unseen")
     timed = quiet if quiet is not None and quiet.done and quiet.error is None and quiet.ids == run.ids else None
-    sampled = settings.temp > 0 and run.used_rejection()
-    cut = " and ".join(name for name, r in (("speculative", run), ("plain", plain)) if r.stop_reason == "context")
-    note = (f"both runs timed with the page idle; while it streamed to the page the speculative run made "
-            f"{run.tps:.1f} tok/s" if timed is not None and run.tps else
-            "the speculative run timed as it streamed to the page (its unseen run did not finish alike)")
     session.advice = advise(timed or run, plain, app.runtime.roofline if app.runtime is not None else None)
-    session.compare_base = compare_html(run.ids, plain.ids, (timed or run).tps, plain.tps, run.vocab,
-                                        sampled=sampled, load=load_note(timed or run, plain), cut=cut, note=note) \
-        + explained_html(explain(timed or run, plain)) + lesson_line(prefill_decode_line(run))
+    session.compare_base = verdict_html(run, timed, plain, sampled=settings.temp > 0 and run.used_rejection())
     session.compare_html = session.compare_base + advice_html(session.advice)
     yield
 
@@ -255,17 +248,6 @@ def measure(app: AppState, session: SessionState, settings: Settings, speculativ
                                     f'{len(active.run.ids)}/{len(run.ids)} tokens</div>')
             yield
     return active.run
-
-
-def load_note(spec: RunRecord, plain: RunRecord) -> str:
-    """Why the speedup is not this prompt's own, when other generations shared the forwards of either run
-    (each forward then costs more, and not equally for the two runs); empty when both ran alone."""
-    shared = [r.shared_rounds() for r in (spec, plain)]
-    if not any(n for n, _ in shared):
-        return ""
-    (ns, ms), (npl, mpl) = shared
-    return (f"taken under load: other generations shared {ns} of {ms} speculative rounds and {npl} of {mpl} "
-            f"plain steps, so this ratio is not the speedup of this prompt alone")
 
 
 def stop(session: SessionState) -> None:
@@ -361,12 +343,3 @@ def stop_turn(app: AppState, session: SessionState) -> None:
     if session.active is not None and session.active.manual and session.active.finished:
         end_turn(session)
         check_format(session)
-
-
-def counters(session: SessionState) -> dict:
-    """The engine's counters for the shown run: the engine thread copies them after every round, so reading
-    them never holds up a round."""
-    active = session.active
-    if active is not None and not active.finished and active.run is session.run:
-        session.seq_stats = active.gen.stats
-    return session.seq_stats

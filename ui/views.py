@@ -14,7 +14,6 @@ from ui.conversation import forgotten_html
 from ui.drafter_costs import drafter_costs_html
 from ui.kvview import kv_html
 from ui.render import notice_html, transcript_html, user_bubble
-from ui.session import counters
 from ui.state import AppState, SessionState
 from ui.timeline import step_html, timeline_html
 
@@ -101,3 +100,12 @@ def all_views(app: AppState, session: SessionState, force_charts: bool = False) 
         session.charts_key = key
         views.update(chart_views(session))
     return views
+
+
+def counters(session: SessionState) -> dict:
+    """The engine's counters for the shown run: the engine thread copies them after every round, so reading
+    them never holds up a round."""
+    active = session.active
+    if active is not None and not active.finished and active.run is session.run:
+        session.seq_stats = active.gen.stats
+    return session.seq_stats
