@@ -269,6 +269,16 @@ def test_fuzzed_requests_get_an_answer_or_a_4xx_with_a_reason(served, body):
         assert error["message"] and error["type"]
 
 
+def test_the_fuzz_ran_its_requests():
+    """Reported with -s: how many fuzzed requests, how they were answered, the slowest."""
+    if not FUZZED:
+        pytest.skip("the fuzz did not run in this session")
+    statuses = sorted({s for s, _ in FUZZED})
+    print(f"fuzz: {len(FUZZED)} requests, statuses {statuses}, "
+          f"{sum(s >= 500 for s, _ in FUZZED)} 5xx, slowest {max(t for _, t in FUZZED):.2f} s")
+    assert all(s < 500 for s, _ in FUZZED) and max(t for _, t in FUZZED) < 30
+
+
 def test_sessions_that_never_leave_are_forgotten_past_the_capacity():
     from ui.state import AppOptions, AppState, SessionState, session_capacity
 
