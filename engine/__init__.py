@@ -41,6 +41,12 @@ _FACE = {  # public name -> (module, its name there)
     "Eagle3Params": ("engine.draft.head.eagle3", "Eagle3Params"),
     "is_eagle3_dir": ("engine.load.eagle3", "is_eagle3_dir"),
     "DrafterStats": ("engine.draft.stats", "DrafterStats"),
+    "stats_from_events": ("engine.draft.stats", "stats_from_events"),
+    # the advisor: what chain would pay most for a prompt here (engine/bench/advice.py)
+    "Advice": ("engine.bench.advice", "Advice"),
+    "advise": ("engine.bench.advice", "advise"),
+    "anchor": ("engine.bench.advice", "anchor"),
+    "chain_tokens": ("engine.bench.advice", "chain_tokens"),
     # the bench: its traces, figures and a live run
     "FIGURES": ("engine.bench.plot", "FIGURES"),
     "figures": ("engine.bench.plot", "figures"),

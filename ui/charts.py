@@ -9,22 +9,10 @@ from __future__ import annotations
 
 import html
 
-from engine import DrafterStats, plotstyle
+from engine import DrafterStats, plotstyle, stats_from_events
 
 # green first: drafters keep the colours the UI has always shown
 COLORS = [plotstyle.GREEN, plotstyle.BLUE, plotstyle.ORANGE, plotstyle.PURPLE, plotstyle.TEAL, plotstyle.MAGENTA]
-
-
-def stats_from_events(events) -> dict[str, DrafterStats]:
-    """Per-drafter counters of the verified drafts among `events` (calls and durations stay zero)."""
-    out: dict[str, DrafterStats] = {}
-    for ev in events:
-        if ev.kind != "spec" or not ev.drafter or not ev.drafted:
-            continue
-        s = out.setdefault(ev.drafter, DrafterStats(ev.drafter))
-        s.on_draft(len(ev.drafted))
-        s.on_accept(ev.n_accepted)
-    return out
 
 
 def layout(title: str, xaxis: dict, yaxis: dict, height: int = 360, **extra) -> dict:

@@ -98,3 +98,15 @@ def timed(attr: str, total: DrafterStats, *per_seq: DrafterStats, share: float =
         setattr(total, attr, getattr(total, attr) + us)
         for stats in per_seq:
             setattr(stats, attr, getattr(stats, attr) + us * share)
+
+
+def stats_from_events(events) -> dict[str, DrafterStats]:
+    """Per-drafter counters of the verified drafts among `events` (calls and durations stay zero)."""
+    out: dict[str, DrafterStats] = {}
+    for ev in events:
+        if ev.kind != "spec" or not ev.drafter or not ev.drafted:
+            continue
+        s = out.setdefault(ev.drafter, DrafterStats(ev.drafter))
+        s.on_draft(len(ev.drafted))
+        s.on_accept(ev.n_accepted)
+    return out
