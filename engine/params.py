@@ -19,8 +19,9 @@ class SpecParams:
     adaptive: bool = True  # let the cost/acceptance policy shorten drafts that do not pay
     rollback: str = "auto"  # "auto": seq_rm where the cache can; "checkpoint": always restore + replay
     # llama.cpp's synthetic acceptance, for measuring speed against acceptance: each draft token is kept with
-    # this probability whatever it is (the output is then NOT the target's); None = real verification
-    synthetic_accept: float | None = None
+    # this probability whatever it is (the output is then NOT the target's); a tuple gives one probability per
+    # draft position, the last for every position past it (llama.cpp's synthetic rates); None = real verification
+    synthetic_accept: float | tuple[float, ...] | None = None
     # trees of drafts (engine/draft/tree.py): every drafter proposes and the target checks all proposals in one forward,
     # at most this many nodes per round; 0: one chain, from the first drafter that has one (llama.cpp's relay)
     tree_nodes: int = 0
@@ -37,8 +38,9 @@ class SpecParams:
             raise ValueError(f"n_min ({self.n_min}) must not exceed n_max ({self.n_max})")
         if self.p_min is not None and not 0.0 <= self.p_min <= 1.0:
             raise ValueError(f"p_min must be in [0, 1], got {self.p_min}")
-        if self.synthetic_accept is not None and not 0.0 <= self.synthetic_accept <= 1.0:
-            raise ValueError(f"synthetic_accept must be in [0, 1], got {self.synthetic_accept}")
+        rates = self.synthetic_accept if isinstance(self.synthetic_accept, tuple) else (self.synthetic_accept,)
+        if self.synthetic_accept is not None and not (rates and all(0.0 <= p <= 1.0 for p in rates)):
+            raise ValueError(f"synthetic_accept must be in [0, 1] (one, or one per position), got {self.synthetic_accept}")
         if self.rollback not in ("auto", "checkpoint"):
             raise ValueError(f"rollback must be 'auto' or 'checkpoint', got {self.rollback!r}")
 

@@ -69,6 +69,16 @@ def test_synthetic_acceptance_is_realised_near_p(tiny_dirs, bench_prompts, tmp_p
     assert all(float(r["mean_acc_len"]) > 4.5 for r in full)  # 4 kept + 1 bonus, nearly every round
 
 
+def test_synthetic_rates_per_position_are_a_run_of_their_own(tiny_dirs, bench_prompts, tmp_path, capsys):
+    code, rows = run(tiny_dirs, bench_prompts, tmp_path, "--spec", "none", "--max-new-tokens", "60", "--n-max", "3",
+                     "--synthetic-accept", "1/0,0.5")
+    assert code == 0
+    rates = [r for r in rows if r["synthetic_accept"] == "1.0/0.0"]
+    assert rates and all(r["acc_rate_pos"].split(";")[:2] == ["1.000", "0.000"] for r in rates)
+    assert any(r["synthetic_accept"] == "0.5" for r in rows)
+    assert "synthetic 1.0/0.0" in capsys.readouterr().out
+
+
 def test_plain_only_concurrency_sweep_with_plots(tiny_dirs, bench_prompts, tmp_path):
     code, rows = run(tiny_dirs, bench_prompts, tmp_path, "--spec", "none", "--max-new-tokens", "10",
                      "--parallel", "1,2", "--plots", str(tmp_path / "plots"))

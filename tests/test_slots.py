@@ -91,6 +91,17 @@ def test_synthetic_acceptance_keeps_each_draft_token_with_probability_p(engine, 
         assert tokens(events) == alone(engine, PROMPTS[1], params(types=(), n=200))
 
 
+def test_synthetic_rates_per_position_keep_exactly_their_share(engine):
+    """Rates (1, 1, 0): the first two draft tokens always kept, the third never, whatever the drafts say."""
+    p = params(types=("synthetic",), n=60, synthetic_accept=(1.0, 1.0, 0.0), n_max=4)
+    events = list(engine.generate(PROMPTS[1], p, seq=0))
+    engine.release(0)
+    spec = [ev for ev in events if ev.kind == "spec" and len(ev.drafted) >= 3]
+    assert spec and all(ev.n_accepted == 2 for ev in spec)
+    with pytest.raises(ValueError, match="synthetic_accept"):
+        params(types=("synthetic",), synthetic_accept=(0.5, 1.5)).validate()
+
+
 def test_more_slots_than_the_cache_holds_is_refused(tiny_target):
     with pytest.raises(ValueError, match="cannot hold 4 slots"):
         Engine(tiny_target, n_ctx=128, n_seq_max=4, calibrate=False)

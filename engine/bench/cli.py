@@ -29,7 +29,7 @@ from engine.bench.lossless import WHY_NA, why_na
 from engine.bench.rows import write_rows
 from engine.bench.inputs import prompt_grammar
 from engine.bench.run import BenchConfig
-from engine.bench.stats import OTHER_IMPLEMENTATIONS, geomean, is_other, print_sweep_summary
+from engine.bench.stats import OTHER_IMPLEMENTATIONS, geomean, is_other, print_sweep_summary, synthetic_name
 from engine.bench.sweep import cells_needed, run_sweep, sweep_from_args
 from engine.load.dtype import CHOICES
 
@@ -63,7 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ctx-len", default="0", help="tokens of filler context put before each prompt; a list sweeps")
     ap.add_argument("--synthetic-accept", default=None,
                     help="also run the 'synthetic' drafter (k = n_max, adaptive off) keeping each draft token with "
-                         "probability P; a list sweeps: 0.2,0.5,0.8. Not lossless by design (lossless_ok n/a)")
+                         "probability P; a list sweeps: 0.2,0.5,0.8; P per draft position joined by /: 0.9/0.7/0.5 "
+                         "(the last for the positions past it). Not lossless by design (lossless_ok n/a)")
     ap.add_argument("--ignore-eos", action="store_true", help="generate --max-new-tokens whatever the text")
     ap.add_argument("--plots", default=None, metavar="DIR", help="write the speedup curves (HTML, PNG) here")
     ap.add_argument("--n-ctx", type=int, default=4096, help="cells of the KV cache (raised to fit the sweep)")
@@ -137,7 +138,7 @@ def setup_grammar(cfg, engine, prompts: list[dict], args) -> None:
 
 def _label(r: dict) -> str:
     name = r["spec_types"] or "plain"
-    return f"synthetic P={float(r['synthetic_accept']):g}" if r.get("synthetic_accept") not in (None, "") else name
+    return synthetic_name(r) if r.get("synthetic_accept") not in (None, "") else name
 
 
 def _own_column(r: dict) -> str:

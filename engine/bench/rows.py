@@ -68,13 +68,19 @@ def make_row(cfg: BenchConfig, prompt: dict, res: list[RunResult], base: list[Ru
         "t_plain_step_ms": round(r0.t_plain_step_ms, 2), "model": model, "prompt_kind": prompt.get("kind", ""),
         "tps_decode": round(tpd, 3), "tps_decode_baseline": round(tpd_base, 3), "speedup_decode": _ratio(tpd, tpd_base),
         "tps_group": round(tps_group, 3), "accept_p": round(r0.accept_p, 4),
-        "synthetic_accept": cfg.spec.synthetic_accept if r0.spec_on and cfg.spec.synthetic_accept is not None else "",
+        "synthetic_accept": (synthetic_label(cfg.spec.synthetic_accept)
+                             if r0.spec_on and cfg.spec.synthetic_accept is not None else ""),
         "verify_mode": ";".join(r0.verify_modes),
         "grammar": _grammar_kind(cfg, prompt), "forced_tokens": r0.forced_tokens,
         "dtype": cfg.dtype_used, "dtype_reason": cfg.dtype_reason, "match_plain": r0.match_plain,
         "tree": cfg.spec.tree_nodes if r0.spec_on else 0, "tree_nodes": round(r0.tree_nodes, 3),
         "rows_per_forward": round(r0.rows_per_forward, 3), "tokens_per_forward": round(r0.tokens_per_forward, 4),
     }
+
+
+def synthetic_label(p: float | tuple[float, ...]) -> str:
+    """How a synthetic run's acceptance is written in traces.csv: 0.8, or per position 0.9/0.7/0.5."""
+    return "/".join(str(float(r)) for r in p) if isinstance(p, tuple) else str(float(p))
 
 
 def _grammar_kind(cfg: BenchConfig, prompt: dict) -> str:

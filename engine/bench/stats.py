@@ -93,11 +93,18 @@ def plain_scaling(rows: list[dict]) -> dict[int, list[tuple[int, float]]]:
     return {ctx: [(n, statistics.mean(xs)) for n, xs in sorted(by_n.items())] for ctx, by_n in sorted(acc.items())}
 
 
+def synthetic_name(r: dict) -> str:
+    """A synthetic row's name: its P, or its rates per position."""
+    p = str(r.get("synthetic_accept", ""))
+    return f"synthetic {p}" if "/" in p else f"synthetic P={num(p):g}" if p else "synthetic"
+
+
 def synthetic_points(rows: list[dict]) -> list[SyntheticPoint]:
-    """One point per synthetic P and configuration, over its prompts."""
+    """One point per synthetic P and configuration, over its prompts (rates per position have no one P for the
+    formula: their rows are listed, not fitted)."""
     acc: dict[tuple, list[dict]] = {}
     for r in rows:
-        if is_synthetic(r) and r.get("spec_decode") == "on":
+        if is_synthetic(r) and r.get("spec_decode") == "on" and "/" not in str(r.get("synthetic_accept", "")):
             key = (num(r["synthetic_accept"]), int(num(r["n_max"])), int(num(r["concurrency"])),
                    int(num(r["ctx_len"])))
             acc.setdefault(key, []).append(r)
@@ -128,7 +135,7 @@ def acceptance_by_position(rows: list[dict]) -> dict[str, list[float]]:
     for r in rows:
         if r.get("spec_decode") != "on" or not r.get("acc_rate_pos"):
             continue
-        label = (f"synthetic P={num(r['synthetic_accept']):g}" if is_synthetic(r) else short_name(r["spec_types"]))
+        label = synthetic_name(r) if is_synthetic(r) else short_name(r["spec_types"])
         label += f", k={int(num(r['n_max']))}"
         rates = [num(x) for x in str(r["acc_rate_pos"]).split(";") if x != ""]
         acc.setdefault(label, []).append(rates)

@@ -25,7 +25,9 @@ class Sweep:
     n_max: list[int]  # draft lengths (the chain's cap; synthetic drafts are exactly this long)
     parallel: list[int]  # concurrencies: slots decoding at once in one batched forward
     ctx_len: list[int]  # filler tokens put before every prompt
-    synthetic: list[float]  # synthetic acceptance probabilities; [] = none
+    # synthetic acceptance: a probability, or one per draft position (a tuple, the last for the positions past
+    # it); [] = none
+    synthetic: list[float | tuple[float, ...]]
 
     def n_configs(self, chain: bool) -> int:
         """Speculative configurations per (ctx_len, parallel) group."""
@@ -53,9 +55,23 @@ def parse_list(text: str, flag: str, kind: type, lo: float, hi: float | None = N
 
 
 def sweep_from_args(a) -> Sweep:
-    synthetic = parse_list(a.synthetic_accept, "--synthetic-accept", float, 0.0, 1.0) if a.synthetic_accept else []
+    synthetic = parse_synthetic(a.synthetic_accept) if a.synthetic_accept else []
     return Sweep(n_max=parse_list(a.n_max, "--n-max", int, 0), parallel=parse_list(a.parallel, "--parallel", int, 1),
                  ctx_len=parse_list(a.ctx_len, "--ctx-len", int, 0), synthetic=synthetic)
+
+
+def parse_synthetic(text: str) -> list[float | tuple[float, ...]]:
+    """--synthetic-accept: comma-separated runs, each a probability (0.8) or rates per position (0.9/0.7/0.5)."""
+    out: list[float | tuple[float, ...]] = []
+    for item in str(text).split(","):
+        try:
+            rates = tuple(float(x) for x in item.split("/"))
+        except ValueError:
+            raise ValueError(f"--synthetic-accept: {item!r} is not a probability or rates joined by /") from None
+        if not all(0.0 <= r <= 1.0 for r in rates):
+            raise ValueError(f"--synthetic-accept: {item!r} is outside [0, 1]")
+        out.append(rates if len(rates) > 1 else rates[0])
+    return list(dict.fromkeys(out))
 
 
 def cells_needed(target, prompts: list[dict], sweep: Sweep, max_new_tokens: int) -> int:

@@ -193,16 +193,18 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return r if float(r.sum()) > 0.0 else p  # p == q where it matters: the residual is undefined, p is right
 
 
-def synthetic(sampler: Sampler, logits: torch.Tensor, draft: list[int], p_accept: float,
+def synthetic(sampler: Sampler, logits: torch.Tensor, draft: list[int], p_accept: float | tuple[float, ...],
               gen: torch.Generator, allowed: torch.Tensor | None = None) -> Verdict:
-    """Keep each draft token with probability `p_accept` whatever it is, then one token of the target.
+    """Keep each draft token with probability `p_accept` whatever it is (a tuple: position i's own, the last for
+    the positions past it), then one token of the target.
 
     Only for measuring how speed depends on acceptance (llama.cpp's synthetic acceptance): the text is not the
     target's. The coins come from `gen`, not the sampler, so the sampler still draws once per target token."""
     assert logits.shape[0] == len(draft) + 1
     coins = torch.rand(len(draft), generator=gen).tolist()
+    rates = p_accept if isinstance(p_accept, tuple) else (p_accept,)
     m = 0
-    while m < len(draft) and coins[m] < p_accept:
+    while m < len(draft) and coins[m] < rates[min(m, len(rates) - 1)]:
         m += 1
     probs = sampler.probs(apply_mask(logits, allowed))
     n_draws0 = sampler.n_draws
