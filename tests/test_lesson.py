@@ -225,3 +225,18 @@ def test_the_advice_is_anchored_to_the_answers_own_rounds():
         event(i + 1, "spec", drafted=[5] * 3, m=3, emitted=[5] * 4, t=2.0 + 0.024 * (i + 1), t_draft_ms=2.0)
         for i in range(5)])
     assert anchor(spec, roof, beside_ms=0.0) == pytest.approx(2.0)  # 24 ms measured, 10 + 2 ms modelled
+
+
+def test_the_default_chain_leaves_out_what_cannot_pay_here(tiny_target):
+    """The page and the API start without the model drafters the load's probe left out; the playground preset
+    and the arena keep every drafter the models allow."""
+    from types import SimpleNamespace
+
+    from ui.settings import default_chain, full_chain
+
+    runtime = SimpleNamespace(target=tiny_target, draft=tiny_target, engine=SimpleNamespace(draft_type="draft-simple"),
+                              left_out={"draft-simple": "its call costs more than it keeps"})
+    assert "draft-simple" in full_chain(runtime)
+    assert default_chain(runtime) == [t for t in full_chain(runtime) if t != "draft-simple"]
+    runtime.left_out = {}
+    assert default_chain(runtime) == full_chain(runtime)

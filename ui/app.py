@@ -53,10 +53,15 @@ def speculation_controls(app: AppState, c: dict, d: Settings) -> dict:
     Settings field name, and puts the preset's radio and note into `c`."""
     rt = app.runtime
     gr.Markdown("### Speculation")
-    c["preset"] = gr.Radio(list(PRESETS), value="playground", label="Preset", elem_id="preset",
-                           info="playground: this app's default; llama.cpp: its chains and defaults; fastest "
-                                "here: without the drafters that cannot pay on this machine; plain: none")
-    c["preset_note"] = gr.HTML(elem_id="preset-note")
+    left_out = getattr(rt, "left_out", None) or {}
+    # the page starts on the default chain: without the drafters the load's probe found unable to pay here
+    c["preset"] = gr.Radio(list(PRESETS), value="fastest here" if left_out else "playground", label="Preset",
+                           elem_id="preset",
+                           info="playground: every drafter the models allow, in trees; llama.cpp: its chains and "
+                                "defaults; fastest here (the default where a drafter cannot pay on this machine): "
+                                "without those drafters; plain: none")
+    c["preset_note"] = gr.HTML(handlers.choose_preset(app, "fastest here")[-1] if left_out else "",
+                               elem_id="preset-note")
     types = gr.Dropdown(ALL_TYPES, value=default_chain(rt, app.options.eagle3), multiselect=True,
                         label="Drafter chain, in relay order",
                         info="the first drafter with a proposal wins the round (with a tree of drafts: every "

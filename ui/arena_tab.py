@@ -30,7 +30,7 @@ def table(rows: list[dict]) -> list[list]:
 def run_arena_tab(app, prompt: str, n_max: int = 8, max_new_tokens: int = 64,
                   progress=None) -> tuple[list[dict], str, Path | None, Path | None]:
     """The arena on the loaded models through their scheduler: (leaderboard rows, note, CSV path, PNG path)."""
-    from ui.settings import default_chain
+    from ui.settings import full_chain
 
     runtime = app.runtime
     eagle3 = getattr(getattr(app, "options", None), "eagle3", None)  # an EAGLE-3 head given as --draft
@@ -43,7 +43,7 @@ def run_arena_tab(app, prompt: str, n_max: int = 8, max_new_tokens: int = 64,
     ids = runtime.target.encode_chat([{"role": "user", "content": text}])
     capacity = engine.limits.per_seq - 1  # draft rows the shared engine holds per slot
     params = ArenaParams(n_max=max(1, min(int(n_max), capacity)), max_new_tokens=max(1, int(max_new_tokens)),
-                         chain=default_chain(runtime, eagle3), eagle3=eagle3)
+                         chain=full_chain(runtime, eagle3), eagle3=eagle3)
     try:
         result = run_arena(scheduler_runner(runtime.scheduler), [ids], runtime.target, runtime.draft, params,
                            progress)

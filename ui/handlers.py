@@ -14,7 +14,7 @@ from ui.loader import load_models
 from ui.render import notice_html
 from ui.session import UserError, advice_turn, converse, step_turn, stop_turn
 from ui.presets import preset
-from ui.settings import DRAFT_MODEL_TYPE, chain_for_target, default_chain, settings_from, with_draft_type
+from ui.settings import DRAFT_MODEL_TYPE, chain_for_target, full_chain, settings_from, with_draft_type
 from ui.state import AppState, SessionState
 from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views, chat_view, waiting_views
 
@@ -111,7 +111,7 @@ def choose_preset(app: AppState, name: str) -> tuple:
     """The speculation controls of a preset (ui/presets.py), in the order ui.app wires them, and its note."""
     rt = app.runtime
     mod = rt.engine.drafter_params.get("ngram-mod") if rt is not None else None
-    p = preset(name, default_chain(rt, app.options.eagle3), getattr(rt, "left_out", {}) or {},
+    p = preset(name, full_chain(rt, app.options.eagle3), getattr(rt, "left_out", {}) or {},
                getattr(mod, "n_match", None))
     note = "".join(f"<li>{html.escape(n)}</li>" for n in p.notes)
     return (p.types, p.n_max, p.n_min, p.p_min is None, p.p_min if p.p_min is not None else gr.skip(),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ui.presets import PROBE_PROMPT, probe_model_drafters
 from ui.session import UserError
-from ui.settings import default_chain
+from ui.settings import full_chain
 from ui.state import AppOptions, AppState, Runtime
 from ui.tokens import Vocab
 
@@ -31,7 +31,7 @@ def make_runtime(target, draft, options: AppOptions, on_event=None) -> Runtime:
                       roofline=measure_roofline(target, engine))
     # before its scheduler starts: the probe drafts on the engine directly, with nobody else on it
     runtime.left_out = probe_model_drafters(engine, target.encode_chat([{"role": "user", "content": PROBE_PROMPT}]),
-                                            default_chain(runtime, options.eagle3), runtime.roofline)
+                                            full_chain(runtime, options.eagle3), runtime.roofline)
     runtime.scheduler = Scheduler(engine, options.queue_max, on_event=on_event)
     return runtime
 

@@ -71,14 +71,22 @@ def default_types(target) -> list[str]:
     return starting_chain(target)
 
 
-def default_chain(runtime, eagle3: str | None = None) -> list[str]:
-    """The chain a page (or an API request) starts with for the loaded models: default_types, then the loaded
-    draft model's drafter (draft-simple, or draft-uni for another vocabulary), and the EAGLE-3 head that
-    --draft named (draft-eagle3)."""
+def full_chain(runtime, eagle3: str | None = None) -> list[str]:
+    """Every drafter the loaded models allow, in relay order: default_types, then the loaded draft model's
+    drafter (draft-simple, or draft-uni for another vocabulary), and the EAGLE-3 head that --draft named
+    (draft-eagle3). The "playground" preset and the arena's chain."""
     types = default_types(runtime.target if runtime is not None else None)
     if runtime is not None and runtime.draft is not None:
         types = with_draft_type(types, getattr(runtime.engine, "draft_type", None) or DRAFT_MODEL_TYPE)
     return types + (["draft-eagle3"] if eagle3 else [])
+
+
+def default_chain(runtime, eagle3: str | None = None) -> list[str]:
+    """The chain a page (or an API request) starts with: the full chain without the model drafters the load's
+    probe found unable to pay on this machine (ui/presets.py, probe_model_drafters), so that the default is
+    never slower than its own n-gram part."""
+    left_out = getattr(runtime, "left_out", None) or {}
+    return [t for t in full_chain(runtime, eagle3) if t not in left_out]
 
 
 def chain_for_target(types: list[str], target) -> tuple[list[str], str]:
