@@ -10,6 +10,8 @@ import torch
 
 from engine.draft.registry import NGRAM_CHAIN
 from engine.load.models import ModelLoadError, load_model
+from engine.forward.lean import LeanForward
+from engine.memory import context
 from engine.memory.layer_kinds import FULL, SLIDING, LayerKinds, layer_kinds
 from engine.params import GenParams, SpecParams
 from engine.serve.engine import Engine
@@ -163,3 +165,41 @@ def test_each_kind_of_layer_gets_its_own_window():
         cfg = build("llama").config
         cfg.layer_types = [FULL] * 3
         layer_kinds(cfg)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral", "qwen2"])
+def test_the_load_check_runs_past_the_smallest_window(family, engines):
+    check = engines(family).load_check
+    assert check.passed is True and check.lossless_shown
+    assert f"past the {WINDOW}-position window" in check.detail
+
+
+def test_without_a_window_the_load_check_is_the_probe(engines):
+    check = engines("llama").load_check
+    assert check.passed is True and "probe" in check.detail
+
+
+def test_a_forward_that_disagrees_with_transformers_is_refused_at_load(dirs, monkeypatch):
+    right = context.layer_kinds
+
+    def windowed_everywhere(cfg):
+        kinds = right(cfg)
+        return LayerKinds(types=kinds.types, windows={kind: WINDOW for kind in kinds.windows})
+
+    monkeypatch.setattr(context, "layer_kinds", windowed_everywhere)
+    with pytest.raises(ModelLoadError, match="failed its load check.*differs from transformers'"):
+        Engine(load_model(str(dirs["gemma3"]), device="cpu"), n_ctx=256, n_seq_max=1, calibrate=False)
+
+
+def test_a_lean_forward_that_disagrees_gives_way_to_transformers(dirs, stock, monkeypatch):
+    lean_call = LeanForward.__call__
+
+    def off_by_one(self, *args):
+        logits, hidden = lean_call(self, *args)
+        return logits + torch.arange(logits.shape[-1], dtype=logits.dtype), hidden
+
+    monkeypatch.setattr(LeanForward, "__call__", off_by_one)
+    engine = Engine(load_model(str(dirs["mistral"]), device="cpu"), n_ctx=256, n_seq_max=1, calibrate=False)
+    assert engine.ctx.lean is None and "lean forward disagreed" in engine.ctx.lean_reason
+    assert engine.load_check.passed is True
+    assert tokens(_run(engine, PROMPTS[0], [])) == stock("mistral", PROMPTS[0])
