@@ -232,6 +232,9 @@ def test_compare_badge_lossless_and_first_difference(vocab):
     bad = compare_html([1, 2, 3], [1, 5, 3], 10.0, 20.0, vocab)
     assert "lossless-diff" in bad and "token 1" in bad and "speedup-down" in bad
     assert "speed" in compare_html([1], [1], None, 20.0, vocab)
+    # a model that did not pass its load check is never called lossless, identical runs or not
+    unchecked = compare_html([1, 2, 3], [1, 2, 3], 40.0, 20.0, vocab, checked=False)
+    assert "lossless" not in unchecked.replace("not called lossless", "") and "load check" in unchecked
 
 
 def test_speed_line_reports_measured_tokens_per_second():
@@ -360,6 +363,8 @@ class FakeEngine:
     chain: FakeChain = field(default_factory=FakeChain)
     stopped: set = field(default_factory=set)
     probe: object = field(default_factory=lambda: SimpleNamespace(kind="PART", reason="range removal works"))
+    load_check: object = field(default_factory=lambda: SimpleNamespace(
+        passed=True, lossless_shown=True, detail="engine = transformers' forward"))
     ctx: object = field(default_factory=lambda: SimpleNamespace(
         n_seq_max=1, n_ctx=64, describe_forward=lambda: "lean forward (layers in one C call)"))
 

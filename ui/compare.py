@@ -22,15 +22,16 @@ def load_note(spec: RunRecord, plain: RunRecord) -> str:
             f"plain steps, so this ratio is not the speedup of this prompt alone")
 
 
-def verdict_html(run: RunRecord, timed: RunRecord | None, plain: RunRecord, sampled: bool) -> str:
+def verdict_html(run: RunRecord, timed: RunRecord | None, plain: RunRecord, sampled: bool,
+                 checked: bool = True) -> str:
     """The comparison's lines: `run` the answer as it streamed, `timed` its unseen rerun (None: it did not end
     alike, and the streamed run is timed instead), `plain` plain decoding; sampled: rejection sampling ran at
-    temperature > 0, so a difference is expected."""
+    temperature > 0, so a difference is expected; checked: the model passed its load check."""
     spec = timed or run
     cut = " and ".join(name for name, r in (("speculative", run), ("plain", plain)) if r.stop_reason == "context")
     note = (f"both runs timed with the page idle; while it streamed to the page the speculative run made "
             f"{run.tps:.1f} tok/s" if timed is not None and run.tps else
             "the speculative run timed as it streamed to the page (its unseen run did not finish alike)")
     return (compare_html(run.ids, plain.ids, spec.tps, plain.tps, run.vocab, sampled=sampled,
-                         load=load_note(spec, plain), cut=cut, note=note)
+                         load=load_note(spec, plain), cut=cut, note=note, checked=checked)
             + explained_html(explain(spec, plain)) + lesson_line(prefill_decode_line(run)))

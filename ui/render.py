@@ -171,11 +171,13 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def compare_html(spec_ids: list[int], plain_ids: list[int], tps_spec: float | None, tps_plain: float | None,
-                 vocab: Vocab, sampled: bool = False, load: str = "", cut: str = "", note: str = "") -> str:
+                 vocab: Vocab, sampled: bool = False, load: str = "", cut: str = "", note: str = "",
+                 checked: bool = True) -> str:
     """Speedup of speculative over plain decoding and the lossless badge (same seed, same prompt). `load` says
     why the ratio was taken under load; the figure is then shown greyed, with that reason beside it. `cut`
     names the run that the full shared cache ended early: the badge then judges the tokens both runs have.
-    `note` says how the two speeds were taken."""
+    `note` says how the two speeds were taken. `checked`: the model passed its load check (engine/memory/
+    self_check.py); otherwise identical runs are only called identical, since plain decoding itself is unproven."""
     if tps_spec and tps_plain:
         ratio = tps_spec / tps_plain
         cls = "speedup-load" if load else "speedup-up" if ratio >= 1.0 else "speedup-down"
@@ -200,6 +202,10 @@ def compare_html(spec_ids: list[int], plain_ids: list[int], tps_spec: float | No
             if sampled else ""
         badge = (f'<span class="badge lossless-diff">differs at token {diff}: speculative {a}, plain {b}</span>'
                  f'<span class="cmp-detail">{why}</span>')
+    if diff is None and not checked:
+        badge = (f'<span class="badge unchecked">identical {len(spec_ids)} tokens, not called lossless'
+                 f'</span><span class="cmp-detail"> (the model did not pass the load check against transformers\' '
+                 f'forward: see the status line)</span>')
     under_load = f'<div class="cmp-load">{html.escape(load)}</div>' if load else ""
     how = f'<div class="cmp-how">{html.escape(note)}</div>' if note else ""
     return f'<div class="compare">{speed} {badge}{under_load}{how}</div>'

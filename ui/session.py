@@ -215,7 +215,9 @@ def compare(app: AppState, session: SessionState, settings: Settings) -> Iterato
     quiet = yield from measure(app, session, settings, speculative=True, what="the speculative run, unseen")
     timed = quiet if quiet is not None and quiet.done and quiet.error is None and quiet.ids == run.ids else None
     session.advice = advise(timed or run, plain, app.runtime.roofline if app.runtime is not None else None)
-    session.compare_base = verdict_html(run, timed, plain, sampled=settings.temp > 0 and run.used_rejection())
+    checked = app.runtime is not None and app.runtime.lossless_checked()
+    session.compare_base = verdict_html(run, timed, plain, sampled=settings.temp > 0 and run.used_rejection(),
+                                        checked=checked)
     session.compare_html = session.compare_base + advice_html(session.advice)
     yield
 

@@ -60,6 +60,19 @@ class Runtime:
     roofline: object = None  # engine.cost.roofline.Roofline: the forward's cost by rows beside the weights' floor
     left_out: dict = field(default_factory=dict)  # model drafters the load's probe found unable to pay here: why
 
+    def lossless_checked(self) -> bool:
+        """Whether the target passed the load check (engine/memory/self_check.py): only then may the page call
+        a run identical to plain decoding lossless."""
+        check = getattr(self.engine, "load_check", None)
+        return check is not None and check.lossless_shown
+
+    def _check(self) -> str:
+        check = getattr(self.engine, "load_check", None)
+        if check is None:
+            return "load check: not run"
+        verdict = {True: "passed", False: "failed", None: "incomplete"}[check.passed]
+        return f"load check {verdict}: {check.detail}"
+
     def describe(self) -> str:
         probe = self.engine.probe
         draft = self.draft.name if self.draft is not None else "none"
@@ -74,7 +87,8 @@ class Runtime:
             forward += f", linears: {linear_paths(model)}"
         return (f"target {self.target.name} ({self.target.n_params / 1e6:.0f}M params, {self.target.device}, "
                 f"{self.target.dtype}: {self.target.dtype_reason}; {forward}) · "
-                f"draft {draft} · rollback {probe.kind}: {probe.reason} · {ctx.n_seq_max} slots, {ctx.n_ctx} cells"
+                f"draft {draft} · rollback {probe.kind}: {probe.reason} · {self._check()} · "
+                f"{ctx.n_seq_max} slots, {ctx.n_ctx} cells"
                 + (f" · {self.engine.threads.describe()}" if hasattr(self.engine, "threads") else ""))
 
 

@@ -18,8 +18,11 @@ Two implementations of the same contract, chosen once per context (`RowAttention
 - `torch`: one SDPA call per row over its cells (a slice when they form one run). Any dtype and device; every
   verified row adds a call's fixed cost per layer to the forward, which is what the kernel removes.
 
-The engine passes `cell_rows` (a `CellRows`) as a forward kwarg, which transformers hands to the attention
-function; a forward without it (a plain HF call on the same model) takes the normal SDPA path.
+The engine passes `cell_rows` (a `CellRows`, or a `LayerRows` where layers of several kinds see different
+cells) as a forward kwarg, which transformers hands to the attention function; a forward without it (a plain HF
+call on the same model) takes the path the model was configured with (SDPA, or its own eager function). A
+layer's logit soft-capping (Gemma 2: cap * tanh(score / cap)) and attention sinks (a learned logit per head that
+takes part in the softmax and is then dropped, gpt-oss's `s_aux`) run in the per-row torch path.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import sys
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from engine.forward.kernels import registry
 
-NAME = "spec_cells"  # the attention implementation name registered with transformers
+NAME = "spec_cells"  # the attention implementation name registered with transformers (over an SDPA model)
+NAME_EAGER = "spec_cells_eager"  # the same over a model configured eager (its own function for plain calls)
 
 
 @dataclass
@@ -164,13 +170,19 @@ class CellRows:
     impl: RowAttention
     _slices: list = field(default_factory=list)
 
-    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
-        """query [T, H, D]; key, value [1, H_kv, n_live, D] -> [T, H, D]."""
-        if self.impl.kernel is not None:
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
+               softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """query [T, H, D]; key, value [1, H_kv, n_live, D] -> [T, H, D]. softcap: scores become
+        softcap * tanh(score / softcap); sinks [H]: one extra logit per head in the softmax."""
+        if self.impl.kernel is not None and softcap is None and sinks is None:
             return self._kernel(query, key, value, scaling)
         out = torch.empty_like(query)
         for r, cells in enumerate(self.row_cells):
-            out[r] = _one_row(query[r], _take(key, cells), _take(value, cells), scaling)
+            k, v = _take(key, cells), _take(value, cells)
+            if softcap is None and sinks is None:
+                out[r] = _one_row(query[r], k, v, scaling)
+            else:
+                out[r] = _one_row_scored(query[r], k, v, scaling, softcap, sinks)
         return out
 
     def _kernel(self, query, key, value, scaling) -> torch.Tensor:
@@ -196,6 +208,21 @@ class CellRows:
     @cached_property
     def row_cells(self) -> list[slice | torch.Tensor]:
         return [_as_slice(self.layout.row(r)) for r in range(self.layout.n_rows)]
+
+
+@dataclass
+class LayerRows:
+    """The layouts of one forward where layers of several kinds see different cells: a layer attends over its
+    kind's (engine/memory/layer_kinds.py)."""
+
+    by_kind: dict  # kind -> CellRows
+    types: tuple[str, ...]  # [n_layers] each layer's kind
+
+    def of(self, module) -> CellRows:
+        idx = getattr(module, "layer_idx", None)
+        if idx is None:
+            raise ValueError(f"{type(module).__name__} has no layer_idx: its attention kind is unknown")
+        return self.by_kind[self.types[idx]]
 
 
 def _rows_contiguous(kv: torch.Tensor) -> torch.Tensor:
@@ -231,16 +258,55 @@ def _one_row(query, key, value, scaling) -> torch.Tensor:
     return out.reshape(h, d)
 
 
-def cell_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """query [1, H, T, D]; key, value [1, H_kv, n_live, D] -> ([1, T, H, D], None), like sdpa_attention_forward."""
-    rows: CellRows | None = kwargs.get("cell_rows")
-    if rows is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+def _one_row_scored(query, key, value, scaling, softcap, sinks) -> torch.Tensor:
+    """`_one_row` with soft-capped scores and/or sink logits, in float32: query [H, D]; key, value [H_kv, n, D]."""
+    h, h_kv, d = query.shape[0], key.shape[0], query.shape[-1]
+    q = query.float().reshape(h_kv, h // h_kv, d)
+    scores = (q @ key.float().transpose(1, 2)) * scaling  # [H_kv, H / H_kv, n]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if sinks is not None:
+        sink = sinks.float().reshape(h_kv, h // h_kv, 1)
+        both = torch.cat([scores, sink], dim=-1)
+        probs = torch.softmax(both - both.amax(-1, keepdim=True), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return (probs @ value.float()).reshape(h, d).to(query.dtype)
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+
+def _plain_call(module, query, key, value, attention_mask, dropout, scaling, eager: bool, **kwargs):
+    """A forward without the engine's rows: the path the model was configured with."""
+    if eager:  # the model's own eager function (softcap, sinks and all), from its modeling module
+        fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if fn is None:
+            raise ValueError(f"{type(module).__module__} has no eager_attention_forward")
+        return fn(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  **kwargs)
+
+
+def _attention(module, query, key, value, attention_mask, dropout, scaling, eager: bool, **kwargs):
+    """query [1, H, T, D]; key, value [1, H_kv, n_live, D] -> ([1, T, H, D], None), like sdpa_attention_forward."""
+    rows = kwargs.pop("cell_rows", None)
+    if rows is None:
+        return _plain_call(module, query, key, value, attention_mask, dropout, scaling, eager, **kwargs)
+    if isinstance(rows, LayerRows):
+        rows = rows.of(module)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return rows.attend(query[0].transpose(0, 1), key, value, scale)[None], None
+    out = rows.attend(query[0].transpose(0, 1), key, value, scale, softcap=kwargs.get("softcap"),
+                      sinks=kwargs.get("s_aux"))
+    return out[None], None
+
+
+def cell_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    return _attention(module, query, key, value, attention_mask, dropout, scaling, False, **kwargs)
+
+
+def cell_attention_eager(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                         **kwargs):
+    return _attention(module, query, key, value, attention_mask, dropout, scaling, True, **kwargs)
 
 
 def use_cell_attention(model) -> bool:
@@ -249,11 +315,14 @@ def use_cell_attention(model) -> bool:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     current = getattr(model.config, "_attn_implementation", None)
-    if current == NAME:
+    if current in (NAME, NAME_EAGER):
         return True  # another context on the same model switched it already
-    if current != "sdpa":
-        return False  # eager, flash or a custom kernel: leave the model as it was configured
-    AttentionInterface.register(NAME, cell_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    model.set_attn_implementation(NAME)
-    return True
+    if current not in ("sdpa", "eager"):
+        return False  # flash or a custom kernel: leave the model as it was configured
+    name, fn = (NAME, cell_attention) if current == "sdpa" else (NAME_EAGER, cell_attention_eager)
+    AttentionInterface.register(name, fn)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
+    model.set_attn_implementation(name)
+    # a model whose attention does not go through transformers' interface (Falcon) keeps its own: it then reads
+    # the forward's 4D mask
+    return model.config._attn_implementation == name

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from engine.load.disk_cache import cap_bytes, prune
 from engine.load.errors import ModelLoadError, VocabMismatchError
+from engine.memory.layer_kinds import refusal
 from engine.load.gguf import EMBEDDED, cache_dir, embedded_gguf_path, gguf_config, load_gguf, stored_blocks
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
@@ -96,6 +97,9 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(f"cannot load model '{name}': {first}") from e
+    why_not = refusal(model.config)
+    if why_not is not None:
+        raise ModelLoadError(f"cannot run model '{name}': {why_not}")
     if getattr(model, "hf_device_map", None) is None:
         model.to(device)
     model.eval()

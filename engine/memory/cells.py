@@ -14,6 +14,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from engine.batch import Batch
+from engine.memory.layer_kinds import FULL, SLIDING, LayerKinds
 
 
 class CellCache(Cache):
@@ -28,13 +29,20 @@ class CellCache(Cache):
         device: torch.device | str = "cpu",
         sliding_window: int | None = None,
         by_seq: bool = False,
+        kinds: LayerKinds | None = None,
     ):
+        """kinds: each layer's attention kind and each kind's window (engine/memory/layer_kinds.py); without it
+        every layer sees the same cells, within `sliding_window` if one is given."""
         super().__init__(layers=[])
         self.n_cells = n_cells  # capacity in tokens, summed over all sequences
         self.n_seq_max = n_seq_max  # sequence ids are 0 .. n_seq_max - 1
         self.dtype = dtype
         self.device = torch.device(device)
-        self.sliding_window = sliding_window  # a row sees only cells less than this many positions behind it
+        if kinds is None:
+            kind = FULL if sliding_window is None else SLIDING
+            kinds = LayerKinds(types=(kind,) * n_layers, windows={kind: sliding_window})
+        # per kind, a row sees only cells less than its window of positions behind it (None: its whole past)
+        self.kinds = kinds
         # place position p of sequence s at cell s * (n_cells // n_seq_max) + p when free, so each sequence's
         # cells form one run that per-sequence attention reads as a slice; any free cell otherwise
         self.by_seq = by_seq
@@ -46,6 +54,14 @@ class CellCache(Cache):
         self.n_live = 0  # cells [0, n_live) cover every used cell; attention reads only those
         self._write: torch.Tensor | slice | None = None  # cells the current forward writes, in batch row order
         self.last_cells = torch.empty(0, dtype=torch.long)  # the same on the CPU, kept after the forward
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The one window of every layer. Raises ValueError where layers see different cells, which one
+        mask or one layout cannot describe (`prepare` then gives one mask per kind)."""
+        if not self.kinds.uniform:
+            raise ValueError(f"layers of several windows ({self.kinds.windows}): no single window")
+        return self.kinds.windows[self.kinds.types[0]]
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------
 
@@ -137,21 +153,28 @@ class CellCache(Cache):
 
     # ---- one forward -----------------------------------------------------------------------------------------
 
-    def prepare(self, batch: Batch) -> torch.Tensor:
-        """Claim cells for the batch rows, record them, and return the 4D additive mask [1, 1, T, n_live]."""
+    def prepare(self, batch: Batch) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Claim cells for the batch rows, record them, and return the 4D additive mask [1, 1, T, n_live]; where
+        layers of several kinds see different cells, a dict of them keyed by kind (transformers' models take a
+        mask per layer type so), kinds of one window sharing one tensor."""
         cells = self.claim(batch)
         pos = torch.tensor(batch.pos, dtype=torch.long)
         seq = torch.tensor(batch.seq, dtype=torch.long)
-        mask = self.mask(pos, seq)
         anc = batch.ancestors()
-        if anc is not None:
-            # tree rows see, among this batch's cells, only their ancestors' and their own; chain rows keep the
-            # position rule (their ancestors are exactly the earlier rows of their sequence)
-            tree_rows = torch.tensor([p is not None for p in batch.parent])
-            block = mask[0, 0][tree_rows]  # [n_tree, n_live]
-            block[:, cells] = torch.where(anc[tree_rows], 0.0, torch.finfo(self.dtype).min).to(block)
-            mask[0, 0][tree_rows] = block
-        return mask
+        by_window = {}
+        for w in dict.fromkeys(self.kinds.windows.values()):
+            mask = self.mask(pos, seq, window=w)
+            if anc is not None:
+                # tree rows see, among this batch's cells, only their ancestors' and their own; chain rows keep
+                # the position rule (their ancestors are exactly the earlier rows of their sequence)
+                tree_rows = torch.tensor([p is not None for p in batch.parent])
+                block = mask[0, 0][tree_rows]  # [n_tree, n_live]
+                block[:, cells] = torch.where(anc[tree_rows], 0.0, torch.finfo(self.dtype).min).to(block)
+                mask[0, 0][tree_rows] = block
+            by_window[w] = mask
+        if len(by_window) == 1:
+            return next(iter(by_window.values()))
+        return {kind: by_window[w] for kind, w in self.kinds.windows.items()}
 
     def claim(self, batch: Batch) -> torch.Tensor:
         """Claim and record a cell for every batch row (in row order, returned); what `prepare` does without the
@@ -249,15 +272,18 @@ class CellCache(Cache):
                 v[:, :, dst_t] = v[:, :, src_t]
         self._refresh_live()
 
-    def mask(self, pos: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
-        """Additive mask [1, 1, T, n_live] for rows at `pos` of sequences `seq` over the live cells."""
+    def mask(self, pos: torch.Tensor, seq: torch.Tensor, window: int | None | str = "uniform") -> torch.Tensor:
+        """Additive mask [1, 1, T, n_live] for rows at `pos` of sequences `seq` over the live cells, within
+        `window` positions ("uniform": the one window of every layer)."""
+        if window == "uniform":
+            window = self.sliding_window
         cell_pos = self.cell_pos[: self.n_live].numpy()
         pos_np = pos.numpy()
         visible = self.cell_seq[: self.n_live].numpy()[:, seq.numpy()].T  # [T, n_live]
         visible &= cell_pos[None, :] <= pos_np[:, None]
         visible &= cell_pos[None, :] >= 0
-        if self.sliding_window is not None:
-            visible &= pos_np[:, None] - cell_pos[None, :] < self.sliding_window
+        if window is not None:
+            visible &= pos_np[:, None] - cell_pos[None, :] < window
         out = torch.zeros(visible.shape, dtype=self.dtype)
         out.masked_fill_(torch.from_numpy(~visible), torch.finfo(self.dtype).min)
         return out[None, None].to(self.device)

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.forward.attention import RowAttention, batch_layout, cell_layout, use_cell_attention
+from engine.forward.attention import LayerRows, RowAttention, batch_layout, cell_layout, use_cell_attention
 from engine.batch import Batch, check_batch
 from engine.forward.lean import LeanForward, lean_reason
 from engine.memory.cells import CellCache
+from engine.memory.layer_kinds import layer_kinds, refusal
 
 
 @dataclass
@@ -41,14 +42,16 @@ class ModelContext:
                  attention_kernel: bool = True):
         cfg = model.config
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        why_not = refusal(cfg)
+        if why_not is not None:
+            raise ValueError(f"this model cannot run on the cell cache: {why_not}")
+        kinds = layer_kinds(cfg)
         head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
         n_kv = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
         param = next(model.parameters())
         # the lean Llama-family forward (engine/forward/lean.py) where the model allows it, transformers' forward otherwise
         self.lean_reason = lean_reason(model) if lean else "lean forward turned off"
         self.lean = LeanForward(model) if self.lean_reason is None else None
-        window = getattr(text_cfg, "sliding_window", None)
-        use_window = window is not None and getattr(text_cfg, "use_sliding_window", True)
         self.model = model
         self.n_ctx = n_ctx  # cells in the cache, shared by all sequences
         self.n_seq_max = n_seq_max
@@ -59,8 +62,7 @@ class ModelContext:
         self.cache = CellCache(
             n_layers=text_cfg.num_hidden_layers, n_kv_heads=n_kv, head_dim=head_dim, n_cells=n_ctx,
             n_seq_max=n_seq_max, dtype=self.lean.cache_dtype if self.lean else param.dtype, device=param.device,
-            sliding_window=int(window) if use_window else None,
-            by_seq=self.per_seq_attention,
+            kinds=kinds, by_seq=self.per_seq_attention,
         )
         # every row over exactly its cells: the C kernel where it builds, SDPA per row otherwise (attention.py)
         self.attention = RowAttention(self.device, self.cache.dtype, use_kernel=attention_kernel)
@@ -88,8 +90,7 @@ class ModelContext:
                 extra["cell_rows"] = self.attention.rows(batch_layout(
                     cache.cell_pos, cache.cell_seq, cache.n_live, batch, cells, cache.sliding_window))
             elif self.per_seq_attention:
-                n_live = mask.shape[-1]
-                extra["cell_rows"] = self.attention.rows(cell_layout(mask, cache.cell_pos[:n_live]))
+                extra["cell_rows"] = self._rows_of(mask)
             if self.lean is not None:
                 logits, hidden = self.lean(input_ids[0], position_ids[0], self.cache, extra["cell_rows"], rows,
                                            self.hidden_layers)
@@ -109,6 +110,16 @@ class ModelContext:
         if self.hidden_layers:
             hidden = torch.cat([out.hidden_states[i][0] for i in self.hidden_layers], dim=-1).float()
         return DecodeResult(logits=logits, seconds=time.perf_counter() - t0, hidden=hidden, layers=self.hidden_layers)
+
+    def _rows_of(self, mask):
+        """The rows each layer attends over, from the forward's mask (a dict of them where kinds differ)."""
+        if not isinstance(mask, dict):
+            return self.attention.rows(cell_layout(mask, self.cache.cell_pos[:mask.shape[-1]]))
+        by_tensor = {}
+        for m in mask.values():
+            if id(m) not in by_tensor:
+                by_tensor[id(m)] = self.attention.rows(cell_layout(m, self.cache.cell_pos[:m.shape[-1]]))
+        return LayerRows({kind: by_tensor[id(m)] for kind, m in mask.items()}, self.cache.kinds.types)
 
     def describe_forward(self) -> str:
         """Which forward runs and why (the status line, the bench)."""

@@ -22,13 +22,14 @@ from engine.draft.chain import DrafterChain
 from engine.draft.registry import default_params, parse_types
 from engine.events import ErrorEvent, RoundEvent
 from engine.grammar import Grammar
-from engine.load.errors import VocabMismatchError
+from engine.load.errors import ModelLoadError, VocabMismatchError
 from engine.load.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
 from engine.cost.calibrate import calibrate as time_forwards
 from engine.cost.curve import CostModel
 from engine.draft.policy import DraftLengthPolicy
 from engine.memory.probe import ProbeResult, probe_context
+from engine.memory.self_check import SelfCheck, self_check
 from engine.round.round import Round
 from engine.round.slot import Slot
 from engine.memory.stateful import StatefulContext, has_own_state
@@ -86,6 +87,10 @@ class Engine:
         limits = [n for n in (n_pos_model, n_ctx_seq) if n is not None]
         self.n_pos_max = min(limits) if limits else None
         self.probe: ProbeResult = probe_context(self.ctx)
+        try:  # the engine's forward against transformers' own, past the smallest window (engine/memory/self_check.py)
+            self.load_check: SelfCheck = self_check(self.ctx, self.probe)
+        except ValueError as e:
+            raise ModelLoadError(f"model '{target.name}' failed its load check: {e}") from None
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.threads = ThreadGovernor(n_max=threads or torch.get_num_threads(), fixed=threads is not None)
