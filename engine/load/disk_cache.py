@@ -1,7 +1,8 @@
 """The cache directory's own files, capped in size and pruned least recently used.
 
-A load writes or reuses two kinds of entries there: a GGUF's dequantised copy (a folder `<stem>-<fingerprint>-f32`,
-engine/load/gguf.py) and a tied embedding table mapped from a file (`mapped/<hash>-<dtype>-<shape>.bin`,
+A load writes or reuses three kinds of entries there: a GGUF's dequantised copy (a folder
+`<stem>-<fingerprint>-f32`, engine/load/gguf.py), a GGUF requantised to Q8_0 (a folder `<stem>-<fingerprint>-q8_0`,
+engine/load/requant.py) and a tied embedding table mapped from a file (`mapped/<hash>-<dtype>-<shape>.bin`,
 engine/forward/mapped.py). An entry's modification time is when a load last used it (a reuse touches it). After
 each load, while the entries add up to more than the cap, the least recently used one is removed, never one this
 load used: the next load that needs it converts or writes it again. Other files in the directory are never
@@ -59,7 +60,8 @@ def _size(path: Path) -> int:
 
 def entries(root: Path) -> list[Entry]:
     """The cache's own entries under `root`, least recently used first."""
-    found = [p for p in root.glob("*-f32") if p.is_dir()] + list((root / "mapped").glob("*.bin"))
+    found = [p for p in [*root.glob("*-f32"), *root.glob("*-q8_0")] if p.is_dir()] \
+        + list((root / "mapped").glob("*.bin"))
     out = []
     for path in found:
         try:

