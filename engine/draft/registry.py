@@ -21,6 +21,8 @@ DRAFTER_TYPES: dict[str, tuple[str, str]] = {
     "draft-head": ("engine.draft.head.drafter", "DraftHeadDrafter"),  # the trained EAGLE-style head
     # a published EAGLE-3 head (the EAGLE authors' or speculators' checkpoint layout), given as --draft DIR
     "draft-eagle3": ("engine.draft.head.eagle3", "Eagle3Drafter"),
+    # the target's own multi-token-prediction layers (DeepSeek-V3's NextN), where its checkpoint has them
+    "draft-mtp": ("engine.draft.mtp", "MtpDrafter"),
     # a draft model of another vocabulary, drafting through text (engine/draft/draft_uni.py)
     "draft-uni": ("engine.draft.draft_uni", "DraftUniDrafter"),
     # not a real drafter: full-length drafts for synthetic-acceptance measurements (SpecParams.synthetic_accept)
