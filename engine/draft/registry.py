@@ -78,7 +78,10 @@ def make_drafter(name: str, **kwargs) -> Drafter:
 def starting_chain(target) -> list[str]:
     """The chain a page and the arena start with: the n-gram drafters, then the trained head where it fits the
     target. The head pays on open prompts, where the n-grams find nothing to copy, and after the n-grams it was
-    the fastest chain on open and copy prompts alike (docs/measured.md, the draft head)."""
+    the fastest chain on open and copy prompts alike (docs/measured.md, the draft head). A target that carries
+    its own MTP layers drafts with them last (draft-mtp): they were trained with it."""
     from engine.draft.head.drafter import head_fits  # torch and the head's config: only when asked
+    from engine.load.mtp import mtp_reason
 
-    return list(NGRAM_CHAIN) + (["draft-head"] if head_fits(target) else [])
+    own = getattr(target, "model", None) is not None and mtp_reason(target) is None
+    return list(NGRAM_CHAIN) + (["draft-head"] if head_fits(target) else []) + (["draft-mtp"] if own else [])

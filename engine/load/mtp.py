@@ -95,6 +95,27 @@ def mtp_state(stored: dict[str, torch.Tensor], n_layers: int, wanted: set[str]) 
     return _fuse_experts(renamed, wanted)
 
 
+def mtp_reason(target) -> str | None:
+    """Why draft-mtp cannot draft for this target (None: it can), from its config and the names of its
+    checkpoint's tensors, without reading the layers: the page and the arena ask at every model load."""
+    from safetensors import safe_open
+
+    model = getattr(target, "model", None)
+    if model is None or mtp_layer_count(model) == 0:
+        return "the target has no MTP layers (its config declares none)"
+    if not hasattr(model.config, "get_mtp_config"):
+        return f"transformers builds no MTP layers for {type(model).__name__}"
+    path = checkpoint_dir(target)
+    if path is None:
+        return "the MTP layers are read from the target's checkpoint directory, and it was not loaded from one"
+    first = f"model.layers.{int(model.config.get_text_config().num_hidden_layers)}."
+    for f in _weight_files(path):
+        with safe_open(str(f), framework="pt") as sf:
+            if any(k.startswith(first) for k in sf.keys()):
+                return None
+    return "the target's checkpoint lacks its MTP layers (the config declares them)"
+
+
 def load_mtp(target):
     """transformers' MtpModel for the target, its layers read from the target's checkpoint (ValueError naming
     what is missing: no MTP layers in the config, no directory, or tensors the layers need)."""
