@@ -122,6 +122,30 @@ def test_two_slots_in_one_forward_equal_running_alone(engines, plain):
     assert [got[0], got[1]] == plain[:2] and shared
 
 
+def test_a_prompt_sharing_a_finished_answers_prefix_drafts_from_its_features(engines, plain):
+    """The second prompt's prefix is the first's cached cells (seq_cp): its features come from the first."""
+    engine = engines["two"]
+    first = tokens(engine.generate(PROMPTS[0], spec_params(), seq=0))
+    second = PROMPTS[0] + first[:6]
+    want = tokens(engine.generate(second, GenParams(max_new_tokens=N_NEW, ignore_eos=True), seq=0))
+    engine.release(0)
+    list(engine.generate(PROMPTS[0], spec_params(), seq=0))
+    copied = []
+    d = engine.drafter("draft-mtp")
+    real = d.seq_cp
+    d.seq_cp = lambda src, dst, n: (copied.append((src, dst, n)), real(src, dst, n))
+    try:
+        events = list(engine.generate(second, spec_params(), seq=1))
+        n_shared = copied[0][2] if copied else 0
+        known = d.states[1].feat_tok[:n_shared].tolist()  # never forwarded for seq 1: from seq 0
+    finally:
+        del d.seq_cp
+        engine.release(0)
+        engine.release(1)
+    assert first == plain[0] and tokens(events) == want
+    assert copied and copied[0][:2] == (0, 1) and n_shared > 4 and known == second[:n_shared]
+
+
 def test_sampling_uses_rejection_with_the_heads_q_and_is_reproducible(engines):
     engine = engines["two"]
     for seed, prompt in enumerate(PROMPTS[:1]):

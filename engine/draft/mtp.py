@@ -75,9 +75,10 @@ class MtpDrafter(Drafter):
         self.dtype = target.model.get_input_embeddings().weight.dtype
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        # layer k's block writes cache layer k (its layer_idx); draft rows need a few cells beyond the context
+        # layer k's block writes cache layer k (its layer_idx). A prompt prefix the target's cells share between
+        # sequences is held once per sequence here, so each may hold a whole context, and its draft rows
         self.caches = [CellCache(n_layers=k + 1, n_kv_heads=n_kv, head_dim=head_dim,
-                                 n_cells=self.params.n_ctx + 64 * self.params.n_seq_max,
+                                 n_cells=self.params.n_seq_max * (self.params.n_ctx + 64),
                                  n_seq_max=self.params.n_seq_max, dtype=self.dtype)
                        for k in range(self.n_mtp)]
         self.states: dict[int, MtpSeq] = {}
