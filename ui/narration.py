@@ -18,6 +18,8 @@ SOURCES = (
      "一个读取目标模型隐藏状态的小草稿头猜出了接下来的 token"),
     ("draft-eagle3", "an EAGLE-3 head reading the target's features from three layers guessed them",
      "EAGLE-3 草稿头读取目标模型三层特征后猜出了它们"),
+    ("draft-mtp", "the target's own multi-token-prediction layers, fed its last hidden state, guessed them",
+     "目标模型自带的多 token 预测层读取它最后的隐藏状态后猜出了它们"),
     ("draft-simple", "a smaller draft model of the same vocabulary generated them one by one",
      "同词表的小草稿模型逐个生成了它们"),
     ("draft-uni", "a draft model of another vocabulary wrote text, re-tokenised for the target",

@@ -27,7 +27,7 @@ REJECTED_RUN = re.compile(r'<s class="rej-group">.*?</s>', re.DOTALL)
 
 def drafter_tag(name: str | None) -> str:
     """A short drafter name for inline tags: 'ngram-map-k' -> 'map-k', 'draft-simple' -> 'draft', 'draft-head' -> 'head',
-    'draft-uni' -> 'uni'."""
+    'draft-uni' -> 'uni', 'draft-mtp' -> 'mtp'."""
     if not name:
         return ""
     if name == "draft-simple":
@@ -36,6 +36,8 @@ def drafter_tag(name: str | None) -> str:
         return "head"
     if name == "draft-eagle3":
         return "eagle3"
+    if name == "draft-mtp":
+        return "mtp"
     if name == "draft-uni":
         return "uni"
     return name.removeprefix("ngram-")

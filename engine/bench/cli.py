@@ -31,6 +31,7 @@ from engine.bench.inputs import prompt_grammar
 from engine.bench.run import BenchConfig
 from engine.bench.stats import OTHER_IMPLEMENTATIONS, geomean, is_other, print_sweep_summary, synthetic_name
 from engine.bench.sweep import cells_needed, run_sweep, sweep_from_args
+from engine.draft.registry import PRIORITY
 from engine.load.dtype import CHOICES
 
 
@@ -42,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--draft", default=None, help="draft model (draft-simple; of another vocabulary: draft-uni), or an "
                     "EAGLE-3 head's directory (EAGLE's or speculators' layout: draft-eagle3 in draft-simple's place)")
     ap.add_argument("--spec", default="ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache",
-                    help="drafter types in relay order, comma-separated ('none' = baseline only)")
+                    help="drafter types in relay order, comma-separated ('none' = baseline only); known: "
+                         + ", ".join(PRIORITY))
     ap.add_argument("--n-max", default="16", help="draft tokens per round at most; a list sweeps: 2,4,8")
     ap.add_argument("--n-min", type=int, default=0)
     ap.add_argument("--p-min", type=float, default=None,

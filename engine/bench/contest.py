@@ -83,6 +83,10 @@ def why_not(name: str, target, draft, eagle3: str | None = None) -> str | None:
         return "its head was trained for another target"
     if name == "draft-eagle3" and not eagle3:
         return "needs an EAGLE-3 head (--draft DIR); none is loaded"
+    if name == "draft-mtp":
+        from engine.load.mtp import mtp_reason
+
+        return mtp_reason(target)
     return None
 
 

@@ -21,6 +21,8 @@ DRAFTER_TYPES: dict[str, tuple[str, str]] = {
     "draft-head": ("engine.draft.head.drafter", "DraftHeadDrafter"),  # the trained EAGLE-style head
     # a published EAGLE-3 head (the EAGLE authors' or speculators' checkpoint layout), given as --draft DIR
     "draft-eagle3": ("engine.draft.head.eagle3", "Eagle3Drafter"),
+    # the target's own multi-token-prediction layers (DeepSeek-V3's NextN), where its checkpoint has them
+    "draft-mtp": ("engine.draft.mtp", "MtpDrafter"),
     # a draft model of another vocabulary, drafting through text (engine/draft/draft_uni.py)
     "draft-uni": ("engine.draft.draft_uni", "DraftUniDrafter"),
     # not a real drafter: full-length drafts for synthetic-acceptance measurements (SpecParams.synthetic_accept)
@@ -76,7 +78,10 @@ def make_drafter(name: str, **kwargs) -> Drafter:
 def starting_chain(target) -> list[str]:
     """The chain a page and the arena start with: the n-gram drafters, then the trained head where it fits the
     target. The head pays on open prompts, where the n-grams find nothing to copy, and after the n-grams it was
-    the fastest chain on open and copy prompts alike (docs/measured.md, the draft head)."""
+    the fastest chain on open and copy prompts alike (docs/measured.md, the draft head). A target that carries
+    its own MTP layers drafts with them last (draft-mtp): they were trained with it."""
     from engine.draft.head.drafter import head_fits  # torch and the head's config: only when asked
+    from engine.load.mtp import mtp_reason
 
-    return list(NGRAM_CHAIN) + (["draft-head"] if head_fits(target) else [])
+    own = getattr(target, "model", None) is not None and mtp_reason(target) is None
+    return list(NGRAM_CHAIN) + (["draft-head"] if head_fits(target) else []) + (["draft-mtp"] if own else [])

@@ -42,6 +42,12 @@ def drafter_kwargs(ctx: DrafterContext, name: str) -> dict:
 
         # its checkpoint directory comes in its params; it reads the target's hidden states
         return dict(target=ctx.target, params=given or Eagle3Params())
+    if name == "draft-mtp":
+        from engine.draft.mtp import MtpParams
+
+        # the target's own layers; each layer's cache as large as the engine's
+        params = replace(given or MtpParams(), n_ctx=ctx.n_ctx, n_seq_max=ctx.n_seq_max)
+        return dict(target=ctx.target, params=params)
     return dict(params=given) if given is not None else {}
 
 
