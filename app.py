@@ -15,6 +15,7 @@ import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from engine import DEVICE_HELP
     from engine import DTYPE_CHOICES as CHOICES
 
     p = argparse.ArgumentParser(description="Watch speculative decoding happen, round by round, in a browser.")
@@ -42,6 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "timed kernel is faster, else float32 read from the blocks; for others it times a forward "
                         "in both and keeps bfloat16 where this CPU computes it natively and it is faster; plain "
                         "and speculative runs share it")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--budget", choices=["fair", "goodput"], default="fair",
                    help="the draft rows of a round shared by several sessions: fair (default) keeps every answer "
                         "at plain decoding's speed or better; goodput lets an answer that copies take rows that "
@@ -155,16 +157,17 @@ def load_state(args: argparse.Namespace):
     from ui.state import AppOptions, AppState
 
     options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code,
-                         n_rs=args.n_rs, queue_max=args.queue, dtype=args.dtype, budget=args.budget,
+                         n_rs=args.n_rs, queue_max=args.queue, dtype=args.dtype, device=args.device, budget=args.budget,
                          threads=args.threads, eagle3=args.draft if is_eagle3_dir(args.draft) else None,
                          allow_model_load=model_load_allowed(args), ctx_per_slot=args.ctx_per_slot or None,
                          share_prefix_cache=args.share_prefix_cache)
 
     def start_loader(name: str):  # the host's own choice on the command line: their flag applies
-        return load_model(name, trust_remote_code=options.trust_remote_code, dtype=options.dtype)
+        return load_model(name, device=options.device, trust_remote_code=options.trust_remote_code,
+                          dtype=options.dtype)
 
     def page_loader(name: str):  # a name typed by a visitor: its repository's code never runs
-        return load_model(name, trust_remote_code=False, dtype=options.dtype)
+        return load_model(name, device=options.device, trust_remote_code=False, dtype=options.dtype)
 
     target = start_loader(args.target)
     # an EAGLE-3 head is no model: the engine's draft-eagle3 reads it (options.eagle3)

@@ -30,6 +30,7 @@ _FACE = {  # public name -> (module, its name there)
     "ModelLoadError": ("engine.load.models", "ModelLoadError"),
     "VocabMismatchError": ("engine.load.models", "VocabMismatchError"),
     "DTYPE_CHOICES": ("engine.load.dtype", "CHOICES"),
+    "DEVICE_HELP": ("engine.forward.device", "DEVICE_HELP"),
     "linear_paths": ("engine.forward.prepack", "linear_paths"),
     # drafters and their counters
     "NGRAM_CHAIN": ("engine.draft.registry", "NGRAM_CHAIN"),

@@ -38,7 +38,7 @@ class Batch:
         if not self.has_tree():
             return None
         n = len(self)
-        anc = torch.eye(n, dtype=torch.bool)
+        anc = torch.eye(n, dtype=torch.bool, device="cpu")
         for t, p in enumerate(self.parent):
             if p is not None:
                 anc[t] |= anc[p]  # parents come first, so the parent's row is complete

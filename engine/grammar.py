@@ -162,9 +162,10 @@ class Grammar:
             raise RuntimeError(f"the grammar matcher failed: {_one_line(self.matcher.get_error())}")
 
     def allowed(self, width: int) -> torch.Tensor:
-        """Bool [width]: the ids the grammar allows next (EOS once the grammar accepts)."""
+        """Bool [width] on the CPU, where the matcher writes it: the ids the grammar allows next (EOS once the
+        grammar accepts). Callers move it to the logits' device, once for all the rows they mask."""
         if self.ended:  # a row after the end (the bonus row of a draft that ends): never given out
-            return torch.ones(width, dtype=torch.bool)
+            return torch.ones(width, dtype=torch.bool, device="cpu")
         self._check()
         # one bit per id, in 32-bit words; unpacked into a fresh array that the tensor then shares (no copy):
         # this was most of a constrained round's own time when done element by element
@@ -174,7 +175,7 @@ class Grammar:
         bits[n:] = 0  # ids past the tokenizer's vocabulary (the model's padding rows) are never allowed
         out = torch.from_numpy(bits.view(np.bool_))
         if out.shape[0] != width:
-            out = torch.cat([out, torch.zeros(max(0, width - out.shape[0]), dtype=torch.bool)])[:width]
+            out = torch.cat([out, torch.zeros(max(0, width - out.shape[0]), dtype=torch.bool, device="cpu")])[:width]
         if not bool(out.any()):
             raise RuntimeError("the grammar allows no next token")
         return out
@@ -197,7 +198,7 @@ class Grammar:
         for i in range(len(draft) + 1):
             tok = int(top[i])
             if not self.allows(tok):
-                row = logits[i].masked_fill(~self.allowed(logits.shape[-1]), float("-inf"))
+                row = logits[i].masked_fill(~self.allowed(logits.shape[-1]).to(logits.device), float("-inf"))
                 tok = argmax_rows(row)[0]
             best.append(tok)
             if i < len(draft):
@@ -206,16 +207,17 @@ class Grammar:
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [..., V] with every id the grammar forbids at -inf (a new tensor)."""
-        return logits.masked_fill(~self.allowed(logits.shape[-1]), float("-inf"))
+        return logits.masked_fill(~self.allowed(logits.shape[-1]).to(logits.device), float("-inf"))
 
-    def masks_along(self, draft: list[int], width: int) -> torch.Tensor:
-        """Bool [k+1, width]: row i is the mask after draft[:i]. Leaves the matcher advanced through all k
-        draft tokens: the caller rolls back what verification does not keep."""
+    def masks_along(self, draft: list[int], width: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Bool [k+1, width] on `device` (the logits'), moved there in one copy: row i is the mask after
+        draft[:i]. Leaves the matcher advanced through all k draft tokens: the caller rolls back what
+        verification does not keep."""
         rows = [self.allowed(width)]
         for tok in draft:
             self.consume(tok)
             rows.append(self.allowed(width))
-        return torch.stack(rows)
+        return torch.stack(rows).to(device)
 
     def consume(self, tok: int) -> None:
         if self.ended:

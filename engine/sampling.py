@@ -1,7 +1,9 @@
 """The target's sampler chain (temperature, top-k, top-p, min-p) with its own random stream.
 
 A sampler draws exactly one uniform number per sampled token (inverse CDF), so plain decoding and
-sample-and-match verification consume the stream identically and give the same text for the same seed.
+sample-and-match verification consume the stream identically and give the same text for the same seed. The
+stream is a CPU generator whatever device the logits are on: a uniform is one host number, and the same seed
+gives the same text on a card as on the CPU (up to the logits' own rounding).
 `clone()` / `copy_from()` let a rollback restore the stream together with the cache.
 """
 
@@ -75,8 +77,7 @@ class Sampler:
         logits = logits.float()
         if self.greedy:
             out = torch.zeros_like(logits)
-            best = torch.tensor(argmax_rows(logits), dtype=torch.long).reshape(*logits.shape[:-1], 1)
-            out.scatter_(-1, best, 1.0)
+            out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)  # the first maximum, as argmax_rows
             return out
         p = self.params
         logits = logits / p.temp
@@ -97,13 +98,13 @@ class Sampler:
     def uniform(self) -> float:
         """One draw from this sampler's stream."""
         self.n_draws += 1
-        return float(torch.rand((), generator=self.generator))
+        return float(torch.rand((), generator=self.generator, device="cpu"))
 
     def sample_probs(self, probs: torch.Tensor) -> int:
         """Inverse-CDF draw from an (unnormalised) distribution [V]: one uniform per token."""
         cdf = torch.cumsum(probs.double(), dim=-1)
         u = self.uniform() * float(cdf[-1])
-        idx = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True)[0])
+        idx = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype, device=cdf.device), right=True)[0])
         idx = min(idx, probs.shape[-1] - 1)
         while probs[idx] <= 0 and idx > 0:  # u landed on a zero-width step at the top end
             idx -= 1

@@ -78,7 +78,7 @@ def test_a_page_load_never_runs_remote_code(monkeypatch):
     """--trust-remote-code applies to the models on the command line, never to a name a visitor types."""
     seen = []
 
-    def fake_load(name, trust_remote_code=False, dtype="auto"):
+    def fake_load(name, device="cpu", trust_remote_code=False, dtype="auto"):
         seen.append((name, trust_remote_code))
         return object()
 

@@ -37,6 +37,7 @@ class AppOptions:
     queue_max: int = 64  # requests that may wait for a slot; past it a new one is told to come back later
     allow_model_load: bool = True  # whether a visitor may load other models from the page (off on a shared demo)
     dtype: str = "auto"  # weights' dtype for every model loaded: auto / float32 / bfloat16 / int8 (engine/load/dtype.py)
+    device: str = "cpu"  # where every model loaded runs: cpu / cuda / cuda:N / auto (engine/forward/device.py, --device)
     # the round's draft budget: "fair" keeps every answer at plain decoding's speed or better, "goodput" lets a
     # copying answer take rows that slow the answers beside it when the batch emits more (engine/round/budget.py)
     budget: str = "fair"

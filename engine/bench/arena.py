@@ -23,6 +23,7 @@ from engine.bench.contest import ArenaParams, engine_runner, run_arena
 from engine.bench.leaderboard import format_table, leaderboard, write_csv, write_png
 from engine.bench.run import prompt_ids_of
 from engine.draft.registry import parse_types
+from engine.forward.device import DEVICE_HELP
 from engine.load.dtype import CHOICES
 
 
@@ -44,6 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--n-ctx", type=int, default=4096, help="cells of the KV cache")
     ap.add_argument("--dtype", choices=list(CHOICES), default="auto", help="weights of target and draft")
     ap.add_argument("--threads", type=int, default=None, help="forwards on this many threads (default: all)")
+    ap.add_argument("--device", default="auto", help=DEVICE_HELP)
     ap.add_argument("--trust-remote-code", action="store_true")
     ap.add_argument("--out", default="arena.csv", help="the leaderboard as CSV")
     ap.add_argument("--png", default=None, help="also a bar chart of tokens per forward, as PNG")
@@ -68,9 +70,11 @@ def load(args: argparse.Namespace, n_max: int):
     from engine.draft.head.eagle3 import Eagle3Params
     from engine.load.eagle3 import is_eagle3_dir
 
-    target = load_model(args.target, trust_remote_code=args.trust_remote_code, dtype=args.dtype)
+    target = load_model(args.target, device=args.device, trust_remote_code=args.trust_remote_code,
+                        dtype=args.dtype)
     eagle3 = args.draft if args.draft and is_eagle3_dir(args.draft) else None
-    draft = (load_model(args.draft, trust_remote_code=args.trust_remote_code, dtype=args.dtype)
+    draft = (load_model(args.draft, device=args.device, trust_remote_code=args.trust_remote_code,
+                        dtype=args.dtype)
              if args.draft and not eagle3 else None)
     drafter_params = {"draft-eagle3": Eagle3Params(weights=Path(eagle3))} if eagle3 else None
     engine = Engine(target, draft=draft, n_ctx=args.n_ctx, n_seq_max=1, n_draft=n_max, threads=args.threads,

@@ -32,6 +32,7 @@ from engine.bench.run import BenchConfig
 from engine.bench.stats import OTHER_IMPLEMENTATIONS, geomean, is_other, print_sweep_summary, synthetic_name
 from engine.bench.sweep import cells_needed, run_sweep, sweep_from_args
 from engine.draft.registry import PRIORITY
+from engine.forward.device import DEVICE_HELP
 from engine.load.dtype import CHOICES
 
 
@@ -89,6 +90,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "integer kernel is faster, else float32 read from the blocks; for others, bfloat16 where "
                          "this CPU computes it natively and it is faster, by a timed forward); plain and "
                          "speculative runs share it")
+    ap.add_argument("--device", default="auto", help=DEVICE_HELP)
     fmt = ap.add_mutually_exclusive_group()
     fmt.add_argument("--json-schema", default=None, metavar="FILE",
                      help="constrain every answer to this JSON schema (a prompt's own json_schema or regex wins)")

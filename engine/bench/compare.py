@@ -47,8 +47,8 @@ class Comparators:
         if "hf" in kinds:
             from engine.load.models import load_model
 
-            out.hf_model = load_model(cfg.target, trust_remote_code=cfg.trust_remote_code, dtype="float32",
-                                      prepack=False)
+            out.hf_model = load_model(cfg.target, device=cfg.device, trust_remote_code=cfg.trust_remote_code,
+                                      dtype="float32", prepack=False)
         if "llama.cpp" in kinds:
             from engine.bench import llamacpp
             from engine.load.models import gguf_source

@@ -36,6 +36,7 @@ class BenchConfig:
     dtype: str = "auto"  # weights' dtype asked for, target and draft (engine/load/dtype.py)
     dtype_used: str = ""  # filled once the target is loaded: the dtype it runs in, and why
     dtype_reason: str = ""
+    device: str = "cpu"  # --device: where target and draft run (engine/forward/device.py)
     ignore_eos: bool = False  # generate max_new_tokens whatever the text (fixed-length sweeps)
     n_rs: int = 0  # recurrent targets: tail undone from kept states instead of a checkpoint (engine.memory.rs_steps)
     # the output format of every prompt (--json-schema, --regex, --grammar); a prompt's own field overrides it
@@ -60,7 +61,8 @@ class BenchConfig:
                   parallel=parallel, ctx_len=ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code,
                   ignore_eos=a.ignore_eos, n_rs=a.n_rs, grammar=grammar_from_args(a), dtype=a.dtype,
                   head_tree=parse_head_tree(getattr(a, "head_tree", None)),
-                  fair=getattr(a, "budget", "fair") == "fair", threads=getattr(a, "threads", None))
+                  fair=getattr(a, "budget", "fair") == "fair", threads=getattr(a, "threads", None),
+                  device=getattr(a, "device", "cpu"))
         if a.repeat < 1 or a.max_new_tokens < 1 or a.n_rs < 0:
             raise ValueError("--repeat and --max-new-tokens must be >= 1, --n-rs >= 0")
         # the run's grammar compiles here, before any model loads; the prompts' own ones once the target is known
@@ -83,9 +85,11 @@ class BenchConfig:
         """Target and draft models (slow); raises ModelLoadError (a ValueError/OSError) with the reason."""
         from engine.load.models import load_model
 
-        target = load_model(self.target, trust_remote_code=self.trust_remote_code, dtype=self.dtype)
+        target = load_model(self.target, device=self.device, trust_remote_code=self.trust_remote_code,
+                            dtype=self.dtype)
         # an EAGLE-3 head is no model of its own: draft-eagle3 reads it when the engine is built
-        draft = (load_model(self.draft, trust_remote_code=self.trust_remote_code, dtype=self.dtype)
+        draft = (load_model(self.draft, device=self.device, trust_remote_code=self.trust_remote_code,
+                            dtype=self.dtype)
                  if self.draft and not self.draft_is_eagle3 else None)
         self.quant_bits = target.quant_bits
         self.dtype_used, self.dtype_reason = target.dtype, target.dtype_reason

@@ -207,8 +207,8 @@ def smooth_small(sizes: list[int], seconds: list[float], upto: int = 16) -> list
     small = [i for i, n in enumerate(sizes) if n <= upto]
     if len(small) < 4:
         return list(seconds)
-    x = torch.tensor([[1.0, sizes[i], sizes[i] ** 2] for i in small], dtype=torch.float64)
-    y = torch.tensor([[seconds[i]] for i in small], dtype=torch.float64)
+    x = torch.tensor([[1.0, sizes[i], sizes[i] ** 2] for i in small], dtype=torch.float64, device="cpu")
+    y = torch.tensor([[seconds[i]] for i in small], dtype=torch.float64, device="cpu")
     coef = torch.linalg.lstsq(x, y).solution.flatten()
     out = list(seconds)
     for row, i in enumerate(small):

@@ -68,11 +68,13 @@ DRAFT_SEED_MIX = 0x85EBCA6B  # a draft's stream is seeded seed ^ this, so it dif
 
 class DraftStreams:
     """Per-sequence sampling of a model drafter: llama.cpp's spec_retune. The target's temperature shapes q, and
-    the target's seed gives the draft its own stream (seed ^ DRAFT_SEED_MIX)."""
+    the target's seed gives the draft its own stream (seed ^ DRAFT_SEED_MIX), one per device: torch draws on a
+    device only from a generator of that device, and q lives where the draft model runs."""
 
     def __init__(self):
         self.tuning: dict[int, tuple[float, int]] = {}  # seq -> (target temperature, target seed)
-        self.generators: dict[int, torch.Generator] = {}  # seq -> the draft's own random stream
+        # seq -> device -> the draft's own random stream on that device
+        self.generators: dict[int, dict[torch.device, torch.Generator]] = {}
 
     def retune(self, seq: int, temp: float, seed: int) -> None:
         if self.tuning.get(seq) == (temp, seed):
@@ -83,12 +85,15 @@ class DraftStreams:
     def temp(self, seq: int) -> float:
         return self.tuning.get(seq, (0.0, 0))[0]
 
-    def generator(self, seq: int) -> torch.Generator:
-        if seq not in self.generators:
-            g = torch.Generator(device="cpu")
+    def generator(self, seq: int, device: torch.device | str = "cpu") -> torch.Generator:
+        """The stream of `seq` on `device` (that of the tensor it draws from)."""
+        device = torch.device(device)
+        mine = self.generators.setdefault(seq, {})
+        if device not in mine:
+            g = torch.Generator(device=device)
             g.manual_seed(self.tuning.get(seq, (0.0, 0))[1] ^ DRAFT_SEED_MIX)
-            self.generators[seq] = g
-        return self.generators[seq]
+            mine[device] = g
+        return mine[device]
 
     def restart(self, seq: int) -> None:
         """A new prompt: the stream starts again from its seed."""

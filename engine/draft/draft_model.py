@@ -108,7 +108,7 @@ class DraftModelDrafter(Drafter):
                 q = self._q(logits[row], self.streams.temp(r.seq) if r.want_q else 0.0)
                 p_top, tok = float(q.max()), argmax_rows(q)[0]
                 if r.want_q:
-                    tok = int(torch.multinomial(q, 1, generator=self.streams.generator(r.seq)))
+                    tok = int(torch.multinomial(q, 1, generator=self.streams.generator(r.seq, q.device)))
                 if p_top < r.p_min_or(self.params.p_min):
                     continue
                 r.result.append(tok)

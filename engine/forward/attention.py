@@ -168,7 +168,7 @@ class CellRows:
 
     layout: CellLayout
     impl: RowAttention
-    _slices: list = field(default_factory=list)
+    _moved: dict = field(default_factory=dict)  # device -> each row's cells there (cells_on)
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
@@ -177,13 +177,21 @@ class CellRows:
         if self.impl.kernel is not None and softcap is None and sinks is None:
             return self._kernel(query, key, value, scaling)
         out = torch.empty_like(query)
-        for r, cells in enumerate(self.row_cells):
+        for r, cells in enumerate(self.cells_on(key.device)):
             k, v = _take(key, cells), _take(value, cells)
             if softcap is None and sinks is None:
                 out[r] = _one_row(query[r], k, v, scaling)
             else:
                 out[r] = _one_row_scored(query[r], k, v, scaling, softcap, sinks)
         return out
+
+    def cells_on(self, device: torch.device) -> list[slice | torch.Tensor]:
+        """Each row's cells as a slice or as indices on `device` (the layer's cells'): moved once per forward and
+        device, not once per row and layer."""
+        found = self._moved.get(device)
+        if found is None:
+            found = self._moved[device] = [c if isinstance(c, slice) else c.to(device) for c in self.row_cells]
+        return found
 
     def _kernel(self, query, key, value, scaling) -> torch.Tensor:
         q = query.float().contiguous()
@@ -235,7 +243,7 @@ def _rows_contiguous(kv: torch.Tensor) -> torch.Tensor:
 
 
 def _take(kv: torch.Tensor, cells: slice | torch.Tensor) -> torch.Tensor:
-    return kv[0, :, cells] if isinstance(cells, slice) else kv[0].index_select(1, cells.to(kv.device))
+    return kv[0, :, cells] if isinstance(cells, slice) else kv[0].index_select(1, cells)
 
 
 def _as_slice(idx: torch.Tensor):

@@ -108,7 +108,7 @@ class SmallGemm:
         if n % n_block or k % spec.k_pair:
             return None
         src = w.detach().contiguous()
-        packed = torch.empty(n * k, dtype=w.dtype)
+        packed = torch.empty(n * k, dtype=w.dtype, device="cpu")
         pack(src.data_ptr(), packed.data_ptr(), k, n)
         return cls(fn, packed, k, n, w.dtype, spec.act or w.dtype)
 
@@ -123,7 +123,7 @@ class SmallGemm:
             raise ValueError(f"{self.label} kernel: epilogue {post!r} with{'out' if other is None else ''} an operand")
         x2 = x.reshape(-1, self.k).to(self.act).contiguous()
         m = x2.shape[0]
-        y = torch.empty(m, self.n, dtype=self.act)
+        y = torch.empty(m, self.n, dtype=self.act, device="cpu")
         o = None
         if other is not None:
             if other.numel() != m * self.n:

@@ -89,10 +89,10 @@ class FusedLayers:
                              f"{cells.numel()} cells")
         lay.check(t, n_cells)
         if t == 0:
-            return x, (torch.empty(0, len(inner) * d) if inner else None)
+            return x, (torch.empty(0, len(inner) * d, device="cpu") if inner else None)
         if cells.dtype != torch.int64 or int(cells.min()) < 0 or int(cells.max()) >= n_cells:
             raise ValueError(f"fused layers: a row written outside the cache's {n_cells} cells")
-        hidden = torch.empty(t, len(inner) * d) if inner else None
+        hidden = torch.empty(t, len(inner) * d, device="cpu") if inner else None
         keep = self._keep.get(tuple(inner))
         if keep is None:  # made once per set of layers: a drafter asks for the same ones every forward
             keep = self._keep[tuple(inner)] = (ctypes.c_int * self.n_layers)(

@@ -38,7 +38,7 @@ def time_kernels(layer: list[tuple[int, int]], rows: tuple[int, ...] = (1, 4, 16
     kinds = [kind for kind in ("q4_1", "q4_1_dot") if kind in fns]
     packed = {kind: [(pack_dot if kind.endswith("_dot") else pack)(w, nb) for w in weights] for kind in kinds}
     inputs = {(r, i): torch.randn(r, i) for r in rows for _, i in shapes}
-    outputs = {(r, o): torch.empty(r, o) for r in rows for o, _ in shapes}
+    outputs = {(r, o): torch.empty(r, o, device="cpu") for r in rows for o, _ in shapes}
     best = {kind: float("inf") for kind in kinds}
     # the kinds in turn within every repetition (the first warms up): a busy second on another process's part
     # slows a timing of each, not all timings of one

@@ -77,6 +77,21 @@ def stored_blocks(path: Path, device: str, prepack: bool) -> str:
     return blocks_read(path, device)
 
 
+def embedded_tokenizer():
+    """The embedded model's tokenizer alone: from its converted copy where one was written (a fraction of a
+    second), else read from the GGUF (seconds). For models built from configs that need a real vocabulary."""
+    from transformers import AutoTokenizer
+
+    path = embedded_gguf_path()
+    converted = _converted_dir(path)
+    if (converted / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(converted)
+        except (OSError, ValueError):
+            pass  # a broken copy: the GGUF has it too
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
 def load_gguf(path: Path, dtype):
     """(model in `dtype`, tokenizer): from the converted copy where it loads, else from the GGUF, writing the copy
     for the next load."""

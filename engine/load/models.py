@@ -66,24 +66,31 @@ class LoadedModel:
 
 
 def pick_device(device: str | None) -> str:
-    import torch
+    """The device asked for, checked (engine/forward/device.py): the CPU unless the caller says otherwise, so a card is
+    only used where the --device flag (or a caller) chose it; "auto" is a card where torch sees one."""
+    from engine.forward.device import resolve_device
 
-    if device:
-        return device
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return resolve_device(device or "cpu")
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
 
 
-def load_model(name: str, device: str | None = None, trust_remote_code: bool = False,
-               dtype: str = "float32", prepack: bool = True) -> LoadedModel:
-    """Load `name` ("embedded", "embedded-q8", a directory, a .gguf file or a hub id). Raises ModelLoadError.
+def load_model(name: str, device: str | None = "cpu", trust_remote_code: bool = False,
+               dtype: str = "float32", prepack: bool = True, device_map: dict | str | None = None) -> LoadedModel:
+    """Load `name` ("embedded", "embedded-q8", a directory, a .gguf file or a hub id) on `device` (cpu, cuda,
+    cuda:N or auto; engine/forward/device.py). Raises ModelLoadError.
 
     dtype: "float32", "bfloat16", "int8" or "auto" (measured on this machine: engine/load/dtype.py). prepack: replace the
     CPU linears' weights by oneDNN's packed layout (engine/forward/prepack.py); off for a stock model to train through
-    or to compare with."""
+    or to compare with. device_map: accelerate's map of modules to devices (or "auto"), for any source; by
+    default "auto" on `cuda` where accelerate is installed (layers over the cards, then the CPU), none otherwise."""
     name = (name or "").strip()
     if not name:
         raise ModelLoadError("no model given")
     device = pick_device(device)
+    if device_map is None and device == "cuda" and importlib.util.find_spec("accelerate") is not None:
+        device_map = "auto"
     try:  # a bad cap is said before a long load, not after it
         cap, t_start = cap_bytes(), time.time()
     except ValueError as e:
@@ -92,8 +99,10 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
         gguf_path = gguf_source(name)
         if gguf_path is not None:
             model, tok, choice = _load_from_gguf(gguf_path, device, dtype, prepack)
+            if device_map is not None:
+                _dispatch(model, device_map)
         else:
-            model, tok, choice = _load_from_transformers(name, device, dtype, trust_remote_code)
+            model, tok, choice = _load_from_transformers(name, device, dtype, trust_remote_code, device_map)
     except ModelLoadError:
         raise
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as e:
@@ -106,11 +115,16 @@ def load_model(name: str, device: str | None = None, trust_remote_code: bool = F
         model.to(device)
     model.eval()
     n_params = sum(p.numel() for p in model.parameters())
-    if device == "cpu" and prepack:
+    if device == "cpu" and prepack and _all_on_cpu(model):
         _prepack(model, gguf_path, choice)
     _prune_cache(cap, t_start)
     return LoadedModel(model=model, tokenizer=tok, name=name, quant_bits=_quant_bits(name, gguf_path, choice.dtype),
                        n_params=n_params, device=device, dtype=choice.dtype, dtype_reason=choice.reason)
+
+
+def _all_on_cpu(model) -> bool:
+    """Whether every weight is in CPU memory (a device map may have put some on a card, or offloaded some)."""
+    return all(p.device.type == "cpu" for p in model.parameters())
 
 
 def _prune_cache(cap: int, t_start: float) -> None:
@@ -160,7 +174,18 @@ def _hf_source(name: str, trust_remote_code: bool) -> tuple[str, dict]:
     return (str(path) if looks_local else name), kwargs
 
 
-def _load_from_transformers(name: str, device: str, dtype: str, trust_remote_code: bool):
+def _dispatch(model, device_map: dict | str) -> None:
+    """Spread a model built on the CPU (a GGUF's) over the devices of `device_map` with accelerate, as
+    transformers' own loading does for a directory or a hub id."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    if device_map == "auto":
+        device_map = infer_auto_device_map(model, no_split_module_classes=getattr(model, "_no_split_modules", None))
+    dispatch_model(model, device_map=device_map)
+
+
+def _load_from_transformers(name: str, device: str, dtype: str, trust_remote_code: bool,
+                            device_map: dict | str | None = None):
     """(model, tokenizer, dtype choice) of a model directory or a hub id."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -170,9 +195,7 @@ def _load_from_transformers(name: str, device: str, dtype: str, trust_remote_cod
     source, kwargs = _hf_source(name, trust_remote_code)
     tok = AutoTokenizer.from_pretrained(source, **kwargs)
     choice = choose_dtype(dtype, AutoConfig.from_pretrained(source, **kwargs), device)
-    extra = {}
-    if device == "cuda" and importlib.util.find_spec("accelerate") is not None:
-        extra["device_map"] = "auto"
+    extra = {} if device_map is None else {"device_map": device_map}
     torch_dtype = getattr(torch, choice.torch_name)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kwargs, **extra)
     return model, tok, choice

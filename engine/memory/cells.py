@@ -5,6 +5,9 @@ so one cell can serve several sequences (a shared prefix is stored once). A forw
 chosen by `prepare()`, attends over the live range `[0, n_live)` and is told who sees what by a 4D additive
 mask: row t sees cell c iff c holds t's sequence at a position <= t's position. Rejecting a draft is
 `seq_rm(seq, p0, -1)`: the accepted K/V stay where they are, nothing is copied.
+
+K/V live on each layer's device (a model split by accelerate's device map puts its layers on several); the
+bookkeeping (which cell holds which position of which sequence) lives on the CPU, where numpy reads it in place.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ class CellCache(Cache):
         sliding_window: int | None = None,
         by_seq: bool = False,
         kinds: LayerKinds | None = None,
+        layer_devices: list | None = None,
     ):
         """kinds: each layer's attention kind and each kind's window (engine/memory/layer_kinds.py); without it
-        every layer sees the same cells, within `sliding_window` if one is given."""
+        every layer sees the same cells, within `sliding_window` if one is given. layer_devices: each layer's
+        device (a device map's); None: every layer on `device`."""
         super().__init__(layers=[])
         self.n_cells = n_cells  # capacity in tokens, summed over all sequences
         self.n_seq_max = n_seq_max  # sequence ids are 0 .. n_seq_max - 1
@@ -47,13 +52,18 @@ class CellCache(Cache):
         # cells form one run that per-sequence attention reads as a slice; any free cell otherwise
         self.by_seq = by_seq
         shape = (1, n_kv_heads, n_cells, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(n_layers)]
-        self.cell_pos = torch.full((n_cells,), -1, dtype=torch.long)  # -1: empty cell
-        self.cell_seq = torch.zeros((n_cells, n_seq_max), dtype=torch.bool)  # [cell, seq]: cell belongs to seq
+        if layer_devices is not None and len(layer_devices) != n_layers:
+            raise ValueError(f"layer_devices: {len(layer_devices)} devices for {n_layers} layers")
+        self.layer_devices = [torch.device(d) for d in layer_devices] if layer_devices else [self.device] * n_layers
+        self.k = [torch.zeros(shape, dtype=dtype, device=d) for d in self.layer_devices]
+        self.v = [torch.zeros(shape, dtype=dtype, device=d) for d in self.layer_devices]
+        self.cell_pos = torch.full((n_cells,), -1, dtype=torch.long, device="cpu")  # -1: empty cell
+        # [cell, seq]: cell belongs to seq
+        self.cell_seq = torch.zeros((n_cells, n_seq_max), dtype=torch.bool, device="cpu")
         self.n_live = 0  # cells [0, n_live) cover every used cell; attention reads only those
-        self._write: torch.Tensor | slice | None = None  # cells the current forward writes, in batch row order
-        self.last_cells = torch.empty(0, dtype=torch.long)  # the same on the CPU, kept after the forward
+        # cells the current forward writes, in batch row order: a slice, or their indices on each layer's device
+        self._write: dict[torch.device, torch.Tensor] | slice | None = None
+        self.last_cells = torch.empty(0, dtype=torch.long, device="cpu")  # the same on the CPU, kept after it
 
     @property
     def sliding_window(self) -> int | None:
@@ -154,12 +164,12 @@ class CellCache(Cache):
     # ---- one forward -----------------------------------------------------------------------------------------
 
     def prepare(self, batch: Batch) -> torch.Tensor | dict[str, torch.Tensor]:
-        """Claim cells for the batch rows, record them, and return the 4D additive mask [1, 1, T, n_live]; where
+        """Claim cells for the batch rows, record them, and return the 4D additive mask [1, 1, T, n_live] (CPU); where
         layers of several kinds see different cells, a dict of them keyed by kind (transformers' models take a
         mask per layer type so), kinds of one window sharing one tensor."""
         cells = self.claim(batch)
-        pos = torch.tensor(batch.pos, dtype=torch.long)
-        seq = torch.tensor(batch.seq, dtype=torch.long)
+        pos = torch.tensor(batch.pos, dtype=torch.long, device="cpu")
+        seq = torch.tensor(batch.seq, dtype=torch.long, device="cpu")
         anc = batch.ancestors()
         by_window = {}
         for w in dict.fromkeys(self.kinds.windows.values()):
@@ -167,7 +177,7 @@ class CellCache(Cache):
             if anc is not None:
                 # tree rows see, among this batch's cells, only their ancestors' and their own; chain rows keep
                 # the position rule (their ancestors are exactly the earlier rows of their sequence)
-                tree_rows = torch.tensor([p is not None for p in batch.parent])
+                tree_rows = torch.tensor([p is not None for p in batch.parent], device="cpu")
                 block = mask[0, 0][tree_rows]  # [n_tree, n_live]
                 block[:, cells] = torch.where(anc[tree_rows], 0.0, torch.finfo(self.dtype).min).to(block)
                 mask[0, 0][tree_rows] = block
@@ -199,7 +209,7 @@ class CellCache(Cache):
         first = int(cells[0])
         contiguous = bool((np.diff(cells) == 1).all())
         cells = torch.from_numpy(cells)
-        self._write = slice(first, first + n) if contiguous else cells.to(self.device)
+        self._write = slice(first, first + n) if contiguous else {d: cells.to(d) for d in set(self.layer_devices)}
         self.last_cells = cells.clone()
         return cells
 
@@ -266,15 +276,17 @@ class CellCache(Cache):
             src.append(c)
             dst.append(home)
         if src:  # every destination was free and no source is one: one copy per layer moves them all
-            src_t, dst_t = torch.tensor(src), torch.tensor(dst)
-            for k, v in zip(self.k, self.v):
+            moves = {d: (torch.tensor(src, device=d), torch.tensor(dst, device=d)) for d in set(self.layer_devices)}
+            for k, v, d in zip(self.k, self.v, self.layer_devices):
+                src_t, dst_t = moves[d]
                 k[:, :, dst_t] = k[:, :, src_t]
                 v[:, :, dst_t] = v[:, :, src_t]
         self._refresh_live()
 
     def mask(self, pos: torch.Tensor, seq: torch.Tensor, window: int | None | str = "uniform") -> torch.Tensor:
         """Additive mask [1, 1, T, n_live] for rows at `pos` of sequences `seq` over the live cells, within
-        `window` positions ("uniform": the one window of every layer)."""
+        `window` positions ("uniform": the one window of every layer), on the CPU, where the forward reads each
+        row's cells from it (the model gets its own copy)."""
         if window == "uniform":
             window = self.sliding_window
         cell_pos = self.cell_pos[: self.n_live].numpy()
@@ -284,16 +296,16 @@ class CellCache(Cache):
         visible &= cell_pos[None, :] >= 0
         if window is not None:
             visible &= pos_np[:, None] - cell_pos[None, :] < window
-        out = torch.zeros(visible.shape, dtype=self.dtype)
+        out = torch.zeros(visible.shape, dtype=self.dtype, device="cpu")
         out.masked_fill_(torch.from_numpy(~visible), torch.finfo(self.dtype).min)
-        return out[None, None].to(self.device)
+        return out[None, None]
 
     def rollback_claim(self) -> None:
         """Undo prepare() when a forward fails, so the cache holds only what it held before."""
         if self._write is None:
             return
-        cells = (torch.arange(self._write.start, self._write.stop) if isinstance(self._write, slice)
-                 else self._write.cpu())
+        cells = (torch.arange(self._write.start, self._write.stop, device="cpu") if isinstance(self._write, slice)
+                 else self.last_cells)
         self.cell_pos[cells] = -1
         self.cell_seq[cells] = False
         self._write = None
@@ -308,8 +320,9 @@ class CellCache(Cache):
             k[:, :, self._write] = key_states
             v[:, :, self._write] = value_states
         else:
-            k.index_copy_(2, self._write, key_states)
-            v.index_copy_(2, self._write, value_states)
+            where = self._write[self.layer_devices[layer_idx]]
+            k.index_copy_(2, where, key_states)
+            v.index_copy_(2, where, value_states)
         return k[:, :, : self.n_live], v[:, :, : self.n_live]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.forward.device import synchronize_model
 from engine.forward.attention import LayerRows, RowAttention, batch_layout, cell_layout, use_cell_attention
 from engine.batch import Batch, check_batch
 from engine.forward.lean import LeanForward, lean_reason
@@ -58,11 +59,13 @@ class ModelContext:
         self.n_outputs_max = n_outputs_max  # logits rows a forward may return (None: no limit)
         self.n_vocab = int(text_cfg.vocab_size)
         self.device = param.device
+        spread = layer_devices(model, text_cfg.num_hidden_layers)
+        self.rows_device = torch.device("cpu") if spread and len(set(spread)) > 1 else self.device
         self.per_seq_attention = use_cell_attention(model)  # each sequence's rows attend to its own cells
         self.cache = CellCache(
             n_layers=text_cfg.num_hidden_layers, n_kv_heads=n_kv, head_dim=head_dim, n_cells=n_ctx,
             n_seq_max=n_seq_max, dtype=self.lean.cache_dtype if self.lean else param.dtype, device=param.device,
-            kinds=kinds, by_seq=self.per_seq_attention,
+            kinds=kinds, by_seq=self.per_seq_attention, layer_devices=spread,
         )
         # every row over exactly its cells: the C kernel where it builds, SDPA per row otherwise (attention.py)
         self.attention = RowAttention(self.device, self.cache.dtype, use_kernel=attention_kernel)
@@ -76,6 +79,7 @@ class ModelContext:
     def decode(self, batch: Batch) -> DecodeResult:
         """One forward over the batch. Cells are claimed for every row; logits come back for output rows."""
         check_batch(batch, self.n_outputs_max)
+        synchronize_model(self.model)  # on a card: the clock starts when the work queued before is done
         t0 = time.perf_counter()
         cache = self.cache
         # the lean forward reads only which cells each row sees: no mask is built for it
@@ -84,7 +88,9 @@ class ModelContext:
         try:
             input_ids = torch.tensor([batch.tokens], dtype=torch.long, device=self.device)
             position_ids = torch.tensor([batch.pos], dtype=torch.long, device=self.device)
-            rows = torch.tensor(batch.output_rows(), dtype=torch.long, device=self.device)
+            # under a map over several devices the last hidden states are not on the first one: the rows to keep
+            # stay on the CPU, an index torch takes on any device
+            rows = torch.tensor(batch.output_rows(), dtype=torch.long, device=self.rows_device)
             extra = {}
             if mask is None:
                 extra["cell_rows"] = self.attention.rows(batch_layout(
@@ -93,12 +99,12 @@ class ModelContext:
                 extra["cell_rows"] = self._rows_of(mask)
             if self.lean is not None:
                 logits, hidden = self.lean(input_ids[0], position_ids[0], self.cache, extra["cell_rows"], rows,
-                                           self.hidden_layers)
+                                           self.hidden_layers)  # the lean forward runs on the CPU only
                 self.n_forward += 1
                 return DecodeResult(logits=logits.float(), seconds=time.perf_counter() - t0,
                                     hidden=None if hidden is None else hidden.float(), layers=self.hidden_layers)
             out = self.model(
-                input_ids=input_ids, position_ids=position_ids, attention_mask=mask, cache=self.cache,
+                input_ids=input_ids, position_ids=position_ids, attention_mask=self._on_device(mask), cache=self.cache,
                 use_cache=True, logits_to_keep=rows, output_hidden_states=bool(self.hidden_layers), **extra,
             )
         except Exception:
@@ -107,9 +113,17 @@ class ModelContext:
         self.n_forward += 1
         logits = out.logits[0].float()
         hidden = None
-        if self.hidden_layers:
-            hidden = torch.cat([out.hidden_states[i][0] for i in self.hidden_layers], dim=-1).float()
+        if self.hidden_layers:  # under a device map each layer's states are on its own device: the logits' is the one
+            hidden = torch.cat([out.hidden_states[i][0].to(logits.device) for i in self.hidden_layers], -1).float()
+        synchronize_model(self.model)  # a card's calls return before their work is done: time the work
         return DecodeResult(logits=logits, seconds=time.perf_counter() - t0, hidden=hidden, layers=self.hidden_layers)
+
+    def _on_device(self, mask):
+        """The model's copy of the mask on its device, each distinct tensor moved once (kinds may share one)."""
+        if not isinstance(mask, dict):
+            return mask.to(self.device)
+        moved = {}
+        return {kind: moved.setdefault(id(m), m.to(self.device)) for kind, m in mask.items()}
 
     def _rows_of(self, mask):
         """The rows each layer attends over, from the forward's mask (a dict of them where kinds differ)."""
@@ -132,3 +146,22 @@ class ModelContext:
 
     def clear(self) -> None:
         self.cache.clear()
+
+
+def layer_devices(model, n_layers: int) -> list[torch.device] | None:
+    """Each decoder layer's device under accelerate's device map, else None (every layer on the first parameter's
+    device). It is where the layer computes, so where its K/V come out: the device its weights are on, or, for a
+    layer whose weights the map offloads, the device accelerate's hook runs it on."""
+    if not getattr(model, "hf_device_map", None):
+        return None
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None or len(layers) != n_layers:
+        return None
+    out = []
+    for layer in layers:
+        run_on = getattr(getattr(layer, "_hf_hook", None), "execution_device", None)
+        param = next(layer.parameters(), None)
+        if run_on is None:
+            run_on = param.device if param is not None and param.device.type != "meta" else "cpu"
+        out.append(torch.device(f"cuda:{run_on}" if isinstance(run_on, int) else run_on))
+    return out

@@ -26,6 +26,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 from engine.batch import Batch, check_batch
+from engine.forward.device import synchronize_model
 from engine.memory.context import DecodeResult
 from engine.memory.rs_steps import StepRecorder
 
@@ -52,7 +53,7 @@ class StateMemory:
         return self.n_past.get(seq, 0) - 1
 
     def seq_cells(self, seq: int) -> torch.Tensor:
-        return torch.arange(self.n_past.get(seq, 0))
+        return torch.arange(self.n_past.get(seq, 0), device="cpu")
 
     def clear(self) -> None:
         self.caches.clear()
@@ -195,6 +196,7 @@ class StatefulContext:
                 raise ValueError(f"sequence {s}: positions must continue its memory at {n}, in order")
         if self.cache.n_used() + len(batch) > self.n_ctx:
             raise RuntimeError(f"memory full: {len(batch)} new tokens, {self.n_ctx - self.cache.n_used()} free")
+        synchronize_model(self.model)  # on a card: time this forward's work, not what was queued before
         t0 = time.perf_counter()
         logits = [None] * len(batch)
         hidden = [None] * len(batch)
@@ -206,8 +208,10 @@ class StatefulContext:
                     hidden[i] = torch.cat([out.hidden_states[k][0, j] for k in self.hidden_layers], dim=-1)
         self.n_forward += 1
         out_rows = batch.output_rows()
+        synchronize_model(self.model)
         return DecodeResult(
-            logits=torch.stack([logits[i] for i in out_rows]).float() if out_rows else torch.empty(0, self.n_vocab),
+            logits=(torch.stack([logits[i] for i in out_rows]).float() if out_rows
+                    else torch.empty(0, self.n_vocab, device=self.device)),
             seconds=time.perf_counter() - t0,
             hidden=torch.stack(hidden).float() if self.hidden_layers else None,
             layers=tuple(self.hidden_layers),

@@ -78,7 +78,8 @@ def judge(slot: Slot, r: DraftRequest, logits):
     if slot.grammar is not None and slot.sampler.greedy and slot.coins is None and not use_rejection:
         best = slot.grammar.greedy_along(r.result, logits, top)  # masks only where a row's argmax is forbidden
         return verify.sample_and_match(slot.sampler, logits, r.result, None, best), top, "match"
-    allowed = slot.grammar.masks_along(r.result, logits.shape[-1]) if slot.grammar is not None else None
+    allowed = (slot.grammar.masks_along(r.result, logits.shape[-1], logits.device) if slot.grammar is not None
+               else None)
     if slot.coins is not None:
         accept = slot.params.spec.synthetic_accept
         return verify.synthetic(slot.sampler, logits, r.result, accept, slot.coins, allowed), top, "synthetic"

@@ -161,7 +161,7 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
     p_target: list[float] = []
     for i, d in enumerate(draft):
         p_i = probs[i]
-        q_i = align_q(q[i].to(probs.dtype), p_i.shape[-1])
+        q_i = align_q(q[i].to(probs.device, probs.dtype), p_i.shape[-1])  # the draft may run on another device
         if allowed is not None:
             q_i = mask_q(q_i, allowed[i])
         q_d = float(q_i[d]) if d < q_i.shape[-1] else 0.0
@@ -201,7 +201,7 @@ def synthetic(sampler: Sampler, logits: torch.Tensor, draft: list[int], p_accept
     Only for measuring how speed depends on acceptance (llama.cpp's synthetic acceptance): the text is not the
     target's. The coins come from `gen`, not the sampler, so the sampler still draws once per target token."""
     assert logits.shape[0] == len(draft) + 1
-    coins = torch.rand(len(draft), generator=gen).tolist()
+    coins = torch.rand(len(draft), generator=gen, device=gen.device).tolist()
     rates = p_accept if isinstance(p_accept, tuple) else (p_accept,)
     m = 0
     while m < len(draft) and coins[m] < rates[min(m, len(rates) - 1)]:

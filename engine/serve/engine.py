@@ -256,7 +256,7 @@ class Engine:
         if params.spec.synthetic_accept is not None:
             # a stream per slot: the sampler's seed and the slot, so concurrent slots toss independent coins
             coin_seed = params.sampling.seed ^ 0x5BD1E995 ^ (seq * 0x9E3779B1)
-            slot.coins = torch.Generator().manual_seed(coin_seed & 0xFFFFFFFF)
+            slot.coins = torch.Generator(device="cpu").manual_seed(coin_seed & 0xFFFFFFFF)
         self.slots[seq] = slot
         self.round.slot_budget.begin(seq)
         self.chain.begin(seq, slot.prompt, params.spec.types, adaptive=params.spec.adaptive)

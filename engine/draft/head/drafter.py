@@ -62,6 +62,9 @@ class DraftHeadDrafter(Drafter):
                 raise ValueError(f"draft-head weights not found: {self.params.weights}")
             head = load_head(Path(self.params.weights))
         check_config_matches(head.cfg, target)
+        # the head runs beside the target's embedding table, which it reads, and so do its stores and indices
+        self.device = target.model.get_input_embeddings().weight.device
+        head.to(self.device)
         # the table as the target holds it (bfloat16 for a bfloat16 target): the head converts only the rows it
         # uses, its LM head's draft-vocabulary rows once and each step's looked-up rows
         head.attach_target(target.model.get_input_embeddings().weight)
@@ -89,16 +92,17 @@ class DraftHeadDrafter(Drafter):
         with torch.inference_mode():  # the features are the forward's inference tensors
             if len(parts) == 1 and self._write_runs(*parts[0]):
                 return
-            seqs, pos, toks = (torch.tensor([x for part in parts for x in part[i]]) for i in range(3))
+            seqs, pos, toks = (torch.tensor([x for part in parts for x in part[i]], device=self.device)
+                               for i in range(3))
             feats = torch.cat([part[3] for part in parts])
-            order = torch.arange(len(pos))
+            order = torch.arange(len(pos), device=self.device)
             for seq in seqs.unique().tolist():
                 mine = order[seqs == seq]
                 if len(parts) == 1:  # a forward holds a position of a sequence once: nothing to choose between
                     self._state(seq).write(pos[mine], toks[mine], feats[mine], self.params.grow)
                     continue
                 where, slot = torch.unique(pos[mine], return_inverse=True)
-                last = torch.zeros(len(where), dtype=torch.long).scatter_reduce_(0, slot, mine, "amax",
+                last = torch.zeros(len(where), dtype=torch.long, device=self.device).scatter_reduce_(0, slot, mine, "amax",
                                                                                  include_self=False)
                 self._state(seq).write(where, toks[last], feats[last], self.params.grow)
 
@@ -121,7 +125,8 @@ class DraftHeadDrafter(Drafter):
     def _state(self, seq: int) -> HeadSeqState:
         if seq not in self.states:
             c = self.head.cfg
-            self.states[seq] = HeadSeqState(c.hidden * len(c.layers), c.n_kv_heads, c.head_dim, self.first_entry)
+            self.states[seq] = HeadSeqState(c.hidden * len(c.layers), c.n_kv_heads, c.head_dim, self.first_entry,
+                                            self.device)
         return self.states[seq]
 
     # ---- lifecycle --------------------------------------------------------------------------------------
@@ -156,7 +161,7 @@ class DraftHeadDrafter(Drafter):
         if result is None or result.hidden is None:
             return
         self.unsorted.append((list(batch.seq), list(batch.pos), list(batch.tokens),
-                              result.hidden_of(self.hidden_layers)))
+                              result.hidden_of(self.hidden_layers).to(self.device)))
         if len(batch.seq) < self.params.prefill_rows:
             if len(self.unsorted) >= self.sort_every:
                 self._sort()
@@ -195,7 +200,7 @@ class DraftHeadDrafter(Drafter):
         """Make each sequence's KV entries up to the end of its confirmed tokens, from the features the target
         gave. query: the last token's entry is remade (id_last's, whose feature row may have changed) and its
         query returned with it. Returns (fused features of the new rows, each sequence's last row, q)."""
-        head = self.head
+        head, dev = self.head, self.device
         raw, known, toks, pos, spans = [], [], [], [], []
         self._sort()
         for seq, confirmed in wanted:
@@ -205,24 +210,25 @@ class DraftHeadDrafter(Drafter):
             st.reserve(len(confirmed), self.params.grow)
             # entry t is made from the feature of t - 1, if that row's token is the confirmed one; at position
             # 0, or where a position was never forwarded, the feature is zero, as in training
-            want = torch.tensor([confirmed[t - 1] if t >= 1 else -2 for t in range(n, len(confirmed))])
+            want = torch.tensor([confirmed[t - 1] if t >= 1 else -2 for t in range(n, len(confirmed))], device=dev)
             if n >= 1:  # positions n - 1 .. len - 2: one slice
                 known.append(st.feat_tok[n - 1:len(confirmed) - 1] == want)
                 raw.append(st.feats[n - 1:len(confirmed) - 1])
             else:
-                prev = torch.arange(n - 1, len(confirmed) - 1).clamp(min=0)
+                prev = torch.arange(n - 1, len(confirmed) - 1, device=dev).clamp(min=0)
                 known.append(st.feat_tok[prev] == want)
                 raw.append(st.feats[prev])
             toks += confirmed[n:]
-            pos.append(torch.arange(n, len(confirmed)))
+            pos.append(torch.arange(n, len(confirmed), device=dev))
             spans.append(len(confirmed) - n)
         known_t = torch.cat(known)
         fused = head.fuse(torch.cat(raw)) * known_t[:, None]
-        lasts = torch.tensor(spans).cumsum(0) - 1  # each sequence's last row: where its drafting starts
+        lasts = torch.tensor(spans, device=dev).cumsum(0) - 1  # each sequence's last row: where its drafting starts
+        toks_t = torch.tensor(toks, device=dev)
         if query:
-            q, k, v = head.kv_then_q(fused, torch.tensor(toks), torch.cat(pos), lasts)
+            q, k, v = head.kv_then_q(fused, toks_t, torch.cat(pos), lasts)
         else:
-            q, (k, v) = None, head.kv(fused, torch.tensor(toks), torch.cat(pos))
+            q, (k, v) = None, head.kv(fused, toks_t, torch.cat(pos))
         start = 0
         for (seq, _), n_new in zip(wanted, spans):
             self._state(seq).put_kv(k[start:start + n_new], v[start:start + n_new], toks[start:start + n_new])
@@ -234,8 +240,8 @@ class DraftHeadDrafter(Drafter):
         d2t = self.head.d2t
         if r.want_q:
             q_small, ids = top_k_q(logits, self.params.top_k, self.streams.temp(r.seq))
-            j = int(torch.multinomial(q_small, 1, generator=self.streams.generator(r.seq)))
-            q = torch.zeros(self.head.cfg.target_vocab)
+            j = int(torch.multinomial(q_small, 1, generator=self.streams.generator(r.seq, q_small.device)))
+            q = torch.zeros(self.head.cfg.target_vocab, device=q_small.device)
             q[d2t[ids]] = q_small
             return int(d2t[ids[j]]), float(q_small.max()), float(q_small[j]), q
         probs = torch.softmax(logits, dim=-1)
@@ -287,8 +293,8 @@ class DraftHeadDrafter(Drafter):
                 break
             live = [live[n] for n in keep]
             feat = g[keep]
-            toks = torch.tensor([requests[i].result[-1] for i in live])
-            pos = torch.tensor([base[requests[i].seq] + len(requests[i].result) - 1 for i in live])
+            toks = torch.tensor([requests[i].result[-1] for i in live], device=self.device)
+            pos = torch.tensor([base[requests[i].seq] + len(requests[i].result) - 1 for i in live], device=self.device)
             q, k, v = head.qkv(feat, toks, pos)
             for n, i in enumerate(live):
                 self._state(requests[i].seq).put_kv(k[n:n + 1], v[n:n + 1], [requests[i].result[-1]])

@@ -29,7 +29,7 @@ def rotary_frequencies(rope: dict, head_dim: int) -> tuple[torch.Tensor, float]:
     theta = float(rope.get("rope_theta", 10000.0))
     kind = rope.get("rope_type", "default")
     if kind == "default":
-        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)), 1.0
+        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim)), 1.0
     if kind == "dynamic":  # its frequencies change with the sequence's length: not a fixed table
         raise ValueError("EAGLE-3 checkpoint: dynamic RoPE scaling is not supported")
     from transformers import LlamaConfig
@@ -51,15 +51,19 @@ class Eagle3Head(DraftHead):
         self.inv_freq, self.rope_scaling = rotary_frequencies(ck.rope, cfg.head_dim)
         self.lm_head = ck.tensors["lm_head.weight"]  # [draft_vocab, hidden] float32, the trained LM head
         self.own_embed = ck.embed  # the head's own token table where it carries one (else the target's)
-        offsets = ck.tensors.get("d2t", torch.zeros(cfg.draft_vocab, dtype=torch.long))
+        offsets = ck.tensors.get("d2t", torch.zeros(cfg.draft_vocab, dtype=torch.long, device="cpu"))
         state = {k: v for k, v in ck.tensors.items() if k not in ("lm_head.weight", "d2t")}
-        state.update(feat_mu=torch.zeros(self.feat_mu.shape), feat_sigma=torch.ones(self.feat_sigma.shape),
-                     d2t=torch.arange(cfg.draft_vocab) + offsets.long())
+        state.update(feat_mu=torch.zeros(self.feat_mu.shape, device="cpu"),
+                     feat_sigma=torch.ones(self.feat_sigma.shape, device="cpu"),
+                     d2t=torch.arange(cfg.draft_vocab, device="cpu") + offsets.long())
         self.load_state_dict(state)
 
     def attach_target(self, embed_weight: torch.Tensor) -> None:
-        self.embed = (self.own_embed if self.own_embed is not None else embed_weight).detach()
-        self.lm_weight = self.lm_head
+        # the checkpoint's own tables go where the target's embeddings are (the drafter moved the modules there)
+        device = embed_weight.device
+        self.embed = (self.own_embed if self.own_embed is not None else embed_weight).detach().to(device)
+        self.lm_weight = self.lm_head = self.lm_head.to(device)
+        self.inv_freq = self.inv_freq.to(device)
 
     def for_inference(self, dtype: torch.dtype, integer: bool = False) -> None:
         """The linears fused and packed in the target's dtype, with their own values (no float16 store and no
@@ -81,9 +85,9 @@ class Eagle3Head(DraftHead):
 
     def _rope_at(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = int(pos.max()) + 1 if pos.numel() else 0
-        if n > self.rope_cos.shape[0]:
+        if n > self.rope_cos.shape[0] or self.rope_cos.device != pos.device:
             size = max(n, 2 * self.rope_cos.shape[0], 256)
-            ang = torch.arange(size, dtype=torch.float32)[:, None] * self.inv_freq
+            ang = torch.arange(size, dtype=torch.float32, device=pos.device)[:, None] * self.inv_freq.to(pos.device)
             ang = torch.cat([ang, ang], dim=-1).unsqueeze(-2)
             self.rope_cos, self.rope_sin = ang.cos() * self.rope_scaling, ang.sin() * self.rope_scaling
         return self.rope_cos[pos], self.rope_sin[pos]
@@ -128,7 +132,7 @@ def check_fits(ck: Eagle3Checkpoint, target) -> tuple[int, ...]:
                          f"gives ({ck.draft_vocab}, {ck.hidden})")
     d2t = ck.tensors.get("d2t")
     if d2t is not None and (d2t.shape != (ck.draft_vocab,)
-                            or int((torch.arange(ck.draft_vocab) + d2t).max()) >= emb.shape[0]):
+                            or int((torch.arange(ck.draft_vocab, device="cpu") + d2t.cpu()).max()) >= emb.shape[0]):
         raise ValueError("draft-eagle3: d2t does not map the draft vocabulary into the target's")
     if ck.embed is not None and tuple(ck.embed.shape) != tuple(emb.shape):
         raise ValueError(f"draft-eagle3: the head's embedding table is {tuple(ck.embed.shape)}, the target's "
@@ -144,7 +148,8 @@ def eagle3_head(ck: Eagle3Checkpoint, target) -> Eagle3Head:
                      target_vocab=ck.target_vocab, rope_theta=float(ck.rope.get("rope_theta", 10000.0)),
                      rms_eps=ck.rms_eps, extra={"layout": ck.layout})
     try:
-        head = Eagle3Head(cfg, ck)
+        with torch.device("cpu"):  # built where the checkpoint was read; the drafter moves it beside the target
+            head = Eagle3Head(cfg, ck)
     except RuntimeError as e:  # a tensor whose shape the config does not give
         raise ValueError(f"draft-eagle3: the weights do not match the config: {e}") from None
     return head.eval()

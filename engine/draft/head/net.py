@@ -265,9 +265,10 @@ class DraftHead(nn.Module):
     def _rope_at(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [..., n, 1, d] at pos, from tables that grow by doubling (the same values rope computes)."""
         n = int(pos.max()) + 1 if pos.numel() else 0
-        if n > self.rope_cos.shape[0]:
+        if n > self.rope_cos.shape[0] or self.rope_cos.device != pos.device:
             size = max(n, 2 * self.rope_cos.shape[0], 256)
-            self.rope_cos, self.rope_sin = rope_angles(torch.arange(size), self.cfg.head_dim, self.cfg.rope_theta)
+            self.rope_cos, self.rope_sin = rope_angles(torch.arange(size, device=pos.device), self.cfg.head_dim,
+                                                       self.cfg.rope_theta)
         return self.rope_cos[pos], self.rope_sin[pos]
 
     def finish(self, feat: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -316,11 +317,12 @@ def save_head(head: DraftHead, path: Path) -> None:
 
 
 def load_head(path: Path) -> DraftHead:
-    """A head from save_head's files, in float32, target parts not yet attached."""
+    """A head from save_head's files, in float32 on the CPU, target parts not yet attached."""
     from safetensors.torch import load_file
 
     cfg = HeadConfig.from_json(path.with_suffix(".json").read_text())
-    head = DraftHead(cfg)
+    with torch.device("cpu"):  # built where the file is read; the drafter moves it beside the target
+        head = DraftHead(cfg)
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in load_file(str(path)).items()}
     head.load_state_dict(state)
     return head.eval()

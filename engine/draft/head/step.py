@@ -67,7 +67,7 @@ class HeadStep:
         """Target hidden states [n, layers * hidden] -> fused feature [n, hidden]."""
         x = _f32(feats)
         w = self.w["fc"]
-        out = torch.empty(_rows(x, w.k, "features"), self.d)
+        out = torch.empty(_rows(x, w.k, "features"), self.d, device="cpu")
         if out.shape[0] == 0:
             return out
         self._call("head_fuse", x.data_ptr(), x.shape[0], w.k, self.vec["mu"].data_ptr(),
@@ -85,7 +85,7 @@ class HeadStep:
             raise ValueError(f"head step: {n} features for {e.shape[0]} tokens at {cos.shape[0]} positions")
         w = self.w[which]
         n_rope = self.n_kv + (self.n_heads if which == "qkv" else 0)
-        y = torch.empty(n, w.n)
+        y = torch.empty(n, w.n, device="cpu")
         if n == 0:
             return y.view(0, -1, self.hd)
         self._call("head_qkv", x.data_ptr(), e.data_ptr(), x.shape[0], self.d, self.vec["emb"].data_ptr(),
@@ -100,7 +100,7 @@ class HeadStep:
         n = _rows(f, self.d, "features")
         if _rows(a, self.w["o"].k, "attention outputs") != n:
             raise ValueError(f"head step: {n} features for {a.shape[0]} attention rows")
-        out = torch.empty(n, self.d)
+        out = torch.empty(n, self.d, device="cpu")
         if n == 0:
             return out
         self._call("head_finish", f.data_ptr(), a.data_ptr(), f.shape[0], self.d, a.shape[1], gu.n // 2,
@@ -112,7 +112,7 @@ class HeadStep:
         """Draft-vocabulary logits [n, draft_vocab]."""
         x = _f32(g)
         lm = self.w["lm"]
-        out = torch.empty(_rows(x, self.d, "features"), lm.n)
+        out = torch.empty(_rows(x, self.d, "features"), lm.n, device="cpu")
         if out.shape[0] == 0:
             return out
         self._call("head_logits", x.data_ptr(), x.shape[0], self.d, self.vec["norm"].data_ptr(), self.eps,

@@ -126,8 +126,8 @@ def grow_many(head, seeds: list[TreeSeed], params: HeadTreeParams, cost: StepCos
             break
         t0 = time.perf_counter()
         feats = torch.stack([gr.nodes[i].g_parent for gr, front in fronts for i in front])
-        toks = torch.tensor([gr.nodes[i].token for gr, front in fronts for i in front])
-        pos = torch.tensor([gr.seed.base + depth - 1 for gr, front in fronts for _ in front])
+        toks = torch.tensor([gr.nodes[i].token for gr, front in fronts for i in front], device=feats.device)
+        pos = torch.tensor([gr.seed.base + depth - 1 for gr, front in fronts for _ in front], device=feats.device)
         q, k, v = head.qkv(feats, toks, pos)  # [F, heads, d], [F, kv_heads, d]
         attn, row = [], 0
         for gr, front in fronts:
@@ -203,10 +203,11 @@ def _attend(head, q: torch.Tensor, st_k, st_v, tree_k, tree_v, seen: list[list[i
     keys = torch.cat([st_k, tree_k]).transpose(0, 1)[None]  # [1, kv_heads, base + E, d]
     values = torch.cat([st_v, tree_v]).transpose(0, 1)[None]
     base = st_k.shape[0]
-    mask = torch.zeros(len(seen), base + tree_k.shape[0], dtype=torch.bool)
+    mask = torch.zeros(len(seen), base + tree_k.shape[0], dtype=torch.bool, device="cpu")  # filled row by row
     mask[:, :base] = True
     for r, entries in enumerate(seen):
         mask[r, [base + e for e in entries]] = True
+    mask = mask.to(q.device)  # one copy to the head's device
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys, values, attn_mask=mask[None, None],
                                          enable_gqa=True)  # [1, heads, F, d]
     return out[0].transpose(0, 1).reshape(len(seen), -1)
