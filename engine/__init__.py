@@ -30,6 +30,7 @@ _FACE = {  # public name -> (module, its name there)
     "ModelLoadError": ("engine.load.models", "ModelLoadError"),
     "VocabMismatchError": ("engine.load.models", "VocabMismatchError"),
     "DTYPE_CHOICES": ("engine.load.dtype", "CHOICES"),
+    "packaged_names": ("engine.load.packaged", "packaged_names"),  # models PyPI packages ship, by short name
     "linear_paths": ("engine.forward.prepack", "linear_paths"),
     # drafters and their counters
     "NGRAM_CHAIN": ("engine.draft.registry", "NGRAM_CHAIN"),

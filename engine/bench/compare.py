@@ -24,14 +24,14 @@ ROWS = {"hf": ("hf-generate", "hf-prompt-lookup"), "llama.cpp": ("llama.cpp",)}
 
 def parse_compare(text: str | None, target: str) -> list[str]:
     """The --compare list, checked before any model loads."""
-    from engine.load.models import EMBEDDED
+    from engine.load.packaged import packaged_names
 
     kinds = [k.strip() for k in (text or "").split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise ValueError(f"--compare takes {', '.join(KINDS)} (comma-separated), not {bad[0]!r}")
-    if "llama.cpp" in kinds and target != EMBEDDED and not target.endswith(".gguf"):
-        raise ValueError("--compare llama.cpp needs a .gguf target (or 'embedded')")
+    if "llama.cpp" in kinds and target not in packaged_names() and not target.endswith(".gguf"):
+        raise ValueError(f"--compare llama.cpp needs a .gguf target (or one of {', '.join(packaged_names())})")
     return kinds
 
 
@@ -51,9 +51,9 @@ class Comparators:
                                       prepack=False)
         if "llama.cpp" in kinds:
             from engine.bench import llamacpp
-            from engine.load.models import EMBEDDED, embedded_gguf_path
+            from engine.load.packaged import packaged_gguf
 
-            path = embedded_gguf_path() if cfg.target == EMBEDDED else cfg.target
+            path = packaged_gguf(cfg.target) or cfg.target
             out.llama = llamacpp.open_model(path, n_ctx=n_ctx)
         return out
 

@@ -1,7 +1,7 @@
 """Loading target and draft models, and the vocabulary compatibility check of llama.cpp.
 
-Sources: "embedded" (the GGUF inside a PyPI package, engine/load/gguf.py), a local directory, a .gguf file, or a
-HF hub id. Every failure becomes a ModelLoadError with a one-line reason. A model's own remote code never runs
+Sources: a packaged model ("embedded", "gemma3-270m": a GGUF that PyPI packages ship, engine/load/packaged.py), a
+local directory, a .gguf file, or a HF hub id. Every failure becomes a ModelLoadError with a one-line reason. A model's own remote code never runs
 unless the user asked for it (the --trust-remote-code flag of app.py and the bench); it is off by default.
 """
 
@@ -16,6 +16,7 @@ from pathlib import Path
 from engine.load.disk_cache import cap_bytes, prune
 from engine.load.errors import ModelLoadError, VocabMismatchError
 from engine.load.gguf import EMBEDDED, cache_dir, embedded_gguf_path, gguf_config, load_gguf, stored_blocks
+from engine.load.packaged import GEMMA3, packaged_gguf
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_START_TOKEN_ID = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
@@ -72,7 +73,7 @@ def pick_device(device: str | None) -> str:
 
 def load_model(name: str, device: str | None = None, trust_remote_code: bool = False,
                dtype: str = "float32", prepack: bool = True) -> LoadedModel:
-    """Load `name` ("embedded", a directory, a .gguf file or a hub id). Raises ModelLoadError.
+    """Load `name` ("embedded", "gemma3-270m", a directory, a .gguf file or a hub id). Raises ModelLoadError.
 
     dtype: "float32", "bfloat16", "int8" or "auto" (measured on this machine: engine/load/dtype.py). prepack: replace the
     CPU linears' weights by oneDNN's packed layout (engine/forward/prepack.py); off for a stock model to train through
@@ -118,8 +119,9 @@ def _prune_cache(cap: int, t_start: float) -> None:
 
 def _gguf_source(name: str) -> Path | None:
     """The GGUF file `name` stands for, None where it names a directory or a hub id."""
-    if name == EMBEDDED:
-        return embedded_gguf_path()
+    packaged = packaged_gguf(name)
+    if packaged is not None:
+        return packaged
     if not name.endswith(".gguf"):
         return None
     path = Path(name).expanduser()
@@ -134,7 +136,8 @@ def _load_from_gguf(path: Path, device: str, dtype: str, prepack: bool):
 
     from engine.load.dtype import choose_dtype
 
-    choice = choose_dtype(dtype, gguf_config(path), device, stored_blocks(path, device, prepack))
+    config = gguf_config(path)
+    choice = choose_dtype(dtype, config, device, stored_blocks(path, device, prepack, config))
     model, tok = load_gguf(path, getattr(torch, choice.torch_name))
     return model, tok, choice
 
