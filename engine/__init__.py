@@ -31,6 +31,7 @@ _FACE = {  # public name -> (module, its name there)
     "VocabMismatchError": ("engine.load.models", "VocabMismatchError"),
     "DTYPE_CHOICES": ("engine.load.dtype", "CHOICES"),
     "DEVICE_HELP": ("engine.forward.device", "DEVICE_HELP"),
+    "packaged_names": ("engine.load.packaged", "packaged_names"),  # models PyPI packages ship, by short name
     "linear_paths": ("engine.forward.prepack", "linear_paths"),
     # drafters and their counters
     "NGRAM_CHAIN": ("engine.draft.registry", "NGRAM_CHAIN"),

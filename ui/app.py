@@ -7,6 +7,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from engine import packaged_names
 from ui import arena_tab, bench_tab, handlers, lesson
 from ui.charts import acceptance_figure, plotly_figure, speed_figure
 from ui.examples import load_examples
@@ -96,8 +97,11 @@ def sidebar_controls(app: AppState) -> tuple[dict, dict]:
     with gr.Sidebar(open=True, width=360):
         gr.Markdown("### Models")
         rt = app.runtime
-        c["target"] = gr.Textbox(label="Target model", value=rt.target.name if rt else "embedded",
-                                 info="embedded, a HF hub id, a local directory or a .gguf file", elem_id="target-box")
+        # the packaged models offline, or any name typed in (a hub id, a directory, a .gguf file)
+        c["target"] = gr.Dropdown(choices=list(packaged_names()), value=rt.target.name if rt else "embedded",
+                                  allow_custom_value=True, label="Target model", elem_id="target-box",
+                                  info="embedded (SmolLM2-135M), gemma3-270m, a HF hub id, a local directory or a "
+                                       ".gguf file")
         c["draft"] = gr.Textbox(label="Draft model", value=rt.draft.name if rt and rt.draft else "",
                                 placeholder="none", info="enables draft-simple; another vocabulary: draft-uni",
                                 elem_id="draft-box")

@@ -24,14 +24,16 @@ ROWS = {"hf": ("hf-generate", "hf-prompt-lookup"), "llama.cpp": ("llama.cpp",)}
 
 def parse_compare(text: str | None, target: str) -> list[str]:
     """The --compare list, checked before any model loads."""
-    from engine.load.models import EMBEDDED, EMBEDDED_Q8
+    from engine.load.models import EMBEDDED_Q8
+    from engine.load.packaged import packaged_names
 
     kinds = [k.strip() for k in (text or "").split(",") if k.strip()]
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise ValueError(f"--compare takes {', '.join(KINDS)} (comma-separated), not {bad[0]!r}")
-    if "llama.cpp" in kinds and target not in (EMBEDDED, EMBEDDED_Q8) and not target.endswith(".gguf"):
-        raise ValueError("--compare llama.cpp needs a .gguf target (or 'embedded', 'embedded-q8')")
+    gguf_names = (*packaged_names(), EMBEDDED_Q8)
+    if "llama.cpp" in kinds and target not in gguf_names and not target.endswith(".gguf"):
+        raise ValueError(f"--compare llama.cpp needs a .gguf target (or one of {', '.join(gguf_names)})")
     return kinds
 
 

@@ -26,6 +26,7 @@ from engine.forward.gemm import SmallGemm
 from engine.forward.kernels import registry
 
 GROUP = 32  # weights per GGUF block along the inputs, both types
+MAPPED_FAMILIES = ("llama", "mistral", "qwen2")  # the model types whose GGUF tensor names `_targets` maps
 # llama.cpp's tensor names -> the Llama-family module names transformers gives them
 _LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -110,10 +111,11 @@ def _llama_reverse_permute(n_rows: int, n_heads: int) -> np.ndarray:
     return np.arange(n_rows).reshape(n_heads, half, 2).transpose(0, 2, 1).reshape(-1)
 
 
-def blocks_read(path: Path, device: str) -> str:
+def blocks_read(path: Path, device: str, model_type: str) -> str:
     """"Q4_1, Q8_0": the quantisations of this GGUF's matrices the float32 path on `device` would read as
-    stored; "" where none, or where the kernel does not run here."""
-    if device != "cpu" or load_kernels()[2]:
+    stored; "" where none, where the kernel does not run here, or for a family whose names are not mapped (its
+    file is then not parsed: gguf-py reads a 262k-token vocabulary's strings one by one, a minute and more)."""
+    if device != "cpu" or model_type not in MAPPED_FAMILIES or load_kernels()[2]:
         return ""
     from gguf import GGMLQuantizationType, GGUFReader
 
@@ -183,7 +185,7 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool =
     blocks (before engine/forward/prepack.py packs the others, which it then skips). dot: multiplied by 8-bit inputs in
     integers (llama.cpp's arithmetic), else read as float32 (the float32 weights' bits). (linears taken, why
     not others)."""
-    if getattr(model.config, "model_type", "") not in ("llama", "mistral", "qwen2"):
+    if getattr(model.config, "model_type", "") not in MAPPED_FAMILIES:
         return 0, f"{model.config.model_type}: only the Llama family's GGUF names are mapped"
     fns, nb, why = load_kernels()
     if not fns or (dot and "q4_1_dot" not in fns):

