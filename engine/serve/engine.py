@@ -16,7 +16,6 @@ from typing import Iterator
 import torch
 
 from engine.batch import output_limits
-from engine.memory.context import ModelContext
 from engine.draft.base import Drafter
 from engine.draft.chain import DrafterChain
 from engine.draft.registry import default_params, parse_types
@@ -32,21 +31,15 @@ from engine.memory.probe import ProbeResult, probe_context
 from engine.memory.self_check import SelfCheck, self_check
 from engine.round.round import Round
 from engine.round.slot import Slot
-from engine.memory.stateful import StatefulContext, has_own_state
 from engine.serve.drafters import DrafterContext, build_drafter
+from engine.serve.grammars import grammar_tokenizer_of
 from engine.serve.placement import Placement
 from engine.serve.prefill import N_BATCH, Prefiller
+from engine.serve.requests import check_prompt, make_context
 from engine.serve.threads import ThreadGovernor
 from engine.sampling import Sampler
 
 MIN_CELLS_PER_SLOT = 64  # a cache smaller than this per slot could not hold a useful chat in every slot
-
-
-def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int, n_rs: int = 0):
-    """The cell cache for attention models; the model's own per-sequence cache where layers keep a state."""
-    if has_own_state(model):
-        return StatefulContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max, n_rs=n_rs)
-    return ModelContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max)
 
 
 class Engine:
@@ -138,12 +131,7 @@ class Engine:
         """The target's tokenizer for grammar matchers (slow to build, so once per engine). Its end of
         sequence is the engine's: a complete grammar allows exactly the tokens that end the answer."""
         if self._grammar_tokenizer is None:
-            from llguidance.hf import from_tokenizer
-
-            try:
-                self._grammar_tokenizer = from_tokenizer(self.target.tokenizer, eos_token=sorted(self.eos) or None)
-            except Exception as e:
-                raise ValueError(f"grammars need a fast tokenizer with a known decoder; this model's: {e}") from None
+            self._grammar_tokenizer = grammar_tokenizer_of(self.target.tokenizer, sorted(self.eos))
         return self._grammar_tokenizer
 
     def drafter(self, name: str) -> Drafter:
@@ -157,9 +145,7 @@ class Engine:
     def draft_type(self) -> str | None:
         """The drafter a loaded draft model drafts through: draft-simple with the target's vocabulary, draft-uni
         with another; None without a draft model."""
-        if self.draft_model is None:
-            return None
-        return "draft-uni" if self.draft_mismatch is not None else "draft-simple"
+        return None if self.draft_model is None else "draft-uni" if self.draft_mismatch is not None else "draft-simple"
 
     # ---- slots -------------------------------------------------------------------------------------------
 
@@ -182,18 +168,7 @@ class Engine:
         engine runs them (the drafter chain parsed), a copy: the caller's stay as they were."""
         params.validate()
         params = replace(params, spec=replace(params.spec, types=parse_types(params.spec.types)))
-        if not prompt:
-            raise ValueError("empty prompt")
-        if isinstance(prompt, (str, bytes, dict)) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                            for t in prompt):
-            raise ValueError(f"a prompt is a list of token ids (int), got {type(prompt).__name__}"
-                             + ("" if isinstance(prompt, (str, bytes, dict)) else
-                                f" holding {type(next(t for t in prompt if not isinstance(t, int))).__name__}"))
-        if min(prompt) < 0 or max(prompt) >= self.ctx.n_vocab:
-            raise ValueError(f"prompt token ids must be in [0, {self.ctx.n_vocab}): got {min(prompt)}..{max(prompt)}")
-        limit = self.prompt_limit
-        if len(prompt) + 1 > limit:
-            raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {limit} tokens")
+        check_prompt(prompt, self.ctx.n_vocab, self.prompt_limit)
         if params.grammar is not None:
             params.grammar.validate(self.grammar_tokenizer())
         if params.spec.types and not self.probe.can_speculate:

@@ -86,3 +86,13 @@ class GrammarCache:
                 while len(self.compiled) > self.kept:
                     self.compiled.popitem(last=False)
         job.done.set()
+
+
+def grammar_tokenizer_of(tokenizer, eos: list[int]):
+    """llguidance's view of a tokenizer, its end of sequence the engine's; ValueError where it cannot read it."""
+    from llguidance.hf import from_tokenizer
+
+    try:
+        return from_tokenizer(tokenizer, eos_token=eos or None)
+    except Exception as e:  # any type: llguidance raises what the tokenizer's decoder raises
+        raise ValueError(f"grammars need a fast tokenizer with a known decoder; this model's: {e}") from None

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.events import ErrorEvent, RoundEvent
+from engine.memory.context import ModelContext
+from engine.memory.stateful import StatefulContext, has_own_state
 from engine.params import GenParams
 from engine.round.slot import Slot
 
@@ -73,3 +75,26 @@ class Command:
     kind: str  # "submit" | "stop" | "cancel" | "step" | "call"
     args: Any = None
     reply: Future | None = None
+
+
+def check_prompt(prompt: list[int], n_vocab: int, limit: int) -> None:
+    """ValueError with the reason where `prompt` is not token ids of this vocabulary that fit `limit` with an
+    answer's first token."""
+    if not prompt:
+        raise ValueError("empty prompt")
+    if isinstance(prompt, (str, bytes, dict)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                        for t in prompt):
+        raise ValueError(f"a prompt is a list of token ids (int), got {type(prompt).__name__}"
+                         + ("" if isinstance(prompt, (str, bytes, dict)) else
+                            f" holding {type(next(t for t in prompt if not isinstance(t, int))).__name__}"))
+    if min(prompt) < 0 or max(prompt) >= n_vocab:
+        raise ValueError(f"prompt token ids must be in [0, {n_vocab}): got {min(prompt)}..{max(prompt)}")
+    if len(prompt) + 1 > limit:
+        raise ValueError(f"prompt of {len(prompt)} tokens does not fit the context of {limit} tokens")
+
+
+def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int, n_rs: int = 0):
+    """The cell cache for attention models; the model's own per-sequence cache where layers keep a state."""
+    if has_own_state(model):
+        return StatefulContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max, n_rs=n_rs)
+    return ModelContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max)
