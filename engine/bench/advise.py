@@ -25,6 +25,7 @@ from engine.bench.cli import load_prompts
 from engine.bench.contest import engine_runner
 from engine.bench.run import prompt_ids_of
 from engine.draft.registry import parse_types, starting_chain
+from engine.forward.device import DEVICE_HELP
 from engine.load.dtype import CHOICES
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
@@ -58,6 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--n-ctx", type=int, default=4096, help="cells of the KV cache")
     ap.add_argument("--dtype", choices=list(CHOICES), default="auto")
     ap.add_argument("--threads", type=int, default=None, help="forwards on this many threads (default: all)")
+    ap.add_argument("--device", default="auto", help=DEVICE_HELP)
     ap.add_argument("--trust-remote-code", action="store_true")
     ap.add_argument("--out", default=None, help="also the table as CSV")
     return ap.parse_args(argv)
