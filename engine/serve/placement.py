@@ -88,3 +88,16 @@ class Placement:
                 if n > best[1]:
                     best = (other.seq, n)
         return best
+
+
+def seats(engine, head, free: list[int]) -> list[int]:
+    """The free sequences in the order the waiting request `head` takes them: a step-mode slot coming back its
+    own (its cells are still there), a lone request the one holding most of its prompt (engine.affinity)."""
+    free = list(free)
+    if head.group is None and head.parked is None:
+        free.sort(key=lambda s: engine.affinity(head.prompt, s, head.params.cache_salt))
+    home = head.parked.seq if head.parked is not None else None
+    if home in free:
+        free.remove(home)
+        free.insert(0, home)
+    return free

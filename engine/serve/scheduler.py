@@ -23,14 +23,14 @@ import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from typing import Any, Callable
 
 from engine.events import ErrorEvent, RoundEvent, WaitEvent
 from engine.params import GenParams
 from engine.round.slot import Slot
 from engine.serve.engine import Engine
+from engine.serve.placement import seats
 from engine.serve.requests import (Command, Generation, QueueFull, Request, end_generations, refuse,
                                    stopped_without_a_slot)
 from engine.serve.grammars import GrammarCache
@@ -40,9 +40,7 @@ QUEUE_MAX = 64  # requests that may wait for a slot (llama-server has no bound; 
 IDLE_WAIT_S = 1.0  # how long the thread sleeps on an empty command queue when nothing generates
 REPLY_TIMEOUT_S = 120.0  # a caller gives up on a command the engine thread has not answered by then
 STEP_IDLE_S = 60.0  # a step-mode generation idle this long gives its slot to a waiting request
-# a step-mode generation nobody has stepped for this long is ended: its client has gone (an API client leaves no
-# unload event), and its slot or parked cells would otherwise be held for good
-STEP_ABANDON_S = 900.0
+STEP_ABANDON_S = 900.0  # a step-mode generation unstepped this long is ended: its client left without a word
 
 
 class Scheduler:
@@ -279,24 +277,16 @@ class Scheduler:
 
     def _free_seqs(self) -> list[int]:
         """Sequences without a running generation; those that still hold a parked slot's cells come last."""
-        free = [s for s in range(self.engine.ctx.n_seq_max) if s not in self.running]
-        return sorted(free, key=lambda s: s in self.engine.parked)
+        return sorted((s for s in range(self.engine.ctx.n_seq_max) if s not in self.running),
+                      key=lambda s: s in self.engine.parked)
 
     def _admit(self) -> None:
         """Give free slots to waiting requests in arrival order; a group is admitted whole or waits whole."""
         while self.waiting:
             head = self.waiting[0]
             members = [r for r in head.group if r in self.waiting] if head.group is not None else [head]
-            free = self._free_seqs()
-            if len(members) > len(free):
-                break
-            home = head.parked.seq if head.parked is not None else None
-            if head.group is None and head.parked is None:  # the sequence holding its own earlier turn first
-                free.sort(key=lambda s: self.engine.affinity(head.prompt, s, head.params.cache_salt))
-            if home in free:  # a step-mode slot coming back takes its own sequence: its cells are still there
-                free.remove(home)
-                free.insert(0, home)
-            if not self._fits(members, free):
+            free = seats(self.engine, head, self._free_seqs())
+            if len(members) > len(free) or not self._fits(members, free):
                 break  # the running generations hold the cells it needs: it waits for them to end
             for r, seq in zip(members, free):
                 self.waiting.remove(r)
