@@ -42,14 +42,18 @@ def check_tokens(n: int, n_vocab: int) -> list[int]:
     return [(n_vocab * (3 * i + 1)) // (3 * n + 2) for i in range(n)]
 
 
-def _engine_logits(ctx, tokens: list[int], split: int, seq: int) -> torch.Tensor:
-    out = []
+def _engine_logits(ctx, tokens: list[int], split: int, seq: int) -> tuple[torch.Tensor, list[int]]:
+    """Logits of the engine's two forwards (the second over the first's cells) and their positions: the last
+    rows of each, as many as the context returns (those past the window among them)."""
+    out, positions = [], []
     for p0, p1 in ((0, split), (split, len(tokens))):
+        first_out = p1 - min(p1 - p0, ctx.n_outputs_max or p1 - p0)
         batch = Batch()
         for p in range(p0, p1):
-            batch.add(tokens[p], p, seq, True)
+            batch.add(tokens[p], p, seq, p >= first_out)
         out.append(ctx.decode(batch).logits)
-    return torch.cat(out)
+        positions += range(first_out, p1)
+    return torch.cat(out), positions
 
 
 def _error(ctx, logits: torch.Tensor, plain: torch.Tensor) -> tuple[bool, str]:
@@ -64,11 +68,11 @@ def _error(ctx, logits: torch.Tensor, plain: torch.Tensor) -> tuple[bool, str]:
 def _compare(ctx, window: int, seq: int) -> tuple[bool, str]:
     tokens = check_tokens(window + CHECK_PAST, ctx.n_vocab)
     try:
-        logits = _engine_logits(ctx, tokens, window // 2, seq)
+        logits, positions = _engine_logits(ctx, tokens, window // 2, seq)
     finally:
         ctx.seq_rm(seq, -1, -1)
     with torch.inference_mode():
-        plain = ctx.model(input_ids=torch.tensor([tokens], device=ctx.device)).logits[0].float()
+        plain = ctx.model(input_ids=torch.tensor([tokens], device=ctx.device)).logits[0].float()[positions]
     return _error(ctx, logits, plain)
 
 
