@@ -12,11 +12,13 @@ bfloat16 linears turn into logits half a unit apart. With the packed linears (en
 batch-invariant, a verification forward or a tree of drafts reproduces plain decoding's logits exactly, and a
 prompt prefilled at once leaves the cache a prompt prefilled in parts leaves.
 
-Two implementations of the same contract, chosen once per context (`RowAttention`):
+Implementations, chosen once per context (`RowAttention`):
 - `kernel`: engine/forward/kernels/cell_attention.c, one call per layer for all rows, a fixed order of arithmetic per
   row (float32, CPU; built on first use);
 - `torch`: one SDPA call per row over its cells (a slice when they form one run). Any dtype and device; every
-  verified row adds a call's fixed cost per layer to the forward, which is what the kernel removes.
+  verified row adds a call's fixed cost per layer to the forward, which is what the kernel removes;
+- `union` (off the CPU, where per-row calls cost a card its speed): every row in one SDPA call per layer over
+  the union of the rows' cells, lossless to the card's rounding (engine/forward/union_attention.py).
 
 The engine passes `cell_rows` (a `CellRows`, or a `LayerRows` where layers of several kinds see different
 cells) as a forward kwarg, which transformers hands to the attention function; a forward without it (a plain HF
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.forward.kernels import registry
+from engine.forward.union_attention import UnionCells, attend_union, union_of
 
 NAME = "spec_cells"  # the attention implementation name registered with transformers (over an SDPA model)
 NAME_EAGER = "spec_cells_eager"  # the same over a model configured eager (its own function for plain calls)
@@ -139,21 +142,24 @@ def batch_layout(cell_pos: torch.Tensor, cell_seq: torch.Tensor, n_live: int, ba
 
 
 class RowAttention:
-    """The attention implementation of one context: the C kernel where it applies, SDPA per row otherwise."""
+    """One context's attention: the C kernel where it applies, else torch (the union off the CPU, per row on it)."""
 
     def __init__(self, device: torch.device, cache_dtype: torch.dtype, use_kernel: bool = True,
-                 defines: tuple[str, ...] = ()):
-        """defines: -D options of the kernel's build (("BLOCK8",): AVX2's 8-wide vectors on an AVX512 CPU)."""
+                 defines: tuple[str, ...] = (), union: bool | None = None):
+        """defines: -D options of the kernel's build (("BLOCK8",): AVX2's 8-wide vectors on an AVX512 CPU);
+        union: all rows in one call per layer where the kernel does not run (None: off the CPU)."""
         self.kernel = None
+        self.union = torch.device(device).type != "cpu" if union is None else union
         entry = registry.LIBRARIES["cell_attention"]
+        fallback = "torch, all rows in one call per layer" if self.union else entry.fallback
         if not use_kernel:
-            self.reason = f"{entry.fallback} (kernel turned off)"
+            self.reason = f"{fallback} (kernel turned off)"
         elif torch.device(device).type != "cpu" or cache_dtype != torch.float32:
-            self.reason = f"{entry.fallback} (the kernel needs float32 on CPU, not {cache_dtype} on {device})"
+            self.reason = f"{fallback} (the kernel needs float32 on CPU, not {cache_dtype} on {device})"
         else:
             lib, where = registry.load("cell_attention", defines)
             if lib is None:
-                self.reason = f"{entry.fallback} ({where})"
+                self.reason = f"{fallback} ({where})"
             else:
                 self.kernel = lib.cell_attention
                 self.reason = entry.runs
@@ -169,6 +175,7 @@ class CellRows:
     layout: CellLayout
     impl: RowAttention
     _moved: dict = field(default_factory=dict)  # device -> each row's cells there (cells_on)
+    _unions: dict = field(default_factory=dict)  # device -> the rows' union of cells there (union_on)
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
                softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
@@ -176,6 +183,8 @@ class CellRows:
         softcap * tanh(score / softcap); sinks [H]: one extra logit per head in the softmax."""
         if self.impl.kernel is not None and softcap is None and sinks is None:
             return self._kernel(query, key, value, scaling)
+        if self.impl.union:
+            return attend_union(query, key, value, scaling, self.union_on(key.device), softcap, sinks)
         out = torch.empty_like(query)
         for r, cells in enumerate(self.cells_on(key.device)):
             k, v = _take(key, cells), _take(value, cells)
@@ -186,11 +195,16 @@ class CellRows:
         return out
 
     def cells_on(self, device: torch.device) -> list[slice | torch.Tensor]:
-        """Each row's cells as a slice or as indices on `device` (the layer's cells'): moved once per forward and
-        device, not once per row and layer."""
+        """Each row's cells as a slice or as indices on `device`, moved once per forward and device."""
         found = self._moved.get(device)
         if found is None:
             found = self._moved[device] = [c if isinstance(c, slice) else c.to(device) for c in self.row_cells]
+        return found
+
+    def union_on(self, device: torch.device) -> UnionCells:
+        found = self._unions.get(device)
+        if found is None:
+            found = self._unions[device] = union_of(self.layout.row_ptr, self.layout.cells, device)
         return found
 
     def _kernel(self, query, key, value, scaling) -> torch.Tensor:
