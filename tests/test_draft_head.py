@@ -290,7 +290,7 @@ def test_beside_other_slots_the_heads_tree_is_one_node_more_than_the_budget_last
     monkeypatch.setattr(engine.chain.gate.params, "probe_every", 1)
 
     def recording(requests):
-        before = dict(engine.round.budget_state.model_nodes)
+        before = {seq: record.model_nodes for seq, record in engine.round.budget_state.records.items()}
         draft(requests)
         for r in requests:
             if r.tree_max > 0:

@@ -1,5 +1,5 @@
 """A released sequence leaves nothing behind: after answers in chains and in trees on two slots, no mapping
-anywhere in the engine (chain, drafters, gate, length policy, budget, placement, memory) still holds a
+anywhere in the engine (its records of the sequences, drafters, placement, memory) still holds a
 released sequence's id, except the chain's per-sequence counters, which are read after the final event and
 replaced when the sequence begins again."""
 
@@ -45,6 +45,7 @@ def test_a_released_sequence_leaves_nothing_behind(tiny_target):
         engine.release(1)
     holding = set(mappings_holding(engine, {0, 1})) - KEPT - NOT_BY_SEQ
     assert not holding, sorted(holding)
+    assert 0 not in engine.records and 1 not in engine.records  # one record a sequence, gone with it
     assert engine.ctx.cache.n_used() == 0
 
 

@@ -58,7 +58,7 @@ def test_a_deep_sure_chain_pays_a_fixed_cost_that_one_node_alone_does_not():
     sure = DraftTree()
     sure.add_chain([5, 6, 7, 8, 9, 10], "x", scores=[0.98, 0.97, 0.96, 0.95, 0.94, 0.93])
     state = BudgetState(probe_every=100)
-    state.balance = {0: 0.0, 1: 10.0}  # the slot beside it can pay its share of a dearer forward
+    state.records.of(0).balance, state.records.of(1).balance = 0.0, 10.0  # the slot beside it can pay its share of a dearer forward
     assert plan({0: sure}, 2, cost.for_cells(2, 0), state, bare=[1]).kept[0] == [0, 1, 2, 3, 4, 5]
     one = DraftTree()
     one.add_chain([5], "x", scores=[0.98])
@@ -130,7 +130,7 @@ def test_a_slot_that_left_ahead_of_plain_decoding_stays_in_the_plain_round_the_o
     policy.cost = cost = _curve(min_seen=3)
     try:
         sb = SlotBudget(engine.chain)
-        sb.state.balance = {0: 2.4, 1: -0.5}
+        sb.state.records.of(0).balance, sb.state.records.of(1).balance = 2.4, -0.5
         sb.leave(0, [0, 1, 2])
         sb.leave(1, [1, 2])  # behind plain decoding: nobody waits for it
         assert sb.ghosts_of(1) == 1 and sb.ghosts_of(2) == 1 and sb.ghosts_of(0) == 0 and sb.ghosts_of(3) == 0

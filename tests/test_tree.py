@@ -214,7 +214,7 @@ def test_slots_whose_drafts_are_refused_rest_and_draft_again_together_on_probe_r
     # a node kept on its merit ends the rest: the slot drafts every round again
     cheap = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.0, 1.0])
     plan({0: _scored([([5, 6], [0.9, 0.8])])}, 2, cheap, state)
-    assert state.refused[0] == 0 and 0 not in state.interval
+    assert state.records[0].refused == 0 and state.records[0].interval is None
     state.next_round()
     assert not state.rests(0) and state.rests(1)
 
@@ -302,7 +302,7 @@ def test_a_slot_behind_plain_decoding_asks_more_of_its_scores_and_one_ahead_shar
     refused = plan({0: _scored([sure])}, 2, cost, BudgetState(probe_every=100), bare=[1])
     assert refused.kept[0] == [] and "without slowing a slot below plain decoding" in refused.why
     ahead.begin(1)  # a new generation in the slot starts even with plain decoding
-    assert ahead.balance == {}
+    assert ahead.records[1].balance is None
 
 
 def test_a_probe_is_a_slots_own_exploration_and_needs_the_others_to_afford_its_row():
@@ -463,10 +463,10 @@ def test_each_generation_is_measured_against_plain_decoding_from_its_start(engin
     while engine.active():
         events += engine.step()
     state = engine.round.budget_state
-    assert 0 in state.balance  # its rounds were settled against plain decoding
-    assert [e.balance for e in events if e.balance is not None][-1] == state.balance[0]  # the UI's figure
+    assert state.records[0].balance is not None  # its rounds were settled against plain decoding
+    assert [e.balance for e in events if e.balance is not None][-1] == state.records[0].balance  # the UI's figure
     engine.start(prompt, params, seq=0)  # the next turn in the same slot, not released in between
-    assert 0 not in state.balance
+    assert state.records[0].balance is None
     engine.release(0)
 
 
@@ -498,7 +498,7 @@ def test_beside_a_slot_that_cannot_pay_for_a_row_no_slot_drafts(engine):
         events = {e.seq: e for e in engine.step()}
         assert engine.chain.stats["ngram-simple"].n_call_draft == calls  # nobody drafted
         assert events[0].kind == "plain" and "slot 1 drafts nothing this round" in events[0].budget_why
-        state.balance[1] = 5.0  # slot 1 is well ahead of plain decoding: it can pay for rows
+        state.records.of(1).balance = 5.0  # slot 1 is well ahead of plain decoding: it can pay for rows
         engine.step()
         assert engine.chain.stats["ngram-simple"].n_call_draft == calls + 1
         # slot 1 behind again, but wanting more tokens than slot 0: slot 0 leaves first, and what it gains may
@@ -506,7 +506,7 @@ def test_beside_a_slot_that_cannot_pay_for_a_row_no_slot_drafts(engine):
         engine.release(1)
         engine.start(PROMPTS[1], GenParams(max_new_tokens=40, ignore_eos=True, spec=SpecParams(types=[])), seq=1)
         engine.step({1})  # its prefill
-        state.balance[1] = 0.0
+        state.records.of(1).balance = 0.0
         engine.step()
         assert engine.chain.stats["ngram-simple"].n_call_draft == calls + 2
     finally:
@@ -530,13 +530,13 @@ def test_beside_other_slots_a_round_drafted_for_nothing_counts_as_refused(engine
     try:
         for n in (1, 2):
             assert engine.round.slot_budget.plan(slots, offer_nothing(8)) is None
-            assert state.refused[5] == state.refused[6] == n
+            assert state.records[5].refused == state.records[6].refused == n
         state.n_rounds = 4 * state.probe_max + 1  # not a probe round of any interval
         assert state.rests(5) and state.rests(6)  # two rounds drafted for nothing: both rest
         engine.round.slot_budget.plan(slots, offer_nothing(0))  # a chain round, outside the budget: not counted
-        assert state.refused[5] == 2
+        assert state.records[5].refused == 2
         engine.round.slot_budget.plan(slots[:1], offer_nothing(8))  # alone, a slot never rests: not counted either
-        assert state.refused[5] == 2
+        assert state.records[5].refused == 2
     finally:
         for seq in (5, 6):
             state.forget(seq)
@@ -585,11 +585,11 @@ def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
     # the other slot probes on the same rounds, so one batched call serves both
     probes = [i for i, go in enumerate(decisions[0]) if go and i >= 2]
     assert probes == [i + 1 for i, go in enumerate(decisions[2]) if go and i >= 2]
-    assert gate.estimates[(0, "draft-head", False)].period == 12
+    assert gate.records[0].estimates[("draft-head", False)].period == 12
     assert gate.pays(0, "draft-head")  # round 12: a probe, and this time the head finds 2 tokens
     gate.note_cost(0, "draft-head", 0.004)
     gate.note_gain(0, "draft-head", 2)
-    assert gate.estimates[(0, "draft-head", False)].period == 3  # it pays again: probes every third round
+    assert gate.records[0].estimates[("draft-head", False)].period == 3  # it pays again: probes every third round
     assert gate.pays(1, "draft-head")  # another slot has its own estimate
     for _ in range(8):  # a slot where the head finds 2 tokens a round pays its 4 ms
         assert gate.pays(1, "draft-head")
@@ -597,10 +597,10 @@ def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
         gate.note_gain(1, "draft-head", 2)
     gate.note_cost(1, "draft-head", 0.004)  # a round whose drafts the budget refused gains nothing
     gate.pays(1, "draft-head")
-    assert gate.estimates[(1, "draft-head", False)].gain < 2
+    assert gate.records[1].estimates[("draft-head", False)].gain < 2
     assert "ms drafting" in gate.why(1, "draft-head")
     gate.forget(1)
-    assert not [k for k in gate.estimates if k[0] == 1]
+    assert not gate.records[1].estimates
 
 
 def test_a_new_answer_beside_others_starts_from_what_the_drafter_gave_earlier_answers_at_that_many_slots():
@@ -622,7 +622,7 @@ def test_a_new_answer_beside_others_starts_from_what_the_drafter_gave_earlier_an
     # a new answer at four slots does not draft from its first round; it probes on the rounds the earlier
     # answers' probes had come to
     assert not gate.pays(7, "draft-head")
-    assert gate.estimates[(7, "draft-head", False)].period == seed.period
+    assert gate.records[7].estimates[("draft-head", False)].period == seed.period
     assert "ms drafting" in gate.why(7, "draft-head")
     # alone, an answer drafts and measures from its first round
     gate.crowd = 1
@@ -645,8 +645,8 @@ def test_beside_slots_nobody_has_measured_a_model_drafter_starts_on_the_probe_ro
         gate.note_round(0.020, 2)
     assert drafted["draft-head"][0] == 4  # its first draft is the first probe round, not round 1
     # each probe found nothing, and no prior of one token a round stood beside them: twice as seldom each time
-    assert drafted["draft-head"] == [4, 8] and gate.estimates[(0, "draft-head", False)].gain == 0.0
-    assert gate.estimates[(0, "draft-head", False)].period == 16
+    assert drafted["draft-head"] == [4, 8] and gate.records[0].estimates[("draft-head", False)].gain == 0.0
+    assert gate.records[0].estimates[("draft-head", False)].period == 16
     # the n-grams cost microseconds: they draft from the first round, their estimate starting from the prior
     assert drafted["n-grams"][:2] == [1, 2]
     assert "probe rounds" in DrafterGate(crowd=2).why(0, "draft-head")
@@ -674,7 +674,7 @@ def test_the_gate_charges_a_drafter_the_forward_rows_its_nodes_took():
                 gate.note_rows(seq, "draft-head", n_rows)
                 gate.note_gain(seq, "draft-head", 1)  # one token a round that nobody else found
             gate.note_round(0.030, 3)  # 10 ms a token
-        return gate.estimates[(seq, "draft-head", False)]
+        return gate.records[seq].estimates[("draft-head", False)]
 
     gate = DrafterGate(GateParams(decay=0.5, probe_every=100))
     gate.row_seconds = 0.002
@@ -729,7 +729,7 @@ def test_a_resting_slot_probes_with_the_ngram_drafters_only():
     chain.draft(requests)
     assert Network.calls == [[0]]  # the probing slot is left out of the network's call
     assert len(requests[1].tree) > 0  # and its n-gram drafter still looked: 10 11 12 13 -> 14
-    assert any("rests" in why for why in chain.skipped[1])
+    assert any("rests" in why for why in chain.records[1].skipped)
 
 
 def test_the_ngram_drafters_are_credited_what_they_found_even_where_the_head_found_it_too():
@@ -758,10 +758,11 @@ def test_the_ngram_drafters_are_credited_what_they_found_even_where_the_head_fou
     tree.add_chain([14, 15, 16], "ngram-simple")
     tree.add_chain([14, 15, 16, 17], "net")  # the same three tokens, then one more
     chain.accept_tree(0, tree, [0, 1, 2, 3])
-    assert chain.gate.estimates[(0, NGRAMS, False)].n == 1 and chain.gate.estimates[(0, "net", False)].n == 1
+    estimates = chain.gate.records[0].estimates
+    assert estimates[(NGRAMS, False)].n == 1 and estimates[("net", False)].n == 1
     # the mean of the prior (1 token) and this round: the n-grams' 3 tokens, the head's 1 beyond them
-    assert chain.gate.estimates[(0, NGRAMS, False)].gain == pytest.approx(2.0)
-    assert chain.gate.estimates[(0, "net", False)].gain == pytest.approx(1.0)
+    assert chain.gate.records[0].estimates[(NGRAMS, False)].gain == pytest.approx(2.0)
+    assert chain.gate.records[0].estimates[("net", False)].gain == pytest.approx(1.0)
 
 
 def test_the_ngram_drafters_are_gated_as_one_where_their_nodes_gain_nothing():
@@ -793,9 +794,9 @@ def test_the_ngram_drafters_are_gated_as_one_where_their_nodes_gain_nothing():
     # both drafters propose the same continuation: weighed one by one, each would gain nothing of its own
     for _ in range(6):
         assert len(round_(kept=3).tree) > 0
-    assert not chain.skipped.get(0)
+    assert not chain.records[0].skipped
     # open text: the target keeps none of their nodes, so their drafting stops but for probes
     drafted = [len(round_(kept=0).tree or DraftTree()) > 0 for _ in range(16)]
     stop = drafted.index(False)
     assert stop <= 6 and 1 <= sum(drafted[stop:]) <= 4  # then only probes, every 4th round
-    assert any(why.startswith(NGRAMS) for why in chain.skipped[0]) or drafted[-1]
+    assert any(why.startswith(NGRAMS) for why in chain.records[0].skipped) or drafted[-1]

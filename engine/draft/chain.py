@@ -14,25 +14,25 @@ from engine.batch import Batch
 from engine.draft.base import Drafter, DraftRequest
 from engine.draft.gate import DrafterGate, exclusive_gains
 from engine.draft.policy import DraftLengthPolicy
+from engine.draft.record import SeqRecords
 from engine.draft.registry import NGRAMS, is_ngram
 from engine.draft.stats import DrafterStats, timed
 
 class DrafterChain:
     """Relay over a shared pool of drafters; each sequence has its own ordered list of drafter types."""
 
-    def __init__(self, pool: dict[str, Drafter], policy: DraftLengthPolicy | None = None):
+    def __init__(self, pool: dict[str, Drafter], policy: DraftLengthPolicy | None = None,
+                 records: SeqRecords | None = None):
         self.pool = pool  # name -> drafter instance, shared by all sequences (each keeps per-seq state)
         self.policy = policy  # None: verify whatever the drafter offers (up to n_max), for every sequence
-        self.types: dict[int, list[str]] = {}  # seq -> its drafter types in relay order
-        self.adaptive: dict[int, bool] = {}  # seq -> whether the length policy cuts its drafts
+        # seq -> what the relay, gate and length policy keep about it (engine/draft/record.py); the policy's
+        self.records = records if records is not None else policy.records if policy is not None else SeqRecords()
         self.stats: dict[str, DrafterStats] = {}  # name -> counters over all sequences
-        self.seq_stats: dict[int, dict[str, DrafterStats]] = {}  # seq -> name -> counters, one user's view
-        self.impl_last: dict[int, str | None] = {}  # seq -> drafter whose draft is being verified
-        self.k_last: dict[int, int] = {}  # seq -> length of that draft
-        self.gate = DrafterGate()  # tree mode: whether a model drafter's time pays for a slot (engine/draft/gate.py)
-        self.skipped: dict[int, list[str]] = {}  # seq -> this round's gate decisions against drafting, why
-        # seq -> this round's draft from a drafter of another vocabulary, in both tokenisations (for the event)
-        self.retokenized: dict[int, object] = {}
+        # seq -> name -> counters, one user's view: read after the sequence's final event (it may be released
+        # by then), replaced when it begins again
+        self.seq_stats: dict[int, dict[str, DrafterStats]] = {}
+        # tree mode: whether a model drafter's time pays for a slot (engine/draft/gate.py)
+        self.gate = DrafterGate(records=self.records)
 
     def _both(self, seq: int, name: str) -> tuple[DrafterStats, DrafterStats]:
         per = self.seq_stats.setdefault(seq, {})
@@ -42,9 +42,8 @@ class DrafterChain:
         unknown = [t for t in types if t not in self.pool]
         if unknown:
             raise ValueError(f"drafter(s) not loaded: {', '.join(unknown)}")
-        self.types[seq] = list(types)
-        self.adaptive[seq] = adaptive
-        self.impl_last[seq] = None
+        record = self.records.of(seq)
+        record.types, record.adaptive, record.impl_last = list(types), adaptive, None
         self.seq_stats[seq] = {}
         for name in types:
             s, s_seq = self._both(seq, name)
@@ -61,13 +60,13 @@ class DrafterChain:
         """Fill the requests; return seq -> name of the drafter that drafted for it (None if nobody)."""
         winner: dict[int, str | None] = {r.seq: None for r in requests}
         self._new_round(requests)
-        n_stages = max((len(self.types.get(r.seq, [])) for r in requests), default=0)
+        n_stages = max((len(self.records.of(r.seq).types) for r in requests), default=0)
         ngrams_gated = {r.seq for r in requests if r.drafting and not self._gate_ngrams(r)}
         ngram_seconds: dict[int, float] = {}  # seq -> its share of the n-gram drafters' time this round
         for stage in range(n_stages):
             by_name: dict[str, list[DraftRequest]] = {}
             for r in requests:
-                types = self.types.get(r.seq, [])
+                types = self.records.of(r.seq).types
                 if r.drafting and stage < len(types) and not (r.seq in ngrams_gated and is_ngram(types[stage])):
                     by_name.setdefault(types[stage], []).append(r)
             for name, active in by_name.items():
@@ -99,14 +98,14 @@ class DrafterChain:
                         if k == 0:
                             continue
                         if winner[r.seq] is None:  # counted in accept_tree, for the nodes verified
-                            winner[r.seq] = self.impl_last[r.seq] = name
+                            winner[r.seq] = self.records.of(r.seq).impl_last = name
                         continue
                     k = self._cut(r, name)
                     if k == 0:
                         continue
                     r.drafting = False
-                    self.impl_last[r.seq] = name
-                    self.k_last[r.seq] = k
+                    record = self.records.of(r.seq)
+                    record.impl_last, record.k_last = name, k
                     winner[r.seq] = name
                     s.on_draft(k)
                     s_seq.on_draft(k)
@@ -118,9 +117,8 @@ class DrafterChain:
     def _new_round(self, requests: list[DraftRequest]) -> None:
         """Forget the last round's winner, skips and re-tokenisations of these sequences; draft where allowed."""
         for r in requests:
-            self.impl_last[r.seq] = None
-            self.skipped.pop(r.seq, None)
-            self.retokenized.pop(r.seq, None)
+            record = self.records.of(r.seq)
+            record.impl_last, record.skipped, record.retokenized = None, [], None
             r.drafting = r.n_max > 0
 
     def _gate_ngrams(self, r: DraftRequest) -> bool:
@@ -131,11 +129,11 @@ class DrafterChain:
         same continuation would each have no gain of its own and both stop."""
         if r.tree_max == 0 or not self.uses_policy(r.seq) or r.probe:
             return True
-        if not any(is_ngram(name) for name in self.types.get(r.seq, [])):
+        if not any(is_ngram(name) for name in self.records.of(r.seq).types):
             return True
         if self.gate.pays(r.seq, NGRAMS, cheap=True):
             return True
-        self.skipped.setdefault(r.seq, []).append(self.gate.why(r.seq, NGRAMS))
+        self.records.of(r.seq).skipped.append(self.gate.why(r.seq, NGRAMS))
         return False
 
     def _gate(self, r: DraftRequest, name: str) -> bool:
@@ -145,12 +143,12 @@ class DrafterChain:
         if r.tree_max == 0 or not self.uses_policy(r.seq):
             return True
         if r.probe:
-            self.skipped.setdefault(r.seq, []).append(f"{name}: the slot rests; the n-gram drafters probe")
+            self.records.of(r.seq).skipped.append(f"{name}: the slot rests; the n-gram drafters probe")
             return False
         first = [score for score, parent in zip(r.tree.scores, r.tree.parents) if parent < 0] if r.tree else []
         if self.gate.pays(r.seq, name, p_covered=sum(first)):
             return True
-        self.skipped.setdefault(r.seq, []).append(self.gate.why(r.seq, name))
+        self.records.of(r.seq).skipped.append(self.gate.why(r.seq, name))
         return False
 
     def _keep_extras(self, r: DraftRequest, name: str) -> None:
@@ -163,7 +161,7 @@ class DrafterChain:
             r.result_q = None
         record = impl.retokenized(r.seq)
         if record is not None and r.result:
-            self.retokenized[r.seq] = record
+            self.records.of(r.seq).retokenized = record
 
     def _merge(self, r: DraftRequest, name: str) -> int:
         """Tree mode: move the fresh result (a chain, or a drafter's own tree) into the request's tree, shared
@@ -225,10 +223,11 @@ class DrafterChain:
         return k
 
     def uses_policy(self, seq: int) -> bool:
-        return self.policy is not None and self.adaptive.get(seq, True)
+        return self.policy is not None and self.records.of(seq).adaptive
 
     def accept(self, seq: int, n_accepted: int) -> None:
-        name = self.impl_last.get(seq)
+        record = self.records.of(seq)
+        name = record.impl_last
         if name is None:
             assert n_accepted == 0, "accepted tokens without a draft"
             return
@@ -239,22 +238,23 @@ class DrafterChain:
             s_seq.on_accept(n_accepted)
             impl.accept(seq, n_accepted, False)
         if self.uses_policy(seq):
-            self.policy.update(seq, name, self.k_last.get(seq, n_accepted), n_accepted)
-        for other in self.types.get(seq, []):
+            self.policy.update(seq, name, n_accepted if record.k_last is None else record.k_last, n_accepted)
+        for other in record.types:
             if other != name:
                 self.pool[other].accept(seq, n_accepted, True)
-        self.impl_last[seq] = None
+        record.impl_last = None
 
     def accept_tree(self, seq: int, tree, path: list[int]) -> None:
         """Tree mode: each drafter is credited with how much of its own proposal the kept path holds, so its
         #acc rate/pos and #mean acc len keep llama.cpp's meaning; the others hear the kept length."""
+        record = self.records.of(seq)
         credit = tree.credit(path)
         gains = exclusive_gains(credit, len(path))
-        for name in self.types.get(seq, []):
+        for name in record.types:
             if self.pool[name].needs_model:
                 self.gate.note_rows(seq, name, sum(1 for d in tree.drafters if d == name))
                 self.gate.note_gain(seq, name, gains.get(name, 0))
-        if any(is_ngram(name) for name in self.types.get(seq, [])):  # the n-gram drafters as one
+        if any(is_ngram(name) for name in record.types):  # the n-gram drafters as one
             # credited in the relay's order: what they found, whether or not a model drafter also found it. Judged
             # by what only they found, the n-grams stopped wherever the head also read a repeated passage, and
             # with the head gated off later in it nobody drafted the copy (a poem's refrain: 0.99x of plain
@@ -272,23 +272,21 @@ class DrafterChain:
                 self.pool[name].accept(seq, m, False)
             if self.uses_policy(seq):
                 self.policy.update(seq, name, k, m)
-        for other in self.types.get(seq, []):
+        for other in record.types:
             if other not in credit:
                 self.pool[other].accept(seq, len(path), True)
-        self.impl_last[seq] = None
+        record.impl_last = None
 
     def seq_cp(self, src: int, dst: int, n: int) -> None:
         for impl in self.pool.values():  # every drafter: dst may pick its drafters only after this
             impl.seq_cp(src, dst, n)
 
     def seq_rm(self, seq: int) -> None:
-        for name in self.types.pop(seq, []):
+        """The sequence holds another text: its drafters' caches and what the relay, the gate and the length
+        policy learnt of it are void (its counters stay until it begins again)."""
+        record = self.records.get(seq)
+        if record is None:
+            return
+        for name in record.types:
             self.pool[name].seq_rm(seq)
-        self.adaptive.pop(seq, None)
-        self.impl_last.pop(seq, None)
-        self.k_last.pop(seq, None)
-        self.skipped.pop(seq, None)
-        self.retokenized.pop(seq, None)
-        self.gate.forget(seq)
-        if self.policy is not None:
-            self.policy.forget(seq)
+        record.forget_drafting()

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.draft.record import SeqRecords
+
 
 @dataclass
 class GateParams:
@@ -70,9 +72,9 @@ class _Estimate:
 @dataclass
 class DrafterGate:
     params: GateParams = field(default_factory=GateParams)
-    # (seq, drafter, covered) -> its estimates; covered: the drafters before it already guess the next token
-    estimates: dict[tuple[int, str, bool], _Estimate] = field(default_factory=dict)
-    current: dict[tuple[int, str], bool] = field(default_factory=dict)  # (seq, drafter) -> this round's covered
+    # seq -> its record (engine/draft/record.py): its estimates by (drafter, covered), where covered means the
+    # drafters before it already guess the next token, and each drafter's covered this round
+    records: SeqRecords = field(default_factory=SeqRecords)
     seconds_per_token: float | None = None  # the batch's round time over the tokens the round emitted
     # this round's forward time per draft row beyond the rows it has anyway (set after the forward, read when
     # the drafters are credited): (t(n) - t(n_base)) / (n - n_base) from the measured cost curve
@@ -92,7 +94,13 @@ class DrafterGate:
         return (1 - weight) * old + weight * new
 
     def _estimate(self, seq: int, name: str) -> _Estimate:
-        return self.estimates.setdefault((seq, name, self.current.get((seq, name), False)), _Estimate())
+        record = self.records.of(seq)
+        return record.estimates.setdefault((name, record.covered.get(name, False)), _Estimate())
+
+    def _current(self, seq: int, name: str) -> _Estimate | None:
+        """The estimate this round's decision for `name` on `seq` reads and charges (None: none yet)."""
+        record = self.records.of(seq)
+        return record.estimates.get((name, record.covered.get(name, False)))
 
     def pays(self, seq: int, name: str, p_covered: float = 0.0, cheap: bool = False) -> bool:
         """Whether `name` drafts for `seq` this round. p_covered: the chance that the drafters before it guessed
@@ -100,9 +108,10 @@ class DrafterGate:
         copied passage the n-grams find what the head would; where they find nothing it adds the most), so
         rounds with p_covered >= covered_at and the others keep estimates of their own. cheap: its drafting
         costs microseconds, so without evidence it drafts at any crowd."""
-        if self.estimates.get((seq, name, self.current.get((seq, name), False)), _Estimate()).pending is not None:
+        last = self._current(seq, name)
+        if last is not None and last.pending is not None:
             self.note_gain(seq, name, 0)  # drafted last round and no kept path came back: nothing was gained
-        self.current[(seq, name)] = p_covered >= self.params.covered_at
+        self.records.of(seq).covered[name] = p_covered >= self.params.covered_at
         e = self._estimate(seq, name)
         e.cheap = cheap
         ref = self._reference(seq, name)
@@ -127,8 +136,8 @@ class DrafterGate:
     def _reference(self, seq: int, name: str) -> _Estimate | None:
         """What the decision reads: the slot's own estimate, else (beside other slots) the estimate of earlier
         answers at this many slots once it has seed_after rounds, else None (draft, and measure)."""
-        covered = self.current.get((seq, name), False)
-        e = self.estimates.get((seq, name, covered))
+        covered = self.records.of(seq).covered.get(name, False)
+        e = self._current(seq, name)
         if e is not None and e.gain is not None and e.cost is not None:
             return e
         seed = self.by_crowd.get((name, covered, self.crowd)) if self.crowd > 1 else None
@@ -142,15 +151,15 @@ class DrafterGate:
 
     def note_rows(self, seq: int, name: str, n_rows: int) -> None:
         """This round's forward gave n_rows rows to nodes that `name` proposed for `seq`: their time is its cost."""
-        e = self.estimates.get((seq, name, self.current.get((seq, name), False)))
+        e = self._current(seq, name)
         if e is not None and e.pending is not None:
             e.pending += n_rows * self.row_seconds
 
     def note_gain(self, seq: int, name: str, tokens: int) -> None:
-        e = self.estimates.get((seq, name, self.current.get((seq, name), False)))
+        e = self._current(seq, name)
         if e is None or e.pending is None:
             return
-        seed = self.by_crowd.setdefault((name, self.current.get((seq, name), False), e.crowd), _Estimate())
+        seed = self.by_crowd.setdefault((name, self.records.of(seq).covered.get(name, False), e.crowd), _Estimate())
         prior = e.cheap or e.crowd == 1  # beside others a model drafter's first probe stands alone (see above)
         for est in (e, seed):
             est.n += 1
@@ -167,9 +176,8 @@ class DrafterGate:
     def nothing_kept(self, seq: int) -> None:
         """The round's budget kept no node of this slot: whatever drafted for it gained nothing. Noted now, not at
         its next draft, which a slot that rests from here may not make before its answer ends."""
-        for s, name in list(self.current):
-            if s == seq:
-                self.note_gain(seq, name, 0)
+        for name in list(self.records.of(seq).covered):
+            self.note_gain(seq, name, 0)
 
     def note_round(self, seconds: float, n_emitted: int) -> None:
         self.n_rounds += 1
@@ -177,7 +185,7 @@ class DrafterGate:
             self.seconds_per_token = self._ema(self.seconds_per_token, seconds / n_emitted, self.n_rounds)
 
     def why(self, seq: int, name: str) -> str:
-        covered = self.current.get((seq, name), False)
+        covered = self.records.of(seq).covered.get(name, False)
         e = self._reference(seq, name)
         if e is None or self.seconds_per_token is None:
             return f"{name}: no estimate yet" + ("; beside other slots it starts on the probe rounds"
@@ -187,10 +195,9 @@ class DrafterGate:
                 f"token vs {e.cost * 1e3:.1f} ms drafting and rows")
 
     def forget(self, seq: int) -> None:
-        for key in [k for k in self.estimates if k[0] == seq]:
-            del self.estimates[key]
-        for key in [k for k in self.current if k[0] == seq]:
-            del self.current[key]
+        record = self.records.get(seq)
+        if record is not None:
+            record.estimates, record.covered = {}, {}
 
 
 def exclusive_gains(credit: dict[str, tuple[int, int]], n_kept: int) -> dict[str, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.cost.curve import CostModel
+from engine.draft.record import SeqRecords
 
 
 @dataclass
@@ -30,15 +31,15 @@ class PolicyParams:
 
 
 class DraftLengthPolicy:
-    def __init__(self, cost: CostModel, params: PolicyParams | None = None):
+    def __init__(self, cost: CostModel, params: PolicyParams | None = None, records: SeqRecords | None = None):
         self.cost = cost
         self.params = params or PolicyParams()
-        self.rates: dict[tuple[int, str], list[float]] = {}  # (seq, drafter) -> a_i per position
-        self.n_suppressed: dict[tuple[int, str], int] = {}  # rounds in a row with k = 0
+        # seq -> its record (engine/draft/record.py): a_i per position and rounds in a row with k = 0, per drafter
+        self.records = records if records is not None else SeqRecords()
 
     def position_rates(self, seq: int, drafter: str, k: int) -> list[float]:
         """a_i for draft positions 1..k (at least k entries) of this drafter on this sequence, priors where unseen."""
-        rates = self.rates.setdefault((seq, drafter), [])
+        rates = self.records.of(seq).rates.setdefault(drafter, [])
         while len(rates) < k:
             # deeper positions start from the deep prior, never below what the last known position shows
             rates.append(self.params.prior if not rates else max(rates[-1], self.params.prior_deep))
@@ -68,13 +69,13 @@ class DraftLengthPolicy:
         if k_offered <= 0:
             return 0
         best_k = self.best_k(seq, drafter, k_offered)
-        key = (seq, drafter)
+        n_suppressed = self.records.of(seq).n_suppressed
         if best_k == 0:
-            self.n_suppressed[key] = self.n_suppressed.get(key, 0) + 1
-            if self.n_suppressed[key] % self.params.probe_every == 0:
+            n_suppressed[drafter] = n_suppressed.get(drafter, 0) + 1
+            if n_suppressed[drafter] % self.params.probe_every == 0:
                 return 1
             return 0
-        self.n_suppressed[key] = 0
+        n_suppressed[drafter] = 0
         return best_k
 
     def update(self, seq: int, drafter: str, k: int, n_accepted: int) -> None:
@@ -84,9 +85,3 @@ class DraftLengthPolicy:
         for i in range(min(k, n_accepted + 1)):
             hit = 1.0 if i < n_accepted else 0.0
             rates[i] = d * rates[i] + (1 - d) * hit
-
-    def forget(self, seq: int) -> None:
-        for key in [key for key in self.rates if key[0] == seq]:
-            del self.rates[key]
-        for key in [key for key in self.n_suppressed if key[0] == seq]:
-            del self.n_suppressed[key]

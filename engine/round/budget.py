@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.cost.curve import CostModel, RoundCost
+from engine.draft.record import SeqRecords
 from engine.draft.tree import DraftTree
 from engine.round.fair_share import fair_take, leaves_first, others_afford
 
@@ -60,16 +61,18 @@ class ScoreCorrection:
 
     prior: float = 2.0  # pseudo-nodes, reached as predicted, that every drafter starts with
     decay: float = 0.9  # per observed round, the weight left to the rounds before it
-    reached: dict[tuple[int, str], float] = field(default_factory=dict)  # decayed count of its nodes reached
-    predicted: dict[tuple[int, str], float] = field(default_factory=dict)  # decayed sum of their raw scores
+    # seq -> its record (engine/draft/record.py): per drafter, the decayed count of its nodes reached and the
+    # decayed sum of their raw scores
+    records: SeqRecords = field(default_factory=SeqRecords)
 
     def factor(self, seq: int, drafter: str) -> float:
-        key = (seq, drafter)
-        return (self.reached.get(key, 0.0) + self.prior) / (self.predicted.get(key, 0.0) + self.prior)
+        record = self.records.of(seq)
+        return (record.reached.get(drafter, 0.0) + self.prior) / (record.predicted.get(drafter, 0.0) + self.prior)
 
     def forget(self, seq: int) -> None:
-        for key in [key for key in self.predicted if key[0] == seq]:
-            del self.predicted[key], self.reached[key]
+        record = self.records.get(seq)
+        if record is not None:
+            record.reached, record.predicted = {}, {}
 
     def observe(self, seq: int, tree: DraftTree, path: list[int], factors: dict[str, float]) -> None:
         """A verified tree (the nodes the budget kept, their scores as ranked) and the target's path through it.
@@ -80,10 +83,10 @@ class ScoreCorrection:
             raw = tree.scores[v] / max(factors.get(drafter, 1.0), 1e-6)
             hit, pred = seen.get(drafter, (0.0, 0.0))
             seen[drafter] = (hit + (v in on_path), pred + raw)
+        record = self.records.of(seq)
         for drafter, (hit, pred) in seen.items():
-            key = (seq, drafter)
-            self.reached[key] = self.decay * self.reached.get(key, 0.0) + hit
-            self.predicted[key] = self.decay * self.predicted.get(key, 0.0) + pred
+            record.reached[drafter] = self.decay * record.reached.get(drafter, 0.0) + hit
+            record.predicted[drafter] = self.decay * record.predicted.get(drafter, 0.0) + pred
 
 
 @dataclass
@@ -100,26 +103,30 @@ class BudgetState:
     # each time (docs/measured.md)
     probe_max: int = 32
     n_rounds: int = 0  # rounds run: probe rounds are those with n_rounds % (the slot's interval) == 0
-    interval: dict[int, int] = field(default_factory=dict)  # seq -> rounds between its probes (probe_every if none)
     waking: set[int] = field(default_factory=set)  # resting slots drafting this round (their probe round)
     # every slot of the forward must expect at least its plain-decoding speed: the forward grows by no more
     # than 1 + the kept scores of the slot that expects the least. False: the batch's goodput alone decides
     fair: bool = True
-    refused: dict[int, int] = field(default_factory=dict)  # seq -> rounds in a row its nodes were all refused
-    correction: ScoreCorrection = field(default_factory=ScoreCorrection)
+    # seq -> its record (engine/draft/record.py): rounds in a row its nodes were all refused, its probe interval,
+    # its balance against plain decoding, the model drafters' nodes its last tree kept, its score correction
+    records: SeqRecords = field(default_factory=SeqRecords)
+    correction: ScoreCorrection | None = None  # over the same records (None: made so)
     # the last round's Budget.threshold: a model drafter growing a tree need not expand nodes scored below it,
     # whose children could not get a row either (engine/draft/head/tree.py)
     threshold: float = 0.0
-    # seq -> tokens the slot got beyond what plain decoding would have given it in the same time: each round
-    # adds its emitted tokens minus c(rows) / c(n_base), the forward's cost in plain forwards
-    balance: dict[int, float] = field(default_factory=dict)
-    # seq -> nodes of model drafters (the draft head) the last round kept of the slot's tree: beside other slots
-    # it is offered one more (DraftRequest.model_tree_max), not a whole tree the batch waits for step by step
-    model_nodes: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.correction is None:
+            self.correction = ScoreCorrection(records=self.records)
+
+    def balance_of(self, seq: int) -> float:
+        """The slot's balance, 0 before its first settled round (or for a slot the budget does not know)."""
+        record = self.records.get(seq)
+        return record.balance if record is not None and record.balance is not None else 0.0
 
     def settle(self, seq: int, n_emitted: int, cost_ratio: float) -> None:
         """cost_ratio: the round's forward in plain forwards of its base rows."""
-        self.balance[seq] = self.balance.get(seq, 0.0) + n_emitted - cost_ratio
+        self.records.of(seq).balance = self.balance_of(seq) + n_emitted - cost_ratio
 
     def next_round(self) -> None:
         self.n_rounds += 1
@@ -127,22 +134,22 @@ class BudgetState:
 
     def rests(self, seq: int) -> bool:
         """Whether the slot drafts nothing this round (rest_after); on a probe round it wakes instead."""
-        return self.refused.get(seq, 0) >= self.rest_after and not self.wakes(seq)
+        return self.records.of(seq).refused >= self.rest_after and not self.wakes(seq)
 
     def rest(self, seq: int) -> int:
         """A round the slot rests counts as one whose nodes were refused (a probe round that found nothing backs
         its interval off); returns the rounds until it drafts."""
-        self.refused[seq] = self.refused.get(seq, 0) + 1
+        self.records.of(seq).refused += 1
         self.back_off(seq)
-        return -self.n_rounds % self.interval.get(seq, self.probe_every)
+        return -self.n_rounds % self.interval_of(seq)
 
     def wakes(self, seq: int) -> bool:
         """Whether a resting slot drafts this round (a probe round); if its nodes are all refused, they make a
         probe. The intervals are probe_every times powers of 2, so the probe rounds of a slot that probes
         more often include those of every other: their probes share one batched draft."""
-        if self.refused.get(seq, 0) < self.rest_after:
+        if self.records.of(seq).refused < self.rest_after:
             return False
-        if self.n_rounds % self.interval.get(seq, self.probe_every) != 0:
+        if self.n_rounds % self.interval_of(seq) != 0:
             return False
         self.waking.add(seq)
         return True
@@ -150,20 +157,22 @@ class BudgetState:
     def back_off(self, seq: int) -> None:
         """A waking slot's drafts won no row on their merit: it probes half as often from now."""
         if seq in self.waking:
-            self.interval[seq] = min(2 * self.interval.get(seq, self.probe_every), self.probe_max)
+            self.records.of(seq).interval = min(2 * self.interval_of(seq), self.probe_max)
+
+    def interval_of(self, seq: int) -> int:
+        """Rounds between the slot's probes while it rests."""
+        interval = self.records.of(seq).interval
+        return self.probe_every if interval is None else interval
 
     def probes(self, seq: int) -> bool:
         """Whether a slot whose nodes were all refused this round gets its best path anyway: a resting slot on
         the round it drafts, another every probe_every rounds refused."""
-        return seq in self.waking or self.refused.get(seq, 0) % self.probe_every == 0
+        return seq in self.waking or self.records.of(seq).refused % self.probe_every == 0
 
     def begin(self, seq: int) -> None:
         """A new generation in the slot: its answer is measured against plain decoding from here. What its
         drafters' scores proved (the correction) stays: the next turn of a chat is much like the last."""
-        self.refused.pop(seq, None)
-        self.balance.pop(seq, None)
-        self.interval.pop(seq, None)
-        self.model_nodes.pop(seq, None)
+        self.records.of(seq).begin_answer()
 
     def forget(self, seq: int) -> None:
         self.begin(seq)
@@ -189,7 +198,7 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel | RoundCost, 
         bare = [-1] if n_base > len(trees) else []
     # a slot alone in the forward pays for its rows with its own time: the goodput is its speed
     if state.fair and len(set(trees) | set(bare)) > 1:
-        balance = {seq: state.balance.get(seq, 0.0) for seq in list(trees) + bare}
+        balance = {seq: state.balance_of(seq) for seq in list(trees) + bare}
         share = cost.seq_share() if isinstance(cost, RoundCost) else 0.0
         take = fair_take(trees, ranked, n_base, cost, balance, bare, leaves_first(remaining, list(trees) + bare),
                          share)
@@ -200,15 +209,16 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel | RoundCost, 
         if len(kept[seq]) < take.get(seq, 0):
             kept[seq].append(v)
     for seq, t in trees.items():
+        record = state.records.of(seq)
         if kept[seq] or not len(t):
-            state.refused[seq] = 0
-            state.interval.pop(seq, None)
+            record.refused, record.interval = 0, None
             continue
-        state.refused[seq] = state.refused.get(seq, 0) + 1
+        record.refused += 1
         state.back_off(seq)
         if state.probes(seq):
             probe = t.path(max(range(len(t)), key=lambda v: (t.scores[v], -t.depth(v))))
-            if not state.fair or others_afford(trees, kept, bare, seq, len(probe), n_base, cost, state.balance):
+            balances = {other: state.balance_of(other) for other in list(trees) + bare}
+            if not state.fair or others_afford(trees, kept, bare, seq, len(probe), n_base, cost, balances):
                 kept[seq] = probe
     n_nodes = sum(len(k) for k in kept.values())
     expected = n_base + sum(trees[seq].scores[v] for seq, vs in kept.items() for v in vs)
@@ -218,9 +228,9 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel | RoundCost, 
     if n_nodes == 0 and offered:
         why = f"no draft node pays its row this round ({offered} offered): plain decoding"
         if state.fair and _greedy_take(ranked, n_base, cost):
-            behind = min([s for s in list(trees) + bare if s >= 0], key=lambda s: state.balance.get(s, 0.0))
+            behind = min([s for s in list(trees) + bare if s >= 0], key=state.balance_of)
             why = (f"no draft node pays its row without slowing a slot below plain decoding ({offered} offered; "
-                   f"slot {behind} stands at {state.balance.get(behind, 0.0):+.2f} tokens against it): plain decoding")
+                   f"slot {behind} stands at {state.balance_of(behind):+.2f} tokens against it): plain decoding")
     n_rows = n_base + n_nodes
     state.threshold = expected * (cost.c(n_rows + 1) / cost.c(n_rows) - 1)
     return Budget(n_rows=n_rows, n_base=n_base, kept=kept, offered={seq: len(t) for seq, t in trees.items()},

@@ -61,7 +61,7 @@ class Round:
         self.eos = eos  # tokens that end a generation
         self.detokenize = detokenize  # token ids -> text, for what a slot gives out
         # the one budget over the slots' trees: which slots draft, which nodes go in, each slot's balance
-        self.slot_budget = SlotBudget(chain)
+        self.slot_budget = SlotBudget(chain, chain.records)
         self.budget_state = self.slot_budget.state
         self.last_forward: tuple[int, float] | None = None  # (rows, seconds) of the latest round's forward
 
@@ -151,7 +151,7 @@ class Round:
             want_q=slot.params.sampling.temp > 0 and tree_max == 0,
             grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max,
             tree_min_score=self.budget_state.threshold if budgeted else 0.0,
-            model_tree_max=(min(tree_max, 1 + self.budget_state.model_nodes.get(slot.seq, 0))
+            model_tree_max=(min(tree_max, 1 + self.budget_state.records.of(slot.seq).model_nodes)
                             if n_slots > 1 and budgeted and tree_max > 0 else 0),
             probe=slot.seq in self.budget_state.waking,
             token_seconds=(self.chain.gate.seconds_per_token or 0.0) if budgeted else 0.0)
@@ -245,11 +245,11 @@ class Round:
                 if ghosts not in ratios:
                     ratios[ghosts] = self.slot_budget.cost_ratio(budget, rb.in_batch, whole, ghosts)
                 self.budget_state.settle(ev.seq, len(ev.emitted), ratios[ghosts])
-                ev.balance = self.budget_state.balance[ev.seq]
+                ev.balance = self.budget_state.records.of(ev.seq).balance
             if budget is not None and ev.seq in plan.requests:  # a replay slot drafted nothing
                 self._note_budget(ev, plan)
             self._note_skipped(ev, plan)
-            record = self.chain.retokenized.get(ev.seq)
+            record = self.chain.records.of(ev.seq).retokenized
             if record is not None and ev.kind == "spec":
                 ev.draft_pieces, ev.target_pieces = list(record.draft_pieces), list(record.target_pieces)
         self.slot_budget.next_round()
@@ -267,9 +267,10 @@ class Round:
     def _note_skipped(self, ev: RoundEvent, plan: RoundPlan) -> None:
         """Why a slot drafted less this round, in its event: model drafters that do not pay for it (gate.py),
         a rest after refused drafts, or the budget's veto."""
-        skipped = self.chain.skipped.get(ev.seq)
+        record = self.chain.records.of(ev.seq)
+        skipped = record.skipped
         if ev.seq in plan.resting:
-            skipped = [f"its drafts were refused {self.budget_state.refused[ev.seq] - 1} rounds in a row: "
+            skipped = [f"its drafts were refused {record.refused - 1} rounds in a row: "
                        f"it rests, and drafts a probe in {plan.resting[ev.seq]} round(s)"]
         elif ev.seq in plan.vetoed:
             skipped = [plan.veto_why]

@@ -14,14 +14,16 @@ from typing import Collection
 from engine.round.budget import Budget, BudgetState, plan as budget_plan
 from engine.draft.base import DraftRequest
 from engine.draft.chain import DrafterChain
+from engine.draft.record import SeqRecords
 from engine.round.fair_share import leaves_first
 from engine.round.slot import Slot
 
 
 class SlotBudget:
-    def __init__(self, chain: DrafterChain):
+    def __init__(self, chain: DrafterChain, records: SeqRecords | None = None):
         self.chain = chain  # its length policy's cost curve, its drafters (which need a model), its gate
-        self.state = BudgetState()  # balances, refusals and rests of every slot
+        # balances, refusals and rests of every slot, in their records (engine/draft/record.py)
+        self.state = BudgetState(records=records if records is not None else SeqRecords())
         # (rounds, seqs): a slot that finished ahead of plain decoding by `rounds` plain rounds, which plain
         # decoding would still run beside the slots `seqs` it left: their balances are measured against a plain
         # round with it (SlotBudget.cost_ratio). What a copying slot's early exit gives the slots beside it,
@@ -51,11 +53,11 @@ class SlotBudget:
         # a slot that drafts may leave before the bare one and pay it for its rows (fair_share.leaves_first)
         paid = leaves_first({s.seq: s.n_remaining for s in slots}, [s.seq for s in slots]) \
             if cost.seq_share() > 0 else {}
-        poor = [seq for seq in bare if state.balance.get(seq, 0.0) < tau and not set(paid.get(seq, [])) & trees]
+        poor = [seq for seq in bare if state.balance_of(seq) < tau and not set(paid.get(seq, [])) & trees]
         if not poor:
             return set(), ""
-        seq = min(poor, key=lambda k: state.balance.get(k, 0.0))
-        return trees, (f"slot {seq} drafts nothing this round and stands at {state.balance.get(seq, 0.0):+.2f} "
+        seq = min(poor, key=state.balance_of)
+        return trees, (f"slot {seq} drafts nothing this round and stands at {state.balance_of(seq):+.2f} "
                        f"tokens against plain decoding, less than one draft row costs it ({tau:.3f}): every node "
                        f"would be refused")
 
@@ -71,7 +73,7 @@ class SlotBudget:
                 # drafted for nothing: beside other slots it counts as a refused round, so a slot whose drafters
                 # find nothing rests too, instead of drafting every round (four open answers otherwise paid
                 # for n-gram lookups that found nothing in every round of a whole answer)
-                self.state.refused[r.seq] = self.state.refused.get(r.seq, 0) + 1
+                self.state.records.of(r.seq).refused += 1
         trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
         if self.chain.policy is None or not trees:
             return None
@@ -82,7 +84,7 @@ class SlotBudget:
                           {s.seq: s.n_remaining for s in slots})
         models = {name for name, impl in self.chain.pool.items() if impl.needs_model}
         for seq, tree in trees.items():
-            self.state.model_nodes[seq] = sum(tree.drafters[v] in models for v in out.kept[seq])
+            self.state.records.of(seq).model_nodes = sum(tree.drafters[v] in models for v in out.kept[seq])
             requests[seq].tree = tree.keep(out.kept[seq]) if out.kept[seq] else None
             if requests[seq].tree is None:
                 self.chain.gate.nothing_kept(seq)
@@ -116,7 +118,7 @@ class SlotBudget:
         """A slot whose generation ended, `beside` the slots of its last forward: ahead of plain decoding by its
         balance, it would still be in a plain batch for that many rounds, each costing the slots beside it
         their share of a dearer forward (`ghosts`)."""
-        lead = int(round(max(0.0, self.state.balance.get(seq, 0.0))))
+        lead = int(round(max(0.0, self.state.balance_of(seq))))
         others = frozenset(beside) - {seq}
         if lead > 0 and others:
             self.ghosts.append((lead, others))

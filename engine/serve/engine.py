@@ -27,6 +27,7 @@ from engine.params import GenParams
 from engine.cost.calibrate import calibrate as time_forwards
 from engine.cost.curve import CostModel
 from engine.draft.policy import DraftLengthPolicy
+from engine.draft.record import SeqRecords
 from engine.memory.probe import ProbeResult, probe_context
 from engine.memory.self_check import SelfCheck, self_check
 from engine.round.round import Round
@@ -90,13 +91,15 @@ class Engine:
         self._use_threads()
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
         self.threads.fixed = self.threads.fixed or not (calibrate and self.probe.can_speculate)
-        self.policy = DraftLengthPolicy(self.cost)
+        # seq -> what the relay, gate, length policy and budget keep about it (engine/draft/record.py)
+        self.records = SeqRecords()
+        self.policy = DraftLengthPolicy(self.cost, records=self.records)
         # type name -> its params dataclass; ours by default (engine/draft/registry.py, default_params), overridable per type
         self.drafter_params = {**default_params(), **(drafter_params or {})}
         self.drafter_context = DrafterContext(target, draft, self.draft_mismatch, self.ctx.n_ctx, self.ctx.n_seq_max,
                                               self.ctx.n_vocab, self.drafter_params)
         self.pool: dict[str, Drafter] = {}
-        self.chain = DrafterChain(self.pool, self.policy)
+        self.chain = DrafterChain(self.pool, self.policy, self.records)
         self.slots: dict[int, Slot] = {}
         self.parked: dict[int, Slot] = {}  # seq -> a parked slot whose cells the sequence still holds
         self.placement = Placement(self.ctx, self.chain, self.slots, self.parked)
@@ -281,8 +284,8 @@ class Engine:
         """Forget a slot and free its cells."""
         self.slots.pop(seq, None)
         self.parked.pop(seq, None)
-        self.chain.seq_rm(seq)
-        self.round.budget_state.forget(seq)
+        self.chain.seq_rm(seq)  # the drafters' own caches
+        self.records.release(seq)
         self.ctx.seq_rm(seq, -1, -1)
 
     def active(self, only: set[int] | None = None) -> list[Slot]:
