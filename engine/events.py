@@ -44,7 +44,7 @@ class RoundEvent:
     tree_drafters: list[str] = field(default_factory=list)
     tree_path: list[int] = field(default_factory=list)
     tree_offered: int = 0  # draft nodes the drafters offered this slot, before the round's budget
-    budget_why: str = ""  # the round's budget over all slots (engine/round/budget.py), one line
+    budget_why: str = ""  # the round's budget over all slots (engine/budget/tree_budget.py), one line
     # why this slot drafted less this round, one reason each: a model drafter the gate left out ("name: why"),
     # a rest after refused drafts, the budget's veto; budget_why shows them too
     not_drafted: list[str] = field(default_factory=list)

@@ -283,18 +283,18 @@ def test_beside_other_slots_the_heads_tree_is_one_node_more_than_the_budget_last
     # the tiny model's forward is cheaper than a round's drafting and bookkeeping: charged honestly, the slots
     # stand below plain decoding from their first rounds and the fair budget lets nobody draft. The cap is what
     # this test is about; the budget's goodput alone still decides the nodes
-    monkeypatch.setattr(engine.round.budget_state, "fair", False)
+    monkeypatch.setattr(engine.budget.state, "fair", False)
     # and the gate must let the head draft in these short answers: what earlier tests' answers taught it about
     # drafting at three slots (a timing on this machine) could rest it past their end
-    monkeypatch.setattr(engine.chain.gate, "by_crowd", {})
-    monkeypatch.setattr(engine.chain.gate.params, "probe_every", 1)
+    monkeypatch.setattr(engine.budget.gate, "by_crowd", {})
+    monkeypatch.setattr(engine.budget.gate.params, "probe_every", 1)
 
     def recording(requests):
-        before = {seq: record.model_nodes for seq, record in engine.round.budget_state.records.items()}
+        before = {seq: record.model_nodes for seq, record in engine.budget.state.records.items()}
         draft(requests)
         for r in requests:
             if r.tree_max > 0:
-                seen.append((engine.chain.gate.crowd, r.seq, r.model_tree_max, len(r.result_tree),
+                seen.append((engine.budget.gate.crowd, r.seq, r.model_tree_max, len(r.result_tree),
                              before.get(r.seq, 0), r.tree_max))
 
     monkeypatch.setattr(head, "draft", recording)

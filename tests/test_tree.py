@@ -165,7 +165,7 @@ def test_disagreeing_drafters_share_one_chance():
 
 
 def test_the_budget_keeps_what_pays_for_the_whole_forward():
-    from engine.round.budget import BudgetState, plan
+    from engine.budget.tree_budget import BudgetState, plan
     from engine.cost.curve import CostModel
 
     knee = CostModel(sizes=[1, 8, 16, 32], seconds=[1.0, 1.05, 2.0, 4.0])  # nearly free up to 8 rows
@@ -190,7 +190,7 @@ def test_the_budget_keeps_what_pays_for_the_whole_forward():
 
 
 def test_slots_whose_drafts_are_refused_rest_and_draft_again_together_on_probe_rounds():
-    from engine.round.budget import BudgetState, plan
+    from engine.budget.tree_budget import BudgetState, plan
     from engine.cost.curve import CostModel
 
     steep = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
@@ -242,7 +242,7 @@ def test_the_cost_model_learns_the_forwards_the_engine_runs():
 
 
 def test_the_budget_never_slows_a_slot_below_plain_decoding_to_speed_another():
-    from engine.round.budget import BudgetState, plan
+    from engine.budget.tree_budget import BudgetState, plan
     from engine.cost.curve import CostModel
 
     cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.0, 4.0])  # 2 rows free, then 0.1 of a forward a row
@@ -262,7 +262,7 @@ def test_the_budget_never_slows_a_slot_below_plain_decoding_to_speed_another():
 
 
 def test_the_fair_budget_gives_every_slot_its_likely_node_before_one_slot_goes_deep():
-    from engine.round.budget import BudgetState, plan
+    from engine.budget.tree_budget import BudgetState, plan
     from engine.cost.curve import CostModel
 
     # 4 slots: past 4 rows each row costs 0.05 of a forward. One slot copies (a long sure chain), three write
@@ -279,7 +279,7 @@ def test_the_fair_budget_gives_every_slot_its_likely_node_before_one_slot_goes_d
 
 
 def test_a_slot_behind_plain_decoding_asks_more_of_its_scores_and_one_ahead_shares_a_dearer_forward():
-    from engine.round.budget import BudgetState, plan
+    from engine.budget.tree_budget import BudgetState, plan
     from engine.cost.curve import CostModel
 
     cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.0, 4.0])  # 2 rows free, then 0.1 of a forward a row
@@ -306,7 +306,7 @@ def test_a_slot_behind_plain_decoding_asks_more_of_its_scores_and_one_ahead_shar
 
 
 def test_a_probe_is_a_slots_own_exploration_and_needs_the_others_to_afford_its_row():
-    from engine.round.budget import BudgetState, plan
+    from engine.budget.tree_budget import BudgetState, plan
     from engine.cost.curve import CostModel
 
     steep = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
@@ -320,7 +320,7 @@ def test_a_probe_is_a_slots_own_exploration_and_needs_the_others_to_afford_its_r
 
 
 def test_the_budget_learns_how_far_each_drafters_scores_can_be_trusted():
-    from engine.round.budget import BudgetState, plan
+    from engine.budget.tree_budget import BudgetState, plan
     from engine.cost.curve import CostModel
 
     # past 2 rows each row costs 0.1 of a forward: with 2 slots a node pays if reached more than ~25% of the time
@@ -371,7 +371,7 @@ def test_cost_curve_pools_a_spike_instead_of_lifting_every_size_after_it(tiny_ta
 
 
 def test_rows_of_slots_with_shorter_contexts_than_the_calibration_cost_less_and_the_budget_takes_them():
-    from engine.round.budget import BudgetState, plan
+    from engine.budget.tree_budget import BudgetState, plan
     from engine.cost.curve import CostModel
 
     # rows cost 0.05 of a one-row forward each after 256 cells, 0.04 of it their attention (1e-4 s per cell)
@@ -427,11 +427,11 @@ def test_budgeted_slots_that_rest_equal_running_alone(engine, temp):
         engine.release(seq)
     from engine.cost.curve import CostModel
 
-    state = engine.round.budget_state
+    state = engine.budget.state
     state.rest_after = 0  # every slot rests between probe rounds: the path under test on every round
     # rows that cost nothing, by a curve that no timing replaces: the tiny model's forwards take a millisecond,
     # and balances measured on them move by more than a row costs, which would make the probes' drafts refused
-    policy = engine.chain.policy
+    policy = engine.budget.policy
     calibrated, policy.cost = policy.cost, CostModel(sizes=[1, 32], seconds=[1.0, 1.0], min_seen=10**9)
     try:
         for s, p in enumerate(PROMPTS):
@@ -462,7 +462,7 @@ def test_each_generation_is_measured_against_plain_decoding_from_its_start(engin
     events = []
     while engine.active():
         events += engine.step()
-    state = engine.round.budget_state
+    state = engine.budget.state
     assert state.records[0].balance is not None  # its rounds were settled against plain decoding
     assert [e.balance for e in events if e.balance is not None][-1] == state.records[0].balance  # the UI's figure
     engine.start(prompt, params, seq=0)  # the next turn in the same slot, not released in between
@@ -485,10 +485,10 @@ def test_beside_a_slot_that_cannot_pay_for_a_row_no_slot_drafts(engine):
     fair budget refuse every node: the others do not draft for nothing, and say why. Once it is ahead, they do."""
     from engine.cost.curve import CostModel
 
-    policy = engine.chain.policy
+    policy = engine.budget.policy
     calibrated = policy.cost
     policy.cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
-    state = engine.round.budget_state
+    state = engine.budget.state
     drafting = SpecParams(types=NGRAM_CHAIN, n_max=8, adaptive=True, p_min=0.0, tree_nodes=8)
     try:
         engine.start(PROMPTS[0] * 3, GenParams(max_new_tokens=12, ignore_eos=True, spec=drafting), seq=0)
@@ -520,7 +520,7 @@ def test_beside_other_slots_a_round_drafted_for_nothing_counts_as_refused(engine
 
     from engine.draft.base import DraftRequest
 
-    state = engine.round.budget_state
+    state = engine.budget.state
     slots = [SimpleNamespace(seq=seq, replay=None, tokens=[1, 2, 3]) for seq in (5, 6)]
 
     def offer_nothing(tree_max):
@@ -529,13 +529,13 @@ def test_beside_other_slots_a_round_drafted_for_nothing_counts_as_refused(engine
 
     try:
         for n in (1, 2):
-            assert engine.round.slot_budget.plan(slots, offer_nothing(8)) is None
+            assert engine.budget.slots.plan(slots, offer_nothing(8)) is None
             assert state.records[5].refused == state.records[6].refused == n
         state.n_rounds = 4 * state.probe_max + 1  # not a probe round of any interval
         assert state.rests(5) and state.rests(6)  # two rounds drafted for nothing: both rest
-        engine.round.slot_budget.plan(slots, offer_nothing(0))  # a chain round, outside the budget: not counted
+        engine.budget.slots.plan(slots, offer_nothing(0))  # a chain round, outside the budget: not counted
         assert state.records[5].refused == 2
-        engine.round.slot_budget.plan(slots[:1], offer_nothing(8))  # alone, a slot never rests: not counted either
+        engine.budget.slots.plan(slots[:1], offer_nothing(8))  # alone, a slot never rests: not counted either
         assert state.records[5].refused == 2
     finally:
         for seq in (5, 6):
@@ -546,7 +546,7 @@ def test_a_slot_that_leaves_early_pays_the_slots_it_leaves_for_its_rows():
     """Beside an open slot with no tree and no balance, a copying slot that wants fewer tokens gets its sure
     chain where a sequence costs more of a forward than a row: each token it gains is a forward earlier that the
     open slot runs without it. Not where the open slot leaves first, nor where a sequence costs only its row."""
-    from engine.round.budget import BudgetState, plan
+    from engine.budget.tree_budget import BudgetState, plan
     from engine.cost.curve import CostModel
 
     sure = ([5, 6, 7, 8], [0.95, 0.9, 0.85, 0.8])
@@ -564,7 +564,7 @@ def test_a_slot_that_leaves_early_pays_the_slots_it_leaves_for_its_rows():
 
 
 def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
-    from engine.draft.gate import DrafterGate, GateParams, exclusive_gains
+    from engine.budget.gate import DrafterGate, GateParams, exclusive_gains
 
     # the head had the kept path's 3 tokens, an n-gram drafter the first 2 of them: the head alone found 1
     assert exclusive_gains({"draft-head": (4, 3), "ngram-simple": (2, 2), "ngram-mod": (1, 0)}, 3) == \
@@ -604,7 +604,7 @@ def test_a_model_drafter_that_finds_nothing_new_stops_drafting_and_probes():
 
 
 def test_a_new_answer_beside_others_starts_from_what_the_drafter_gave_earlier_answers_at_that_many_slots():
-    from engine.draft.gate import DrafterGate, GateParams
+    from engine.budget.gate import DrafterGate, GateParams
 
     gate = DrafterGate(GateParams(decay=0.5, probe_every=4, probe_max=16, seed_after=4))
     gate.crowd = 4
@@ -630,7 +630,7 @@ def test_a_new_answer_beside_others_starts_from_what_the_drafter_gave_earlier_an
 
 
 def test_beside_slots_nobody_has_measured_a_model_drafter_starts_on_the_probe_rounds():
-    from engine.draft.gate import DrafterGate, GateParams
+    from engine.budget.gate import DrafterGate, GateParams
 
     gate = DrafterGate(GateParams(decay=0.5, prior_gain=1.0, probe_every=4))
     gate.crowd = 2
@@ -665,7 +665,7 @@ def test_beside_slots_nobody_has_measured_a_model_drafter_starts_on_the_probe_ro
 
 
 def test_the_gate_charges_a_drafter_the_forward_rows_its_nodes_took():
-    from engine.draft.gate import DrafterGate, GateParams
+    from engine.budget.gate import DrafterGate, GateParams
 
     def rounds(gate, seq, n_rows):
         for _ in range(6):
@@ -686,7 +686,7 @@ def test_the_gate_charges_a_drafter_the_forward_rows_its_nodes_took():
 
 
 def test_the_gate_keeps_rounds_the_ngrams_cover_apart():
-    from engine.draft.gate import DrafterGate, GateParams
+    from engine.budget.gate import DrafterGate, GateParams
 
     # on a copied passage: where the n-grams guess the next token the head finds nothing more, where they guess
     # nothing it finds 2 tokens; it should keep drafting the second kind only
@@ -709,7 +709,7 @@ def test_a_resting_slot_probes_with_the_ngram_drafters_only():
     from engine.draft.chain import DrafterChain
     from engine.draft.registry import make_drafter
     from engine.cost.curve import CostModel
-    from engine.draft.policy import DraftLengthPolicy
+    from engine.budget.draft_budget import DraftBudget
 
     class Network(Drafter):  # stands for the draft head: a drafter whose every call runs a network
         name = "net"
@@ -721,7 +721,7 @@ def test_a_resting_slot_probes_with_the_ngram_drafters_only():
 
     prompt = list(range(10, 30)) * 2 + [10, 11, 12]
     ngrams = make_drafter("ngram-simple", params=SMALL_NGRAMS["ngram-simple"])
-    chain = DrafterChain({"ngram-simple": ngrams, "net": Network()}, DraftLengthPolicy(CostModel()))
+    chain = DrafterChain({"ngram-simple": ngrams, "net": Network()}, DraftBudget(CostModel()))
     for seq in (0, 1):
         chain.begin(seq, prompt, ["ngram-simple", "net"])
     requests = [DraftRequest(seq=seq, prompt=prompt, id_last=13, n_max=4, n_min=0, p_min=None, tree_max=8,
@@ -740,7 +740,7 @@ def test_the_ngram_drafters_are_credited_what_they_found_even_where_the_head_fou
     from engine.draft.chain import DrafterChain
     from engine.draft.registry import NGRAMS, make_drafter
     from engine.cost.curve import CostModel
-    from engine.draft.policy import DraftLengthPolicy
+    from engine.budget.draft_budget import DraftBudget
     from engine.draft.tree import DraftTree
 
     class Network(Drafter):  # stands for the draft head
@@ -749,46 +749,46 @@ def test_the_ngram_drafters_are_credited_what_they_found_even_where_the_head_fou
 
     prompt = list(range(10, 30)) * 2 + [10, 11, 12]
     chain = DrafterChain({"ngram-simple": make_drafter("ngram-simple", params=SMALL_NGRAMS["ngram-simple"]),
-                          "net": Network()}, DraftLengthPolicy(CostModel()))
+                          "net": Network()}, DraftBudget(CostModel()))
     chain.begin(0, prompt, ["ngram-simple", "net"])
     for name in (NGRAMS, "net"):  # both drafted this round
-        chain.gate.pays(0, name, cheap=name == NGRAMS)
-        chain.gate.note_cost(0, name, 0.001)
+        chain.budget.gate.pays(0, name, cheap=name == NGRAMS)
+        chain.budget.gate.note_cost(0, name, 0.001)
     tree = DraftTree()
     tree.add_chain([14, 15, 16], "ngram-simple")
     tree.add_chain([14, 15, 16, 17], "net")  # the same three tokens, then one more
     chain.accept_tree(0, tree, [0, 1, 2, 3])
-    estimates = chain.gate.records[0].estimates
+    estimates = chain.budget.gate.records[0].estimates
     assert estimates[(NGRAMS, False)].n == 1 and estimates[("net", False)].n == 1
     # the mean of the prior (1 token) and this round: the n-grams' 3 tokens, the head's 1 beyond them
-    assert chain.gate.records[0].estimates[(NGRAMS, False)].gain == pytest.approx(2.0)
-    assert chain.gate.records[0].estimates[("net", False)].gain == pytest.approx(1.0)
+    assert chain.budget.gate.records[0].estimates[(NGRAMS, False)].gain == pytest.approx(2.0)
+    assert chain.budget.gate.records[0].estimates[("net", False)].gain == pytest.approx(1.0)
 
 
 def test_the_ngram_drafters_are_gated_as_one_where_their_nodes_gain_nothing():
     from engine.draft.base import DraftRequest
     from engine.draft.chain import DrafterChain
     from engine.draft.registry import NGRAMS, make_drafter
-    from engine.draft.gate import GateParams
+    from engine.budget.gate import GateParams
     from engine.cost.curve import CostModel
-    from engine.draft.policy import DraftLengthPolicy
+    from engine.budget.draft_budget import DraftBudget
     from engine.draft.tree import DraftTree
 
     prompt = list(range(10, 30)) * 2 + [10, 11, 12]  # with 13 sampled, the n-grams find 14 15 16 ... every round
     names = ["ngram-simple", "ngram-map-k"]
     chain = DrafterChain({n: make_drafter(n, params=SMALL_NGRAMS[n]) for n in names},
-                         DraftLengthPolicy(CostModel()))
-    chain.gate.params = GateParams(decay=0.5, probe_every=4, probe_max=4)
+                         DraftBudget(CostModel()))
+    chain.budget.gate.params = GateParams(decay=0.5, probe_every=4, probe_max=4)
     chain.begin(0, prompt, names)
 
     def round_(kept: int) -> DraftRequest:
         r = DraftRequest(seq=0, prompt=prompt, id_last=13, n_max=4, n_min=0, p_min=None, tree_max=8)
         chain.draft([r])
         if r.tree is not None and len(r.tree):
-            chain.gate.row_seconds = 0.0002  # a fiftieth of the round per row
+            chain.budget.gate.row_seconds = 0.0002  # a fiftieth of the round per row
             path = [v for v in range(len(r.tree)) if r.tree.depth(v) < kept and r.tree.drafters[v] in names][:kept]
             chain.accept_tree(0, r.tree, path)
-        chain.gate.note_round(0.010, 1 + kept)
+        chain.budget.gate.note_round(0.010, 1 + kept)
         return r
 
     # both drafters propose the same continuation: weighed one by one, each would gain nothing of its own

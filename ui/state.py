@@ -39,7 +39,7 @@ class AppOptions:
     dtype: str = "auto"  # weights' dtype for every model loaded: auto / float32 / bfloat16 / int8 (engine/load/dtype.py)
     device: str = "cpu"  # where every model loaded runs: cpu / cuda / cuda:N / auto (engine/forward/device.py, --device)
     # the round's draft budget: "fair" keeps every answer at plain decoding's speed or better, "goodput" lets a
-    # copying answer take rows that slow the answers beside it when the batch emits more (engine/round/budget.py)
+    # copying answer take rows that slow the answers beside it when the batch emits more (engine/budget/tree_budget.py)
     budget: str = "fair"
     threads: int | None = None  # forwards' threads; None: all cores, fewer while others hold some (engine/serve/threads.py)
     eagle3: str | None = None  # --draft DIR holding an EAGLE-3 head: offered as the drafter draft-eagle3

@@ -74,7 +74,7 @@ def budget_line(ev) -> str:
         return ""
     mine = (f" This slot: {len(ev.tree_tokens)} of the {ev.tree_offered} nodes its drafters offered."
             if ev.tree_offered else "")
-    if ev.balance is not None:  # what the fair budget weighs for this slot (engine/round/budget.py)
+    if ev.balance is not None:  # what the fair budget weighs for this slot (engine/budget/tree_budget.py)
         mine += (f" Its answer stands {ev.balance:+.1f} tokens against plain decoding in the same forward "
                  f"time.")
     return f'<p class="muted">Budget of the round: {html.escape(ev.budget_why)}.{mine}</p>'

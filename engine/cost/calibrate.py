@@ -1,7 +1,7 @@
 """The engine's cost curve: what a forward of n rows costs on this machine, timed at start.
 
-The length policy and the round's budget (engine/cost/curve.py, engine/round/budget.py) decide by c(n), a forward of n
-rows in forwards of one row. `calibrate` times one sequence after a chat turn's prefix at every size a forward
+The length policy and the round's budget (engine/cost/curve.py, engine/budget/tree_budget.py) decide by c(n), a
+forward of n rows in forwards of one row. `calibrate` times one sequence after a chat turn's prefix at every size a forward
 may hold, then what a row's attention costs per cell it sees, then what a sequence's row costs beyond a row of a
 sequence already in the forward.
 """

@@ -1,3 +1,3 @@
 """The drafters (n-grams, a draft model, the trained head), the chain that relays or merges them, trees of drafts,
-the gate, the per-drafter statistics and the draft length policy.
+the per-drafter statistics and each sequence's record (the gate and the length policy are in engine/budget/).
 """

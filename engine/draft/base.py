@@ -35,17 +35,17 @@ class DraftRequest:
     # `tree`, at most this many nodes; 0: the relay of chains, the first drafter with a draft wins
     tree_max: int = 0
     # tree mode: nodes scored below this would not get a row of the forward (the last round's budget
-    # threshold, engine/round/budget.py): a drafter that grows a tree need not expand them
+    # threshold, engine/budget/tree_budget.py): a drafter that grows a tree need not expand them
     tree_min_score: float = 0.0
     # tree mode: at most this many nodes from a model drafter (0: tree_max). Beside other slots each depth of the
     # head's tree is a step the whole batch waits for, so a slot is offered one node more than the budget last
-    # kept of its model drafters' nodes (engine/round/budget.py, BudgetState.model_nodes)
+    # kept of its model drafters' nodes (engine/budget/tree_budget.py, BudgetState.model_nodes)
     model_tree_max: int = 0
     # tree mode: the batch's time per emitted token over recent rounds (0: not known yet): a drafter that grows a
     # tree weighs the time of each further step against the tokens it may add (engine/draft/head/tree.py)
     token_seconds: float = 0.0
-    # tree mode: the slot rests (its drafts were refused round after round, engine/round/budget.py) and drafts this
-    # round to probe: the n-gram drafters look, a model drafter does not spend its time on it
+    # tree mode: the slot rests (its drafts were refused round after round, engine/budget/tree_budget.py) and drafts
+    # this round to probe: the n-gram drafters look, a model drafter does not spend its time on it
     probe: bool = False
     tree: Any = None  # the merged DraftTree, in tree mode
     result_tree: Any = None  # a drafter's own DraftTree, in tree mode (the draft head's), instead of `result`

@@ -1,9 +1,13 @@
 """The priority chain of drafters: llama.cpp's common_speculative_draft / _accept relay.
 
 Drafters are tried in priority order (n-gram first, model drafters last). The first one that fills a
-sequence's request takes the `drafting` baton from it, is remembered as `impl_last[seq]`, and is credited
-when the verdict comes back; every other drafter hears about it with `is_other=True` so its own bookkeeping
-stays in step with the target.
+sequence's request takes the `drafting` baton from it, is remembered as its record's `impl_last`, and is
+credited when the verdict comes back; every other drafter hears about it with `is_other=True` so its own
+bookkeeping stays in step with the target. In tree mode every drafter's proposal is merged into one tree.
+
+What the relay does not decide itself it asks the engine's draft budget (engine/budget/draft_budget.py):
+whether a drafter drafts for a slot, how far, how a chain's nodes score; it credits the budget with each
+verdict. Without a budget every drafter drafts what it can, up to n_max.
 """
 
 from __future__ import annotations
@@ -12,8 +16,6 @@ import time
 
 from engine.batch import Batch
 from engine.draft.base import Drafter, DraftRequest
-from engine.draft.gate import DrafterGate, exclusive_gains
-from engine.draft.policy import DraftLengthPolicy
 from engine.draft.record import SeqRecords
 from engine.draft.registry import NGRAMS, is_ngram
 from engine.draft.stats import DrafterStats, timed
@@ -21,18 +23,17 @@ from engine.draft.stats import DrafterStats, timed
 class DrafterChain:
     """Relay over a shared pool of drafters; each sequence has its own ordered list of drafter types."""
 
-    def __init__(self, pool: dict[str, Drafter], policy: DraftLengthPolicy | None = None,
-                 records: SeqRecords | None = None):
+    def __init__(self, pool: dict[str, Drafter], budget=None):
         self.pool = pool  # name -> drafter instance, shared by all sequences (each keeps per-seq state)
-        self.policy = policy  # None: verify whatever the drafter offers (up to n_max), for every sequence
-        # seq -> what the relay, gate and length policy keep about it (engine/draft/record.py); the policy's
-        self.records = records if records is not None else policy.records if policy is not None else SeqRecords()
+        # the engine's DraftBudget (engine/budget/draft_budget.py), which the relay asks and credits; None: verify
+        # whatever the drafter offers (up to n_max), for every sequence
+        self.budget = budget
+        # seq -> what the relay and the budget keep about it (engine/draft/record.py): the budget's
+        self.records: SeqRecords = budget.records if budget is not None else SeqRecords()
         self.stats: dict[str, DrafterStats] = {}  # name -> counters over all sequences
         # seq -> name -> counters, one user's view: read after the sequence's final event (it may be released
         # by then), replaced when it begins again
         self.seq_stats: dict[int, dict[str, DrafterStats]] = {}
-        # tree mode: whether a model drafter's time pays for a slot (engine/draft/gate.py)
-        self.gate = DrafterGate(records=self.records)
 
     def _both(self, seq: int, name: str) -> tuple[DrafterStats, DrafterStats]:
         per = self.seq_stats.setdefault(seq, {})
@@ -61,7 +62,7 @@ class DrafterChain:
         winner: dict[int, str | None] = {r.seq: None for r in requests}
         self._new_round(requests)
         n_stages = max((len(self.records.of(r.seq).types) for r in requests), default=0)
-        ngrams_gated = {r.seq for r in requests if r.drafting and not self._gate_ngrams(r)}
+        ngrams_gated = {r.seq for r in requests if r.drafting and not self._ngrams_draft(r)}
         ngram_seconds: dict[int, float] = {}  # seq -> its share of the n-gram drafters' time this round
         for stage in range(n_stages):
             by_name: dict[str, list[DraftRequest]] = {}
@@ -72,12 +73,12 @@ class DrafterChain:
             for name, active in by_name.items():
                 s = self._both(active[0].seq, name)[0]
                 if self.pool[name].needs_model:
-                    active = [r for r in active if self._gate(r, name)]
+                    active = [r for r in active if self._model_drafts(r, name)]
                     if not active:
                         continue
                     for r in active:  # a network drafts token by token: do not draft what the policy would cut
                         if self.uses_policy(r.seq) and r.tree_max == 0:  # a tree is cut by the budget
-                            r.n_max = max(1, self.policy.best_k(r.seq, name, r.n_max))
+                            r.n_max = max(1, self.budget.best_k(r.seq, name, r.n_max))
                 # one call drafts for every sequence in `active`: each sequence is charged an equal share
                 per_seq = [self._both(r.seq, name)[1] for r in active]
                 t0 = time.perf_counter()
@@ -86,7 +87,7 @@ class DrafterChain:
                 share = (time.perf_counter() - t0) / len(active)
                 for r in active:
                     if r.tree_max > 0 and self.pool[name].needs_model and self.uses_policy(r.seq):
-                        self.gate.note_cost(r.seq, name, share)
+                        self.budget.charge(r.seq, name, share)
                     elif is_ngram(name):
                         ngram_seconds[r.seq] = ngram_seconds.get(r.seq, 0.0) + share
                 s.n_call_draft += 1
@@ -111,7 +112,7 @@ class DrafterChain:
                     s_seq.on_draft(k)
         for r in requests:
             if r.seq in ngram_seconds and r.tree_max > 0 and self.uses_policy(r.seq):
-                self.gate.note_cost(r.seq, NGRAMS, ngram_seconds[r.seq])
+                self.budget.charge(r.seq, NGRAMS, ngram_seconds[r.seq])
         return winner
 
     def _new_round(self, requests: list[DraftRequest]) -> None:
@@ -121,35 +122,13 @@ class DrafterChain:
             record.impl_last, record.skipped, record.retokenized = None, [], None
             r.drafting = r.n_max > 0
 
-    def _gate_ngrams(self, r: DraftRequest) -> bool:
-        """Tree mode under the length policy: whether the slot's n-gram drafters draft this round, weighed as one
-        drafter (engine/draft/gate.py). Each is cheap, but all of them together are a noticeable share of a
-        one-row forward of the embedded model read from its Q4_1 blocks (docs/measured.md): on open text, where
-        their nodes are seldom kept, that was a round's cost for nothing. Weighed one by one, two that find the
-        same continuation would each have no gain of its own and both stop."""
-        if r.tree_max == 0 or not self.uses_policy(r.seq) or r.probe:
-            return True
-        if not any(is_ngram(name) for name in self.records.of(r.seq).types):
-            return True
-        if self.gate.pays(r.seq, NGRAMS, cheap=True):
-            return True
-        self.records.of(r.seq).skipped.append(self.gate.why(r.seq, NGRAMS))
-        return False
+    def _ngrams_draft(self, r: DraftRequest) -> bool:
+        """Whether the slot's n-gram drafters draft this round (the budget's gate, tree mode)."""
+        return self.budget is None or self.budget.ngrams_draft(r)
 
-    def _gate(self, r: DraftRequest, name: str) -> bool:
-        """Tree mode under the length policy: whether the model drafter `name` drafts for this request
-        (engine/draft/gate.py). A chain's relay already leaves it the rounds the drafters before it could not fill;
-        without the policy every drafter drafts what it can."""
-        if r.tree_max == 0 or not self.uses_policy(r.seq):
-            return True
-        if r.probe:
-            self.records.of(r.seq).skipped.append(f"{name}: the slot rests; the n-gram drafters probe")
-            return False
-        first = [score for score, parent in zip(r.tree.scores, r.tree.parents) if parent < 0] if r.tree else []
-        if self.gate.pays(r.seq, name, p_covered=sum(first)):
-            return True
-        self.records.of(r.seq).skipped.append(self.gate.why(r.seq, name))
-        return False
+    def _model_drafts(self, r: DraftRequest, name: str) -> bool:
+        """Whether the model drafter `name` drafts for this request (the budget's gate, tree mode)."""
+        return self.budget is None or self.budget.model_drafts(r, name)
 
     def _keep_extras(self, r: DraftRequest, name: str) -> None:
         """What the chain keeps of a result besides its tokens. q only from a drafter whose q is over the target's
@@ -166,7 +145,7 @@ class DrafterChain:
     def _merge(self, r: DraftRequest, name: str) -> int:
         """Tree mode: move the fresh result (a chain, or a drafter's own tree) into the request's tree, shared
         prefixes once, at most tree_max nodes; the request keeps drafting for the next drafter. No length
-        policy cut here: the round's budget chooses among all nodes (engine/round/budget.py). Returns the depth of
+        policy cut here: the round's budget chooses among all nodes (engine/budget/tree_budget.py). Returns the depth of
         what fitted."""
         from engine.draft.tree import DraftTree
 
@@ -188,15 +167,11 @@ class DrafterChain:
         return deepest
 
     def path_scores(self, seq: int, name: str, k: int) -> list[float]:
-        """The chance that each position of a k-token chain from this drafter is reached: its acceptance rates
-        per position (the length policy's estimates) multiplied along the chain."""
-        if self.policy is None:
+        """The chance that each position of a k-token chain from this drafter is reached (the budget's length
+        policy; without a budget, each is reached)."""
+        if self.budget is None:
             return [1.0] * k
-        out, run = [], 1.0
-        for a in self.policy.position_rates(seq, name, k)[:k]:
-            run *= a
-            out.append(run)
-        return out
+        return self.budget.path_scores(seq, name, k)
 
     def _cut(self, r: DraftRequest, name: str) -> int:
         """Apply the grammar, n_max, n_min and the length policy to a fresh result; return the kept length."""
@@ -209,7 +184,7 @@ class DrafterChain:
         if k < max(r.n_min, 1):
             k = 0
         if k > 0 and self.uses_policy(r.seq):
-            k = self.policy.choose(r.seq, name, k)
+            k = self.budget.choose(r.seq, name, k)
             if k < r.n_min:
                 k = 0
         del r.result[k:]
@@ -223,7 +198,8 @@ class DrafterChain:
         return k
 
     def uses_policy(self, seq: int) -> bool:
-        return self.policy is not None and self.records.of(seq).adaptive
+        """Whether the budget cuts this sequence's drafts (there is one, and the sequence is adaptive)."""
+        return self.budget is not None and self.budget.budgeted(seq)
 
     def accept(self, seq: int, n_accepted: int) -> None:
         record = self.records.of(seq)
@@ -237,8 +213,8 @@ class DrafterChain:
             s.on_accept(n_accepted)
             s_seq.on_accept(n_accepted)
             impl.accept(seq, n_accepted, False)
-        if self.uses_policy(seq):
-            self.policy.update(seq, name, n_accepted if record.k_last is None else record.k_last, n_accepted)
+        if self.budget is not None:
+            self.budget.credit(seq, name, n_accepted if record.k_last is None else record.k_last, n_accepted)
         for other in record.types:
             if other != name:
                 self.pool[other].accept(seq, n_accepted, True)
@@ -249,19 +225,9 @@ class DrafterChain:
         #acc rate/pos and #mean acc len keep llama.cpp's meaning; the others hear the kept length."""
         record = self.records.of(seq)
         credit = tree.credit(path)
-        gains = exclusive_gains(credit, len(path))
-        for name in record.types:
-            if self.pool[name].needs_model:
-                self.gate.note_rows(seq, name, sum(1 for d in tree.drafters if d == name))
-                self.gate.note_gain(seq, name, gains.get(name, 0))
-        if any(is_ngram(name) for name in record.types):  # the n-gram drafters as one
-            # credited in the relay's order: what they found, whether or not a model drafter also found it. Judged
-            # by what only they found, the n-grams stopped wherever the head also read a repeated passage, and
-            # with the head gated off later in it nobody drafted the copy (a poem's refrain: 0.99x of plain
-            # beside the n-gram chain's 1.33x); the head's gain stays what it adds beyond them
-            ngrams = max((m for name, (_, m) in credit.items() if is_ngram(name)), default=0)
-            self.gate.note_rows(seq, NGRAMS, sum(1 for d in tree.drafters if is_ngram(d)))
-            self.gate.note_gain(seq, NGRAMS, min(ngrams, len(path)))
+        if self.budget is not None:
+            models = [name for name in record.types if self.pool[name].needs_model]
+            self.budget.credit_tree(seq, tree, len(path), credit, models)
         for name, (k, m) in credit.items():
             s, s_seq = self._both(seq, name)
             s.on_draft(k)
@@ -270,8 +236,8 @@ class DrafterChain:
                 s.on_accept(m)
                 s_seq.on_accept(m)
                 self.pool[name].accept(seq, m, False)
-            if self.uses_policy(seq):
-                self.policy.update(seq, name, k, m)
+            if self.budget is not None:
+                self.budget.credit(seq, name, k, m)
         for other in record.types:
             if other not in credit:
                 self.pool[other].accept(seq, len(path), True)

@@ -26,13 +26,13 @@ class SeqRecord:
     k_last: int | None = None  # the length of that draft
     skipped: list[str] = field(default_factory=list)  # this round's gate decisions against drafting, and why
     retokenized: Any = None  # this round's draft from a drafter of another vocabulary, in both tokenisations
-    # the gate (engine/draft/gate.py)
+    # the gate (engine/budget/gate.py)
     estimates: dict[tuple[str, bool], Any] = field(default_factory=dict)  # (drafter, covered) -> its estimates
     covered: dict[str, bool] = field(default_factory=dict)  # drafter -> the drafters before it guess this round
-    # the length policy (engine/draft/policy.py)
+    # the length policy (engine/budget/policy.py)
     rates: dict[str, list[float]] = field(default_factory=dict)  # drafter -> a_i per draft position
     n_suppressed: dict[str, int] = field(default_factory=dict)  # drafter -> rounds in a row it was cut to k = 0
-    # the budget (engine/round/budget.py)
+    # the budget (engine/budget/tree_budget.py)
     refused: int = 0  # rounds in a row its nodes were all refused
     interval: int | None = None  # rounds between its probes while it rests (None: the budget's probe_every)
     # tokens its answer got beyond what plain decoding would have given it in the same time: each round adds its
@@ -41,7 +41,7 @@ class SeqRecord:
     # nodes of model drafters (the draft head) the last round kept of its tree: beside other slots it is offered
     # one more (DraftRequest.model_tree_max), not a whole tree the batch waits for step by step
     model_nodes: int = 0
-    # the budget's score correction (engine/round/budget.py, ScoreCorrection): per drafter, decayed counts
+    # the budget's score correction (engine/budget/tree_budget.py, ScoreCorrection): per drafter, decayed counts
     reached: dict[str, float] = field(default_factory=dict)  # drafter -> its nodes the target's walk reached
     predicted: dict[str, float] = field(default_factory=dict)  # drafter -> the sum of their raw scores
 

@@ -1,3 +1,3 @@
 """One speculative round for every generating slot: the batch of drafts, one forward, verification, the tree walk,
-rollback of the rejected tail, and the budget of draft rows.
+rollback of the rejected tail; the budget of draft rows is engine/budget/.
 """

@@ -16,11 +16,11 @@ from typing import Any, Callable, Collection
 from engine.memory import checkpoint
 from engine.batch import Batch, OutputLimits
 from engine.draft.base import DraftRequest
+from engine.budget.draft_budget import DraftBudget
 from engine.draft.chain import DrafterChain
 from engine.events import ErrorEvent, RoundEvent, failure
 from engine.memory.probe import FULL, RS, ProbeResult
 from engine.round.slot import Slot
-from engine.round.slot_budget import SlotBudget
 from engine.draft.tree import sub_batch, tree_rows
 from engine.round.chain_verify import Verifying, replay_round, verify_chain
 from engine.round.tree_round import verify_tree
@@ -31,7 +31,7 @@ class RoundPlan:
     """What a round decided before its forward."""
     requests: dict[int, DraftRequest] = field(default_factory=dict)  # seq -> its drafting job (not for replays)
     ckpts: dict[int, checkpoint.Checkpoint] = field(default_factory=dict)  # seq -> state taken before drafting
-    resting: dict[int, int] = field(default_factory=dict)  # seq -> rounds until it drafts again (BudgetState.rests)
+    resting: dict[int, int] = field(default_factory=dict)  # seq -> rounds until it drafts again (DraftBudget.rest)
     vetoed: set[int] = field(default_factory=set)  # seqs the slot budget kept from drafting this round
     veto_why: str = ""  # the budget's reason for its veto
     failed: dict[int, ErrorEvent] = field(default_factory=dict)  # seq -> why its generation ends this round
@@ -51,18 +51,18 @@ class RoundBatch:
 class Round:
     """Runs rounds over the slots it is given; the engine (serve/engine.py) owns the slots and their lifecycle."""
 
-    def __init__(self, ctx, chain: DrafterChain, probe: ProbeResult, limits: OutputLimits, n_pos_max: int | None,
-                 eos: Collection[int], detokenize: Callable[[list[int]], str]):
+    def __init__(self, ctx, chain: DrafterChain, budget: DraftBudget, probe: ProbeResult, limits: OutputLimits,
+                 n_pos_max: int | None, eos: Collection[int], detokenize: Callable[[list[int]], str]):
         self.ctx = ctx  # the target's context: its memory (cell cache or own per-sequence cache) and forward
-        self.chain = chain  # the drafters in relay order per sequence; its length policy sizes the drafts
+        self.chain = chain  # the drafters in relay order per sequence
+        # the one budget over the slots' drafts: which slots and drafters draft, how far, which nodes go in, each
+        # slot's balance (engine/budget/draft_budget.py)
+        self.budget = budget
         self.probe = probe  # what rollback the memory supports (PART / RS / FULL)
         self.limits = limits  # logits rows per forward, in all and per sequence
         self.n_pos_max = n_pos_max  # a sequence's positions end here (the model's, or its share of the cache)
         self.eos = eos  # tokens that end a generation
         self.detokenize = detokenize  # token ids -> text, for what a slot gives out
-        # the one budget over the slots' trees: which slots draft, which nodes go in, each slot's balance
-        self.slot_budget = SlotBudget(chain, chain.records)
-        self.budget_state = self.slot_budget.state
         self.last_forward: tuple[int, float] | None = None  # (rows, seconds) of the latest round's forward
 
     def emit(self, slot: Slot, tokens: list[int], ev: RoundEvent) -> RoundEvent:
@@ -93,21 +93,23 @@ class Round:
             return events + [failure(s.seq, "the forward", e) for s in rb.in_batch]
         self._learn_from_forward(plan, rb, res.seconds)
         events += self._verify_all(slots, plan, rb, res)
-        self._settle(plan, rb, events, time.perf_counter() - t0)
-        self._observe_cost(plan.budget, rb.batch, rb.in_batch, res.seconds,
-                           time.perf_counter() - t_forward - res.seconds)
+        for ev in events:
+            if isinstance(ev, RoundEvent):
+                ev.n_seqs = len(rb.in_batch)
+        self.budget.settle(plan, rb.in_batch, events, time.perf_counter() - t0)
+        self.budget.observe_cost(plan.budget, rb.batch, rb.in_batch, res.seconds,
+                                 time.perf_counter() - t_forward - res.seconds)
         n_emitted = sum(len(ev.emitted) for ev in events if isinstance(ev, RoundEvent))
-        self.chain.gate.note_round(time.perf_counter() - t0, n_emitted)
+        self.budget.close_round(time.perf_counter() - t0, n_emitted)
         return events
 
     def _plan(self, slots: list[Slot], n_cells_free: int) -> RoundPlan:
         """How far each slot may draft (cells and logits rows the slots before it left), who rests or is
         vetoed, the checkpoints, and each slot's drafting request."""
         plan = RoundPlan()
-        self.budget_state.next_round()
-        self.chain.gate.crowd = len(slots)
+        self.budget.open_round(len(slots))
         sizes = self._sizes(slots, n_cells_free, plan.resting)
-        plan.vetoed, plan.veto_why = self.slot_budget.veto(slots, sizes)
+        plan.vetoed, plan.veto_why = self.budget.veto(slots, sizes)
         for slot in slots:
             if slot.replay is not None:
                 continue  # a replay round re-runs decided tokens and drafts nothing
@@ -134,9 +136,9 @@ class Round:
             tree_max = min(self._tree_max(slot), n_max)
             # alone, a slot's drafting costs only its own time, which the gate weighs for the draft head; beside
             # others, it delays them all
-            if tree_max > 0 and len(slots) > 1 and self.chain.uses_policy(slot.seq) and \
-                    self.budget_state.rests(slot.seq):
-                resting[slot.seq] = self.budget_state.rest(slot.seq)
+            wait = self.budget.rest(slot.seq) if tree_max > 0 and len(slots) > 1 else None
+            if wait is not None:
+                resting[slot.seq] = wait
                 n_max = tree_max = 0
             sizes[slot.seq] = n_max, tree_max
             n_free -= n_max
@@ -144,22 +146,17 @@ class Round:
         return sizes
 
     def _request(self, slot: Slot, n_max: int, tree_max: int, n_slots: int) -> DraftRequest:
-        budgeted = self.chain.uses_policy(slot.seq)
+        """The slot's drafting job: its own limits, then the budget's decisions for it."""
         spec = slot.params.spec
-        return DraftRequest(
+        return self.budget.decide(DraftRequest(
             seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max, n_min=spec.n_min, p_min=spec.p_min,
             want_q=slot.params.sampling.temp > 0 and tree_max == 0,
-            grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max,
-            tree_min_score=self.budget_state.threshold if budgeted else 0.0,
-            model_tree_max=(min(tree_max, 1 + self.budget_state.records.of(slot.seq).model_nodes)
-                            if n_slots > 1 and budgeted and tree_max > 0 else 0),
-            probe=slot.seq in self.budget_state.waking,
-            token_seconds=(self.chain.gate.seconds_per_token or 0.0) if budgeted else 0.0)
+            grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max), n_slots)
 
     def _draft_all(self, slots: list[Slot], plan: RoundPlan) -> None:
         """The drafters' proposals for every request, then the budget's choice of tree nodes over all slots."""
         plan.winners = self._draft(list(plan.requests.values()), plan.failed)
-        plan.budget = self.slot_budget.plan(slots, plan.requests)
+        plan.budget = self.budget.plan(slots, plan.requests)
 
     def _batch(self, slots: list[Slot], plan: RoundPlan, n_cells_free: int) -> tuple[RoundBatch, list]:
         """`[sampled, d1..dk]` (a tree's nodes, or a replay's tokens) of every slot at contiguous positions in one
@@ -188,14 +185,8 @@ class Round:
     def _learn_from_forward(self, plan: RoundPlan, rb: RoundBatch, seconds: float) -> None:
         """The forward's time into the cost curve, the thread governor's sample, and what a draft row cost this
         round for the drafters' gate (gate.py): the share of the forward beyond the base rows, per row."""
-        n_rows, budget = len(rb.batch), plan.budget
-        if self.chain.policy is not None:
-            self.chain.policy.cost.observe(n_rows, seconds)
-        self.last_forward = (n_rows, seconds)  # for the engine's thread count (engine/serve/threads.py)
-        curve_ratio = (budget.cost.c(n_rows) / budget.cost.c(budget.n_base)
-                       if budget is not None and budget.cost is not None else 1.0)
-        n_draft_rows = n_rows - budget.n_base if budget is not None else 0
-        self.chain.gate.row_seconds = seconds * (1 - 1 / curve_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
+        self.budget.observe_forward(len(rb.batch), seconds, plan.budget)
+        self.last_forward = (len(rb.batch), seconds)  # for the engine's thread count (engine/serve/threads.py)
 
     def _verify_all(self, slots: list[Slot], plan: RoundPlan, rb: RoundBatch, res) -> list[RoundEvent]:
         """Each slot's verdict on its rows (a replay, a tree or a chain); a slot whose verification or rollback
@@ -229,72 +220,6 @@ class Round:
         if rb.batch.has_tree():
             self.chain.process(*sub_batch(rb.batch, res, sorted(kept_rows)))
         return events
-
-    def _settle(self, plan: RoundPlan, rb: RoundBatch, events: list, whole: float) -> None:
-        """Charge each slot's balance with the round's cost, note why a slot drafted less, and let leaving
-        slots go from the budget."""
-        budget, ratios = plan.budget, {}  # ratios: ghosts beside a slot -> the round's cost in plain rounds
-        drafted = budget is not None or any(r.tree_max > 0 and r.n_max > 0 and self.chain.uses_policy(r.seq)
-                                            for r in plan.requests.values())
-        for ev in events:
-            if not isinstance(ev, RoundEvent):
-                continue
-            ev.n_seqs = len(rb.in_batch)
-            ghosts = self.slot_budget.ghosts_of(ev.seq)
-            if drafted or ghosts:
-                if ghosts not in ratios:
-                    ratios[ghosts] = self.slot_budget.cost_ratio(budget, rb.in_batch, whole, ghosts)
-                self.budget_state.settle(ev.seq, len(ev.emitted), ratios[ghosts])
-                ev.balance = self.budget_state.records.of(ev.seq).balance
-            if budget is not None and ev.seq in plan.requests:  # a replay slot drafted nothing
-                self._note_budget(ev, plan)
-            self._note_skipped(ev, plan)
-            record = self.chain.records.of(ev.seq).retokenized
-            if record is not None and ev.kind == "spec":
-                ev.draft_pieces, ev.target_pieces = list(record.draft_pieces), list(record.target_pieces)
-        self.slot_budget.next_round()
-        for slot in rb.in_batch:
-            if slot.state == "done":
-                self.slot_budget.leave(slot.seq, [s.seq for s in rb.in_batch])
-
-    def _note_budget(self, ev: RoundEvent, plan: RoundPlan) -> None:
-        budget, r = plan.budget, plan.requests[ev.seq]
-        ev.budget_why = budget.why
-        ev.tree_offered = budget.offered.get(ev.seq, 0)
-        if ev.seq in budget.kept and ev.verify_mode == "tree" and r.tree is not None:
-            self.budget_state.correction.observe(ev.seq, r.tree, ev.tree_path, budget.factors[ev.seq])
-
-    def _note_skipped(self, ev: RoundEvent, plan: RoundPlan) -> None:
-        """Why a slot drafted less this round, in its event: model drafters that do not pay for it (gate.py),
-        a rest after refused drafts, or the budget's veto."""
-        record = self.chain.records.of(ev.seq)
-        skipped = record.skipped
-        if ev.seq in plan.resting:
-            skipped = [f"its drafts were refused {record.refused - 1} rounds in a row: "
-                       f"it rests, and drafts a probe in {plan.resting[ev.seq]} round(s)"]
-        elif ev.seq in plan.vetoed:
-            skipped = [plan.veto_why]
-        if skipped:
-            ev.not_drafted = list(skipped)
-            parts = ([ev.budget_why] if ev.budget_why else []) + ["not drafted: " + s for s in skipped]
-            ev.budget_why = "; ".join(parts)
-
-    def _observe_cost(self, budget, batch: Batch, in_batch: list[Slot], forward: float, after: float) -> None:
-        """What the round's draft rows cost against what the budget's curve said (CostModel.step_fit): the
-        forward beyond a forward of its base rows, and the work after the forward beyond a plain round's."""
-        if self.chain.policy is None:
-            return
-        cost = self.chain.policy.cost
-        if len(batch) == len(in_batch):  # one row a slot: a plain round
-            cost.observe_after_plain(after / len(in_batch))
-            return
-        if budget is None or budget.cost is None or len(batch) <= budget.n_base:
-            return
-        extra = forward - cost.base_seconds(budget.n_base)
-        plain_after = cost.after_plain_seconds()
-        if plain_after is not None:  # unknown, the work after the forward is left out rather than guessed
-            extra += max(0.0, after - len(in_batch) * plain_after)
-        cost.observe_step(budget.cost.step_seconds(len(batch)), extra)
 
     def _draft(self, requests: list[DraftRequest], failed: dict[int, ErrorEvent]) -> dict[int, str | None]:
         """The chain drafts for every request at once; if that raises, each request drafts alone so the one at

@@ -26,7 +26,7 @@ from engine.load.models import LoadedModel, check_vocab_compatible
 from engine.params import GenParams
 from engine.cost.calibrate import calibrate as time_forwards
 from engine.cost.curve import CostModel
-from engine.draft.policy import DraftLengthPolicy
+from engine.budget.draft_budget import DraftBudget
 from engine.draft.record import SeqRecords
 from engine.memory.probe import ProbeResult, probe_context
 from engine.memory.self_check import SelfCheck, self_check
@@ -91,25 +91,27 @@ class Engine:
         self._use_threads()
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
         self.threads.fixed = self.threads.fixed or not (calibrate and self.probe.can_speculate)
-        # seq -> what the relay, gate, length policy and budget keep about it (engine/draft/record.py)
+        # seq -> what the relay and the draft budget keep about it (engine/draft/record.py)
         self.records = SeqRecords()
-        self.policy = DraftLengthPolicy(self.cost, records=self.records)
         # type name -> its params dataclass; ours by default (engine/draft/registry.py, default_params), overridable per type
         self.drafter_params = {**default_params(), **(drafter_params or {})}
         self.drafter_context = DrafterContext(target, draft, self.draft_mismatch, self.ctx.n_ctx, self.ctx.n_seq_max,
                                               self.ctx.n_vocab, self.drafter_params)
         self.pool: dict[str, Drafter] = {}
-        self.chain = DrafterChain(self.pool, self.policy, self.records)
+        # which drafters draft for which slot and how far, which tree nodes go in (engine/budget/draft_budget.py)
+        self.budget = DraftBudget(self.cost, self.pool, self.records)
+        self.chain = DrafterChain(self.pool, self.budget)
         self.slots: dict[int, Slot] = {}
         self.parked: dict[int, Slot] = {}  # seq -> a parked slot whose cells the sequence still holds
         self.placement = Placement(self.ctx, self.chain, self.slots, self.parked)
         self.eos = target.eos_ids()
         self._grammar_tokenizer = None  # llguidance's view of the target's tokenizer, built at the first grammar
-        self.round = Round(self.ctx, self.chain, self.probe, self.limits, self.n_pos_max, self.eos, target.decode)
+        self.round = Round(self.ctx, self.chain, self.budget, self.probe, self.limits, self.n_pos_max, self.eos,
+                           target.decode)
         self.prefiller = Prefiller(self.ctx, self.chain, self.round.emit)
         # fair: no slot's answer may come slower than plain decoding would give it; False: the batch's goodput
-        # alone chooses the draft rows (engine/round/budget.py)
-        self.round.budget_state.fair = fair
+        # alone chooses the draft rows (engine/budget/tree_budget.py)
+        self.budget.state.fair = fair
 
     # ---- set-up ----------------------------------------------------------------------------------------------
 
@@ -236,7 +238,7 @@ class Engine:
             coin_seed = params.sampling.seed ^ 0x5BD1E995 ^ (seq * 0x9E3779B1)
             slot.coins = torch.Generator(device="cpu").manual_seed(coin_seed & 0xFFFFFFFF)
         self.slots[seq] = slot
-        self.round.slot_budget.begin(seq)
+        self.budget.begin(seq)
         self.chain.begin(seq, slot.prompt, params.spec.types, adaptive=params.spec.adaptive)
         for name in params.spec.types:  # model drafters sample at the slot's temperature, from its seed
             self.pool[name].retune(seq, params.sampling.temp, params.sampling.seed)

@@ -7,7 +7,7 @@ drafting this round together in one batched head step (each node attends to its 
 and its own ancestors' entries, a tree mask over one key set), and each expanded node offers its `branch` most
 likely tokens as children. The tree handed on is the `n_nodes` best-scored nodes (EAGLE-2's reranking); a child
 never outscores its parent, so the best nodes always include their ancestors. The round's budget
-(engine/round/budget.py) then keeps what pays.
+(engine/budget/tree_budget.py) then keeps what pays.
 
 Each depth is a head step that costs its time whether or not the budget keeps what it adds. So a further depth
 is grown only when it is expected to pay for it: its frontier's scores S (summed over all sequences of the

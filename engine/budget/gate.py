@@ -2,13 +2,13 @@
 
 In llama.cpp's relay a model drafter drafts only when the n-gram drafters before it found nothing. In tree mode
 (engine/draft/chain.py) every drafter proposes every round, so the draft head spends its drafting time even
-where the n-grams already found the text the target will write. The round's budget (engine/round/budget.py) chooses
-among the nodes once they exist; it cannot give back the time it took to draft them. This gate decides before
+where the n-grams already found the text the target will write. The round's budget (engine/budget/tree_budget.py)
+chooses among the nodes once they exist; it cannot give back the time it took to draft them. This gate decides before
 drafting, for each (slot, model drafter), from what drafting gave that slot in earlier rounds:
 
 - gain g: tokens of the slot's kept path that only this drafter had proposed (the path's length minus the
   longest prefix another drafter of the same tree also proposed), per round it drafted. The n-gram drafters,
-  first in the relay, are credited all the kept tokens they proposed (DrafterChain.accept_tree): a model
+  first in the relay, are credited all the kept tokens they proposed (DraftBudget.credit_tree): a model
   drafter's gain is then what it adds beyond them, and where both read a repeated passage the n-grams stay;
 - cost t: its drafting time charged to the slot (one batched call's time shared by the slots in it), plus the
   forward time of the rows its nodes took (nodes it was first to propose that the budget kept, at the round's

@@ -1,27 +1,28 @@
 """The round's one budget applied to its slots: which slots draft, which of their tree nodes go into the
-forward (engine/round/budget.py), and what the round cost each slot against plain decoding.
+forward (engine/budget/tree_budget.py), and what the round cost each slot against plain decoding.
 
 Before drafting, slots whose every node the fair budget would refuse do not draft (`veto`). After drafting,
 `plan` hands the slots' trees to the budget and keeps what it chose. After the forward each drafted round is
 charged to every slot's balance at its measured cost (`cost_ratio`), against a plain round that still holds
-the slots that left ahead of plain decoding (`leave`).
+the slots that left ahead of plain decoding (`leave`). The slots are the round's (engine/round/slot.py): what is
+read of them is their seq, tokens, replay and n_remaining.
 """
 
 from __future__ import annotations
 
 from typing import Collection
 
-from engine.round.budget import Budget, BudgetState, plan as budget_plan
+from engine.budget.tree_budget import Budget, BudgetState, plan as budget_plan
 from engine.draft.base import DraftRequest
-from engine.draft.chain import DrafterChain
 from engine.draft.record import SeqRecords
-from engine.round.fair_share import leaves_first
-from engine.round.slot import Slot
+from engine.budget.fair_share import leaves_first
 
 
 class SlotBudget:
-    def __init__(self, chain: DrafterChain, records: SeqRecords | None = None):
-        self.chain = chain  # its length policy's cost curve, its drafters (which need a model), its gate
+    def __init__(self, owner, records: SeqRecords | None = None):
+        # the DraftBudget (draft_budget.py): its length policy's cost curve, its pool of drafters (which need a
+        # model), its gate, and which sequences it budgets
+        self.owner = owner
         # balances, refusals and rests of every slot, in their records (engine/draft/record.py)
         self.state = BudgetState(records=records if records is not None else SeqRecords())
         # (rounds, seqs): a slot that finished ahead of plain decoding by `rounds` plain rounds, which plain
@@ -31,17 +32,17 @@ class SlotBudget:
         # answers ended before it would have left (four copy answers, three ended by their end-of-text token)
         self.ghosts: list[tuple[int, frozenset[int]]] = []
 
-    def veto(self, slots: list[Slot], sizes: dict[int, tuple[int, int]]) -> tuple[set[int], str]:
+    def veto(self, slots: list, sizes: dict[int, tuple[int, int]]) -> tuple[set[int], str]:
         """The budgeted tree slots that need not draft this round, and why: beside a slot that drafts nothing this
         round (it rests, replays, or has no room), whose balance cannot pay for one row and which no drafting
         slot will leave before (one that may pay it for its rows), the fair budget keeps no node of anyone's
-        tree and no probe (engine/round/fair_share.py, `fair_take`, `others_afford`), so their drafting would only
+        tree and no probe (engine/budget/fair_share.py, `fair_take`, `others_afford`), so their drafting would only
         delay the round. Four answers of which two copy and two write freely spent a measurable part of every
         round drafting for nodes refused this way (docs/measured.md)."""
-        state, policy = self.state, self.chain.policy
-        if len(slots) < 2 or policy is None or not state.fair:
+        state = self.state
+        if len(slots) < 2 or not state.fair:
             return set(), ""
-        trees = {seq for seq, (_, tree_max) in sizes.items() if tree_max > 0 and self.chain.uses_policy(seq)}
+        trees = {seq for seq, (_, tree_max) in sizes.items() if tree_max > 0 and self.owner.budgeted(seq)}
         bare = [s.seq for s in slots if s.seq not in trees]
         if not trees or not bare:
             return set(), ""
@@ -61,42 +62,42 @@ class SlotBudget:
                        f"tokens against plain decoding, less than one draft row costs it ({tau:.3f}): every node "
                        f"would be refused")
 
-    def plan(self, slots: list[Slot], requests: dict[int, DraftRequest]) -> Budget | None:
-        """Trees of slots under the length policy share one budget (engine/round/budget.py); others keep theirs.
+    def plan(self, slots: list, requests: dict[int, DraftRequest]) -> Budget | None:
+        """Trees of slots under the length policy share one budget (engine/budget/tree_budget.py); others keep theirs.
         Afterwards a request's tree is None or has nodes: an empty one is a plain round."""
         for r in requests.values():
             if r.tree is not None and not len(r.tree):
                 r.tree = None
             if r.tree is None and r.seq in self.state.waking:
                 self.state.rest(r.seq)  # a probe round that found nothing: the slot rests on
-            elif r.tree is None and r.tree_max > 0 and len(slots) > 1 and self.chain.uses_policy(r.seq):
+            elif r.tree is None and r.tree_max > 0 and len(slots) > 1 and self.owner.budgeted(r.seq):
                 # drafted for nothing: beside other slots it counts as a refused round, so a slot whose drafters
                 # find nothing rests too, instead of drafting every round (four open answers otherwise paid
                 # for n-gram lookups that found nothing in every round of a whole answer)
                 self.state.records.of(r.seq).refused += 1
-        trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.chain.uses_policy(seq)}
-        if self.chain.policy is None or not trees:
+        trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.owner.budgeted(seq)}
+        if not trees:
             return None
         n_base = base_rows(slots)
         n_base += sum(len(r.tree) for seq, r in requests.items() if r.tree is not None and seq not in trees)
         bare = [s.seq for s in slots if s.seq not in trees]
         out = budget_plan(trees, n_base, self._cost(slots, trees, n_base), self.state, bare,
                           {s.seq: s.n_remaining for s in slots})
-        models = {name for name, impl in self.chain.pool.items() if impl.needs_model}
+        models = {name for name, impl in self.owner.pool.items() if impl.needs_model}
         for seq, tree in trees.items():
             self.state.records.of(seq).model_nodes = sum(tree.drafters[v] in models for v in out.kept[seq])
             requests[seq].tree = tree.keep(out.kept[seq]) if out.kept[seq] else None
             if requests[seq].tree is None:
-                self.chain.gate.nothing_kept(seq)
+                self.owner.gate.nothing_kept(seq)
         return out
 
-    def _cost(self, slots: list[Slot], trees: Collection[int], n_base: int):
+    def _cost(self, slots: list, trees: Collection[int], n_base: int):
         """The cost curve for a forward of n_base rows plus the drafts of the slots in `trees`: draft rows read
         their slot's cells, so slots with shorter contexts than the calibration's add cheaper rows."""
         cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
-        return self.chain.policy.cost.for_cells(n_base, cells)
+        return self.owner.policy.cost.for_cells(n_base, cells)
 
-    def cost_ratio(self, budget, in_batch: list[Slot], whole: float, ghosts: int = 0) -> float:
+    def cost_ratio(self, budget, in_batch: list, whole: float, ghosts: int = 0) -> float:
         """A drafted round's cost in plain rounds of its base rows, what each slot's balance is charged: `whole`,
         the round's time from its drafting to its events, over a plain round's. That is the forward of the base
         rows as timed in service, or calibrated until 3 were (CostModel.base_seconds), and each slot's work
@@ -110,7 +111,7 @@ class SlotBudget:
         beside a copying one stood above plain decoding by their balances and ran below it by the clock: a tree
         round's walk and bookkeeping cost well more than a plain round's (docs/measured.md)."""
         n_base = budget.n_base if budget is not None else base_rows(in_batch)
-        cost = self.chain.policy.cost
+        cost = self.owner.policy.cost
         after = cost.after_plain_seconds() or 0.0
         return whole / (cost.base_seconds(n_base + ghosts) + (len(in_batch) + ghosts) * after)
 
@@ -136,6 +137,6 @@ class SlotBudget:
         self.ghosts = [(n - 1, beside) for n, beside in self.ghosts if n > 1]
 
 
-def base_rows(slots: list[Slot]) -> int:
+def base_rows(slots: list) -> int:
     """Rows the forward has without drafts: each slot's sampled token, or the tokens its replay re-runs."""
     return sum(len(s.replay.tokens) if s.replay is not None else 1 for s in slots)

@@ -1,7 +1,7 @@
 """The fair budget: draft rows only where no slot of the forward expects to fall behind plain decoding.
 
 Goodput alone would let a copying slot take rows that slow an open slot beside it: the batch emits more, the
-open answer comes slower than plain decoding would give it. So the budget (engine/round/budget.py) is also
+open answer comes slower than plain decoding would give it. So the budget (engine/budget/tree_budget.py) is also
 fair: a forward that costs c(n_rows) / c(n_base) plain forwards spends tau = that ratio - 1 more on every slot in
 it than plain decoding would, and each slot must expect to make it up: its kept nodes' scores plus its balance
 (the tokens it got so far beyond plain decoding, counted on what the rounds emitted) reach tau. A slot ahead can

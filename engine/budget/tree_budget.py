@@ -17,7 +17,7 @@ acceptance estimates behind its scores can recover (as the length policy's probe
 the forward can afford the row. Beside other slots, one refused twice rests: it drafts only on probe rounds,
 every 4, 8, ... up to `probe_max` rounds while its probes keep being refused.
 
-The budget is also fair (engine/round/fair_share.py): no slot of the forward should expect to fall behind plain
+The budget is also fair (engine/budget/fair_share.py): no slot of the forward should expect to fall behind plain
 decoding for the rows the others take, unless `BudgetState.fair` is off.
 
 The goodput is only as good as the scores. The draft head's are calibrated (docs/draft-head.md); an n-gram
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from engine.cost.curve import CostModel, RoundCost
 from engine.draft.record import SeqRecords
 from engine.draft.tree import DraftTree
-from engine.round.fair_share import fair_take, leaves_first, others_afford
+from engine.budget.fair_share import fair_take, leaves_first, others_afford
 
 
 @dataclass
