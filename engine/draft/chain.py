@@ -77,7 +77,7 @@ class DrafterChain:
                     if not active:
                         continue
                     for r in active:  # a network drafts token by token: do not draft what the policy would cut
-                        if self.uses_policy(r.seq) and r.tree_max == 0:  # a tree is cut by the budget
+                        if self._budgeted(r.seq) and r.tree_max == 0:  # a tree is cut by the budget
                             r.n_max = max(1, self.budget.best_k(r.seq, name, r.n_max))
                 # one call drafts for every sequence in `active`: each sequence is charged an equal share
                 per_seq = [self._both(r.seq, name)[1] for r in active]
@@ -86,7 +86,7 @@ class DrafterChain:
                     self.pool[name].draft(active)
                 share = (time.perf_counter() - t0) / len(active)
                 for r in active:
-                    if r.tree_max > 0 and self.pool[name].needs_model and self.uses_policy(r.seq):
+                    if r.tree_max > 0 and self.pool[name].needs_model and self._budgeted(r.seq):
                         self.budget.charge(r.seq, name, share)
                     elif is_ngram(name):
                         ngram_seconds[r.seq] = ngram_seconds.get(r.seq, 0.0) + share
@@ -111,7 +111,7 @@ class DrafterChain:
                     s.on_draft(k)
                     s_seq.on_draft(k)
         for r in requests:
-            if r.seq in ngram_seconds and r.tree_max > 0 and self.uses_policy(r.seq):
+            if r.seq in ngram_seconds and r.tree_max > 0 and self._budgeted(r.seq):
                 self.budget.charge(r.seq, NGRAMS, ngram_seconds[r.seq])
         return winner
 
@@ -159,14 +159,14 @@ class DrafterChain:
             for tokens, share in [(r.result, r.result_share)] + r.result_alts:
                 chain = tokens[:r.n_max]
                 if len(chain) >= max(r.n_min, 1):
-                    scores = [share * a for a in self.path_scores(r.seq, name, len(chain))]
+                    scores = [share * a for a in self._path_scores(r.seq, name, len(chain))]
                     # a chain under the root: its i-th node is at depth i + 1
                     deepest = max(deepest, len(r.tree.add_chain(chain, name, limit=r.tree_max, scores=scores)))
         r.result, r.result_q, r.result_p, r.result_tree = [], None, None, None
         r.result_alts, r.result_share = [], 1.0
         return deepest
 
-    def path_scores(self, seq: int, name: str, k: int) -> list[float]:
+    def _path_scores(self, seq: int, name: str, k: int) -> list[float]:
         """The chance that each position of a k-token chain from this drafter is reached (the budget's length
         policy; without a budget, each is reached)."""
         if self.budget is None:
@@ -183,7 +183,7 @@ class DrafterChain:
             k = min(k, r.grammar.valid_prefix(r.result[:k]))
         if k < max(r.n_min, 1):
             k = 0
-        if k > 0 and self.uses_policy(r.seq):
+        if k > 0 and self._budgeted(r.seq):
             k = self.budget.choose(r.seq, name, k)
             if k < r.n_min:
                 k = 0
@@ -197,7 +197,7 @@ class DrafterChain:
             r.result_p = None
         return k
 
-    def uses_policy(self, seq: int) -> bool:
+    def _budgeted(self, seq: int) -> bool:
         """Whether the budget cuts this sequence's drafts (there is one, and the sequence is adaptive)."""
         return self.budget is not None and self.budget.budgeted(seq)
 
