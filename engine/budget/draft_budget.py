@@ -7,13 +7,15 @@ their trees (slots.py, tree_budget.py, fair_share.py), and it feeds them what th
 timings into the cost curve (engine/cost/curve.py), the verdicts, each round's cost. What it keeps about one
 sequence lives in that sequence's record (engine/draft/record.py).
 
-The round (engine/round/round.py) asks it before drafting (`open_round`, `rest`, `veto`, `decide`) and after
-(`plan`, `observe_forward`, `settle`, `close_round`); the relay (engine/draft/chain.py) consults it at each
-drafter's turn (`ngrams_draft`, `model_drafts`, `best_k`, `choose`, `path_scores`, `charge`) and credits it with
-each verdict (`credit`, `credit_tree`).
+The round (engine/round/round.py) asks it before drafting (`open_round`, `rest`, `veto`, `decide`), after
+drafting (`plan`), after the forward (`observe_forward`) and after the verdicts (`settle`); the relay
+(engine/draft/chain.py) consults it at each drafter's turn (`ngrams_draft`, `model_drafts`, `best_k`, `choose`,
+`path_scores`, `charge`) and credits it with each verdict (`credit`, `credit_tree`).
 """
 
 from __future__ import annotations
+
+import time
 
 from engine.batch import Batch
 from engine.budget.gate import DrafterGate, exclusive_gains
@@ -174,12 +176,19 @@ class DraftBudget:
             extra += max(0.0, after - n_slots * plain_after)
         cost.observe_step(budget.cost.step_seconds(n_rows), extra)
 
-    def close_round(self, seconds: float, n_emitted: int) -> None:
-        self.gate.note_round(seconds, n_emitted)
+    def settle(self, plan, batch: Batch, in_batch: list, events: list, t_start: float, t_forward: float,
+               forward: float) -> None:
+        """After the round's verdicts: each slot's balance and notes (`_settle_slots`), what the draft rows cost
+        (`observe_cost`), the round's time per token for the gate. plan: the round's RoundPlan; t_start and
+        t_forward: time.perf_counter() when the round and its forward began; forward: the forward's seconds."""
+        self._settle_slots(plan, in_batch, events, time.perf_counter() - t_start)
+        self.observe_cost(plan.budget, batch, in_batch, forward, time.perf_counter() - t_forward - forward)
+        n_emitted = sum(len(ev.emitted) for ev in events if isinstance(ev, RoundEvent))
+        self.gate.note_round(time.perf_counter() - t_start, n_emitted)
 
-    def settle(self, plan, in_batch: list, events: list, whole: float) -> None:
-        """After the round: charge each slot's balance with the round's cost, note in its event why it drafted
-        less, and let leaving slots go from the budget. plan: the round's RoundPlan; whole: the round's time."""
+    def _settle_slots(self, plan, in_batch: list, events: list, whole: float) -> None:
+        """Charge each slot's balance with the round's cost, note in its event why it drafted less, and let
+        leaving slots go from the budget. whole: the round's time so far."""
         budget, ratios = plan.budget, {}  # ratios: ghosts beside a slot -> the round's cost in plain rounds
         drafted = budget is not None or any(r.tree_max > 0 and r.n_max > 0 and self.budgeted(r.seq)
                                             for r in plan.requests.values())

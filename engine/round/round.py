@@ -96,11 +96,7 @@ class Round:
         for ev in events:
             if isinstance(ev, RoundEvent):
                 ev.n_seqs = len(rb.in_batch)
-        self.budget.settle(plan, rb.in_batch, events, time.perf_counter() - t0)
-        self.budget.observe_cost(plan.budget, rb.batch, rb.in_batch, res.seconds,
-                                 time.perf_counter() - t_forward - res.seconds)
-        n_emitted = sum(len(ev.emitted) for ev in events if isinstance(ev, RoundEvent))
-        self.budget.close_round(time.perf_counter() - t0, n_emitted)
+        self.budget.settle(plan, rb.batch, rb.in_batch, events, t0, t_forward, res.seconds)
         return events
 
     def _plan(self, slots: list[Slot], n_cells_free: int) -> RoundPlan:
