@@ -230,3 +230,61 @@ def test_the_bench_runs_a_block_drafter_given_as_draft(ckpts, tmp_path, capsys):
     rows = list(csv.DictReader(out.open()))
     spec = [r for r in rows if r["spec_decode"] == "on"]
     assert spec and spec[0]["spec_types"] == "draft-dflash" and spec[0]["lossless_ok"] == "True"
+
+
+def test_the_context_entries_are_those_of_the_confirmed_tokens_only(ckpts, engines):
+    """After a run the cache holds one entry per confirmed position before the last id_last, each layer's key
+    and value those the published equations give for the target's features there: rejected rows left nothing."""
+    from tiny_dflash import rms, rope
+
+    name = "draft-dflash"
+    engine, w = engines[name, "hf"], ckpts[name][0]
+    d = engine.drafter(name)
+    engine.start(PROMPTS[1], spec_params(name), seq=0)
+    emitted = []
+    while engine.active():
+        emitted.extend(t for e in engine.step() for t in e.emitted)
+    confirmed = list(d.states[0].tokens)
+    cells = d.cache.seq_cells(0)
+    keys = [d.cache.k[i][0][:, cells].clone() for i in range(2)]
+    values = [d.cache.v[i][0][:, cells].clone() for i in range(2)]
+    positions = d.cache.cell_pos[cells].tolist()
+    engine.release(0)
+    assert confirmed == (PROMPTS[1] + emitted)[:len(confirmed)] and len(confirmed) > len(PROMPTS[1])
+    assert positions == list(range(len(confirmed))) and not len(d.cache.seq_cells(0))  # released: none left
+    g = rms(features(ckpts["model"], confirmed) @ w["fc.weight"].T, w["hidden_norm.weight"])
+    for i in range(2):
+        k = rms((g @ w[f"layers.{i}.self_attn.k_proj.weight"].T).view(len(confirmed), 2, 16),
+                w[f"layers.{i}.self_attn.k_norm.weight"])
+        k = rope(k.transpose(0, 1), torch.arange(len(confirmed)))
+        v = (g @ w[f"layers.{i}.self_attn.v_proj.weight"].T).view(len(confirmed), 2, 16).transpose(0, 1)
+        assert torch.allclose(keys[i], k, atol=1e-4) and torch.allclose(values[i], v, atol=1e-4)
+
+
+def test_dspark_stops_where_its_confidence_head_falls_below_p_min(ckpts, engines):
+    from engine.draft.base import DraftRequest
+
+    name = "draft-dspark"
+    engine, w = engines[name, "hf"], ckpts[name][0]
+    d = engine.drafter(name)
+    confirmed = PROMPTS[2]
+    engine.start(confirmed, GenParams(max_new_tokens=2), seq=0)
+    engine.step()  # the prompt's forward: the drafter keeps its features
+    full = DraftRequest(seq=0, prompt=confirmed[:-1], id_last=confirmed[-1], n_max=8, n_min=0, p_min=0.0)
+    d.draft([full])
+    block = torch.tensor([[confirmed[-1]] + [MASK] * (BLOCK - 1)])
+    feats = features(ckpts["model"], confirmed[:-1])
+    with torch.no_grad():
+        h = block_hidden(w, ckpts["model"], feats, block, torch.tensor([len(confirmed) - 1]))
+    prev, conf = [confirmed[-1]] + full.result[:-1], []
+    for row, p in enumerate(prev):
+        feat = torch.cat([h[row], w["markov_head.markov_w1.weight"][p]])
+        conf.append(float(torch.sigmoid(w["confidence_head.proj.weight"][0] @ feat + w["confidence_head.proj.bias"])))
+    assert len(full.result) == BLOCK
+    for cut in range(1, BLOCK):
+        p_min = sorted(conf)[cut - 1] + 1e-6  # the cut-th lowest confidence falls below it
+        r = DraftRequest(seq=0, prompt=confirmed[:-1], id_last=confirmed[-1], n_max=8, n_min=0, p_min=p_min)
+        d.draft([r])
+        want = next((j for j, c in enumerate(conf) if c < p_min), BLOCK)
+        assert r.result == full.result[:want]
+    engine.release(0)

@@ -112,8 +112,8 @@ class DFlashDrafter(Drafter):
         self.streams.retune(seq, temp, seed)
 
     def seq_rm(self, seq: int) -> None:
+        # features stay: a parked slot's cells may serve its next prompt, whose prefix is then not forwarded again
         self._cut(seq, 0)
-        self.states.pop(seq, None)
         self.streams.forget(seq)
 
     def seq_cp(self, src: int, dst: int, n: int) -> None:
