@@ -241,3 +241,27 @@ def save_tiny_target(path: Path, seed: int = 0):
     model.save_pretrained(path)
     make_tokenizer(WORDS).save_pretrained(path)
     return path, model
+
+
+FIT_PROMPTS = [[1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [1, 10, 11, 12, 13, 14, 15, 16, 17], [1, 40, 41, 40, 41, 42]]
+
+
+def main(out: str) -> None:
+    """`python tests/tiny_dflash.py OUT`: the tiny target (OUT/target) and both drafts, fitted as the tests fit
+    them, in both layouts (OUT/dflash, OUT/dflash.gguf, OUT/dspark, OUT/dspark.gguf), to measure with the bench."""
+    root = Path(out)
+    _, target = save_tiny_target(root / "target")
+    torch.set_num_threads(1)
+    for dspark in (False, True):
+        w = draft_weights(1 + dspark, dspark)
+        fit(w, target, FIT_PROMPTS, steps=40, dspark=dspark)
+        w = as_stored_in_gguf(w)
+        name = "dspark" if dspark else "dflash"
+        write_hf(root / name, w, dspark)
+        write_gguf(root / f"{name}.gguf", w, dspark)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1])

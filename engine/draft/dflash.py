@@ -130,14 +130,14 @@ class DFlashDrafter(Drafter):
     def process(self, batch: Batch, result=None) -> None:
         if result is None or result.hidden is None:
             return
-        feats = result.hidden_of(self.hidden_layers)
+        feats = result.hidden_of(self.hidden_layers).float().cpu()  # the draft runs on the CPU
         seqs, pos, toks = (torch.tensor(x, dtype=torch.long) for x in (batch.seq, batch.pos, batch.tokens))
         with torch.inference_mode():
             for seq in seqs.unique().tolist():
                 mine = seqs == seq
                 st = self._state(seq)
                 st.reserve(int(pos[mine].max()) + 1, self.params.grow)
-                st.feats[pos[mine]] = feats[mine].float()  # a later row at a position overwrites
+                st.feats[pos[mine]] = feats[mine]  # a later row at a position overwrites
                 st.feat_tok[pos[mine]] = toks[mine]
 
     # ---- the forward ------------------------------------------------------------------------------------
@@ -276,9 +276,10 @@ def _tables(ck, target) -> tuple[torch.Tensor, object, int]:
     bad = [i for i in ck.hidden_layers if not 0 < i < n_layers]
     if bad:
         raise ValueError(f"{where} reads the inputs of layers {bad}; this target has {n_layers} layers")
+    table = target.model.get_input_embeddings().weight.detach()
     embed = ck.tensors.get("embed")
     if embed is None:
-        embed = target.model.get_input_embeddings().weight.detach()
+        embed = table
     own = ck.tensors.get("lm_head")
     module = target.model.get_output_embeddings()
     rows, head_width = (own.shape if own is not None else (vocab, module.in_features))
@@ -292,7 +293,7 @@ def _tables(ck, target) -> tuple[torch.Tensor, object, int]:
     if "markov_w1" in ck.tensors and (ck.tensors["markov_w1"].shape[0] < vocab
                                       or ck.tensors["markov_w2"].shape[0] != rows):
         raise ValueError(f"{where}: the Markov head's tables do not match the vocabularies ({vocab}, {rows})")
-    dtype = embed.dtype
+    dtype, device = table.dtype, table.device  # the target's, wherever it runs; the draft runs on the CPU
     if own is not None:
         return embed, lambda h: h @ own.T, vocab
-    return embed, lambda h: module(h.to(dtype)).float()[..., :vocab], vocab
+    return embed, lambda h: module(h.to(device=device, dtype=dtype)).float().cpu()[..., :vocab], vocab

@@ -80,7 +80,7 @@ class DFlashNet:
         """The final-normed hidden states [R, hidden] of block rows tokens [R] at pos [R]; ctx: per layer the
         context entries (K, V [kv heads, L, head_dim]) the rows may read, visible [R, L + R] (bool)."""
         w = self.w
-        x = self.embed[tokens].float()
+        x = self.embed[tokens.to(self.embed.device)].float().cpu()
         for i in range(self.ck.n_layers):
             x = x + self._attend(i, self.rms(x, w[f"layers.{i}.attn_norm"]), pos, ctx[i], visible)
             h = self.rms(x, w[f"layers.{i}.ffn_norm"])
