@@ -288,3 +288,29 @@ def test_dspark_stops_where_its_confidence_head_falls_below_p_min(ckpts, engines
         want = next((j for j, c in enumerate(conf) if c < p_min), BLOCK)
         assert r.result == full.result[:want]
     engine.release(0)
+
+
+def test_a_prompt_sharing_a_cached_prefix_drafts_from_its_features(engines):
+    """The second prompt's prefix is the first's cached cells (seq_cp): its features come from the first, and
+    its answer is still plain decoding's."""
+    name = "draft-dflash"
+    engine = engines[name, "hf"]
+    d = engine.drafter(name)
+    first = tokens(engine.generate(PROMPTS[0], spec_params(name), seq=0))
+    second = PROMPTS[0] + first[:6]
+    want = tokens(engine.generate(second, GenParams(max_new_tokens=N_NEW, ignore_eos=True), seq=0))
+    engine.release(0)
+    list(engine.generate(PROMPTS[0], spec_params(name), seq=0))
+    copied, real = [], d.seq_cp
+    d.seq_cp = lambda src, dst, n: (copied.append((src, dst, n)), real(src, dst, n))
+    try:
+        events = list(engine.generate(second, spec_params(name), seq=1))
+        n_shared = copied[0][2] if copied else 0
+        known = d.states[1].feat_tok[:n_shared].tolist()
+        same = torch.equal(d.states[1].feats[:n_shared], d.states[0].feats[:n_shared])
+    finally:
+        del d.seq_cp
+        engine.release(0)
+        engine.release(1)
+    assert tokens(events) == want and copied and copied[0][:2] == (0, 1) and n_shared > 4
+    assert known == second[:n_shared] and same

@@ -56,11 +56,10 @@ class BenchConfig:
         spec = SpecParams(types=parse_types(a.spec), n_max=n_max, n_min=a.n_min, p_min=a.p_min,
                           adaptive=not a.no_adaptive, rollback=a.rollback,
                           tree_nodes=a.tree_nodes if a.tree == "on" else 0)
-        if a.draft and is_eagle3_dir(a.draft):  # the draft given is an EAGLE-3 head: it drafts as draft-eagle3
-            spec.types = list(dict.fromkeys("draft-eagle3" if t == "draft-simple" else t for t in spec.types))
-        block = dflash_kind(a.draft) if a.draft else None
-        if block:  # a DFlash or DSpark checkpoint drafts as its block drafter
-            spec.types = list(dict.fromkeys(block if t == "draft-simple" else t for t in spec.types))
+        # a checkpoint given as --draft drafts as its own drafter: an EAGLE-3 head, a DFlash or DSpark block
+        own = ("draft-eagle3" if is_eagle3_dir(a.draft) else dflash_kind(a.draft)) if a.draft else None
+        if own:
+            spec.types = list(dict.fromkeys(own if t == "draft-simple" else t for t in spec.types))
         sampling = SamplerParams(temp=a.temp, seed=a.seed)
         cfg = cls(target=a.target, draft=a.draft, spec=spec, sampling=sampling, max_new_tokens=a.max_new_tokens,
                   parallel=parallel, ctx_len=ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code,
