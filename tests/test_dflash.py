@@ -314,3 +314,17 @@ def test_a_prompt_sharing_a_cached_prefix_drafts_from_its_features(engines):
         engine.release(1)
     assert tokens(events) == want and copied and copied[0][:2] == (0, 1) and n_shared > 4
     assert known == second[:n_shared] and same
+
+
+def test_the_app_offers_a_checkpoint_given_as_draft_as_its_block_drafter(ckpts, engines):
+    import app
+    from ui.loader import make_runtime
+    from ui.settings import full_chain
+    from ui.state import AppOptions
+
+    path = str(ckpts["draft-dspark"][1]["gguf"])
+    assert app.parse_args(["--draft", path]).draft == path
+    runtime = make_runtime(engines["draft-dspark", "hf"].target, None,
+                           AppOptions(n_ctx=256, parallel=1, dflash=path, threads=1))
+    assert runtime.draft is None and full_chain(runtime)[-1] == "draft-dspark"
+    assert runtime.engine.drafter("draft-dspark").hidden_layers == (2, 4)

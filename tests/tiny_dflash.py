@@ -49,7 +49,8 @@ def draft_weights(seed: int, dspark: bool) -> dict[str, torch.Tensor]:
     for i in range(N_LAYERS):
         p = f"layers.{i}."
         out.update({p + "self_attn.q_proj.weight": w(HEADS * HD, H, scale=2.0),
-                    p + "self_attn.k_proj.weight": w(KV * HD, H, scale=2.0), p + "self_attn.v_proj.weight": w(KV * HD, H),
+                    p + "self_attn.k_proj.weight": w(KV * HD, H, scale=2.0),
+                    p + "self_attn.v_proj.weight": w(KV * HD, H),
                     p + "self_attn.o_proj.weight": w(H, HEADS * HD), p + "self_attn.q_norm.weight": norm(HD),
                     p + "self_attn.k_norm.weight": norm(HD), p + "input_layernorm.weight": norm(H),
                     p + "post_attention_layernorm.weight": norm(H), p + "mlp.gate_proj.weight": w(INTER, H),
@@ -118,7 +119,8 @@ def block_logits(w: dict, target, h: torch.Tensor) -> torch.Tensor:
 
 def markov_bias(w: dict, prev: int) -> torch.Tensor:
     bias = torch.zeros(64)
-    bias[w["d2t"] + torch.arange(DRAFT_VOCAB)] = w["markov_head.markov_w2.weight"] @ w["markov_head.markov_w1.weight"][prev]
+    low_rank = w["markov_head.markov_w2.weight"] @ w["markov_head.markov_w1.weight"][prev]
+    bias[w["d2t"] + torch.arange(DRAFT_VOCAB)] = low_rank
     return bias
 
 
