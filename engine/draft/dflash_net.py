@@ -31,16 +31,24 @@ class DFlashNet:
         self.vocab = vocab
         half = torch.arange(0, ck.head_dim, 2, dtype=torch.float32) / ck.head_dim
         self.inv_freq = 1.0 / (ck.rope_theta ** half)
+        # per layer, the block's q, k, v in one matrix and the MLP's gate and up in another: fewer calls a block
+        self.qkv = [torch.cat([self.w[f"layers.{i}.{n}"] for n in "qkv"]).T.contiguous() for i in range(ck.n_layers)]
+        self.gate_up = [torch.cat([self.w[f"layers.{i}.gate"], self.w[f"layers.{i}.up"]]).T.contiguous()
+                        for i in range(ck.n_layers)]
 
     # ---- pieces ----------------------------------------------------------------------------------------------
 
     def rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.ck.rms_eps))
 
-    def rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, head_dim] rotated at positions pos [T], rotate-half (NeoX) pairing."""
+    def angles(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [T, 1, head_dim] at positions pos [T], each half of the head the same."""
         angles = pos.float()[:, None] * self.inv_freq[None]
-        cos, sin = (torch.cat([f(angles)] * 2, -1)[:, None] for f in (torch.cos, torch.sin))
+        return tuple(torch.cat([f(angles)] * 2, -1)[:, None] for f in (torch.cos, torch.sin))
+
+    def rope(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [T, heads, head_dim] rotated by `angles`, rotate-half (NeoX) pairing."""
+        cos, sin = cos_sin
         first, second = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-second, first], -1) * sin
 
@@ -54,37 +62,37 @@ class DFlashNet:
         features are feats [T, n_features * target hidden] at positions pos [T]."""
         w, ck = self.w, self.ck
         g = self.rms(feats.float() @ w["fc"].T, w["hidden_norm"])
-        out = []
+        cos_sin, out = self.angles(pos), []
         for i in range(ck.n_layers):
             k = self.rms(self._heads(g @ w[f"layers.{i}.k"].T, ck.n_kv_heads), w[f"layers.{i}.k_norm"])
-            out.append((self.rope(k, pos), self._heads(g @ w[f"layers.{i}.v"].T, ck.n_kv_heads)))
+            out.append((self.rope(k, cos_sin), self._heads(g @ w[f"layers.{i}.v"].T, ck.n_kv_heads)))
         return out
 
     # ---- the block -------------------------------------------------------------------------------------------
 
-    def _attend(self, i: int, x: torch.Tensor, pos: torch.Tensor, ctx, visible: torch.Tensor) -> torch.Tensor:
+    def _attend(self, i: int, x: torch.Tensor, cos_sin, ctx, visible: torch.Tensor) -> torch.Tensor:
         """Layer i's attention of the block rows x [R, hidden] over the context entries ctx (K, V [kv heads,
         L, head_dim]) and the block's own rows; visible [R, L + R] says which each row reads."""
         w, ck = self.w, self.ck
-        q = self.rope(self.rms(self._heads(x @ w[f"layers.{i}.q"].T, ck.n_heads), w[f"layers.{i}.q_norm"]), pos)
-        k = self.rope(self.rms(self._heads(x @ w[f"layers.{i}.k"].T, ck.n_kv_heads), w[f"layers.{i}.k_norm"]), pos)
-        v = self._heads(x @ w[f"layers.{i}.v"].T, ck.n_kv_heads)
+        n_q, n_kv = ck.n_heads * ck.head_dim, ck.n_kv_heads * ck.head_dim
+        q, k, v = (x @ self.qkv[i]).split([n_q, n_kv, n_kv], -1)
+        q = self.rope(self.rms(self._heads(q, ck.n_heads), w[f"layers.{i}.q_norm"]), cos_sin)
+        k = self.rope(self.rms(self._heads(k, ck.n_kv_heads), w[f"layers.{i}.k_norm"]), cos_sin)
         keys = torch.cat([ctx[0], k.transpose(0, 1)], 1)  # [kv heads, L + R, head_dim]
-        values = torch.cat([ctx[1], v.transpose(0, 1)], 1)
-        group = ck.n_heads // ck.n_kv_heads
-        keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=visible[None])
+        values = torch.cat([ctx[1], self._heads(v, ck.n_kv_heads).transpose(0, 1)], 1)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=visible[None],
+                                             enable_gqa=ck.n_heads != ck.n_kv_heads)
         return out.transpose(0, 1).reshape(x.shape[0], -1) @ w[f"layers.{i}.o"].T
 
     def block(self, tokens: torch.Tensor, pos: torch.Tensor, ctx: list, visible: torch.Tensor) -> torch.Tensor:
         """The final-normed hidden states [R, hidden] of block rows tokens [R] at pos [R]; ctx: per layer the
         context entries (K, V [kv heads, L, head_dim]) the rows may read, visible [R, L + R] (bool)."""
-        w = self.w
+        w, cos_sin = self.w, self.angles(pos)
         x = self.embed[tokens.to(self.embed.device)].float().cpu()
         for i in range(self.ck.n_layers):
-            x = x + self._attend(i, self.rms(x, w[f"layers.{i}.attn_norm"]), pos, ctx[i], visible)
-            h = self.rms(x, w[f"layers.{i}.ffn_norm"])
-            x = x + (F.silu(h @ w[f"layers.{i}.gate"].T) * (h @ w[f"layers.{i}.up"].T)) @ w[f"layers.{i}.down"].T
+            x = x + self._attend(i, self.rms(x, w[f"layers.{i}.attn_norm"]), cos_sin, ctx[i], visible)
+            gate, up = (self.rms(x, w[f"layers.{i}.ffn_norm"]) @ self.gate_up[i]).chunk(2, -1)
+            x = x + (F.silu(gate) * up) @ w[f"layers.{i}.down"].T
         return self.rms(x, w["norm"])
 
     # ---- heads -----------------------------------------------------------------------------------------------
