@@ -26,7 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft", default=None,
                    help="draft model (the target's vocabulary: draft-simple; another: draft-uni, drafting through "
                         "text), or a directory holding an EAGLE-3 head (the EAGLE authors' or speculators' layout), "
-                        "offered as the drafter draft-eagle3; default none")
+                        "offered as the drafter draft-eagle3, or a DFlash or DSpark checkpoint (a directory or a "
+                        "GGUF), offered as draft-dflash or draft-dspark; default none")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--n-ctx", type=int, default=8192,
@@ -153,13 +154,14 @@ def model_load_allowed(args: argparse.Namespace) -> bool:
 
 def load_state(args: argparse.Namespace):
     """Models, engine, scheduler -> the app state. Raises ModelLoadError / ValueError with a one-line reason."""
-    from engine import SpecCounters, is_eagle3_dir, load_model
+    from engine import SpecCounters, dflash_kind, is_eagle3_dir, load_model
     from ui.loader import make_runtime
     from ui.state import AppOptions, AppState
 
     options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code,
                          n_rs=args.n_rs, queue_max=args.queue, dtype=args.dtype, device=args.device, budget=args.budget,
                          threads=args.threads, eagle3=args.draft if is_eagle3_dir(args.draft) else None,
+                         dflash=args.draft if dflash_kind(args.draft) else None,
                          allow_model_load=model_load_allowed(args), ctx_per_slot=args.ctx_per_slot or None,
                          share_prefix_cache=args.share_prefix_cache)
 
@@ -171,8 +173,9 @@ def load_state(args: argparse.Namespace):
         return load_model(name, device=options.device, trust_remote_code=False, dtype=options.dtype)
 
     target = start_loader(args.target)
-    # an EAGLE-3 head is no model: the engine's draft-eagle3 reads it (options.eagle3)
-    draft = start_loader(args.draft) if args.draft and args.draft.lower() != "none" and not options.eagle3 else None
+    # an EAGLE-3 head or a block drafter's checkpoint is no model: the engine's drafter reads it (options)
+    draft = (start_loader(args.draft) if args.draft and args.draft.lower() != "none"
+             and not options.eagle3 and not options.dflash else None)
     counters = SpecCounters()  # the app's, not the runtime's: a model load keeps counting on from here
     return AppState(runtime=make_runtime(target, draft, options, counters.observe), options=options,
                     loader=page_loader, counters=counters)

@@ -42,6 +42,8 @@ _FACE = {  # public name -> (module, its name there)
     "starting_chain": ("engine.draft.registry", "starting_chain"),
     "Eagle3Params": ("engine.draft.head.eagle3", "Eagle3Params"),
     "is_eagle3_dir": ("engine.load.eagle3", "is_eagle3_dir"),
+    "DFlashParams": ("engine.draft.dflash", "DFlashParams"),
+    "dflash_kind": ("engine.load.dflash", "dflash_kind"),
     "DrafterStats": ("engine.draft.stats", "DrafterStats"),
     "stats_from_events": ("engine.draft.stats", "stats_from_events"),
     # the advisor: what chain would pay most for a prompt here (engine/bench/advice.py)

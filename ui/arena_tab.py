@@ -34,6 +34,7 @@ def run_arena_tab(app, prompt: str, n_max: int = 8, max_new_tokens: int = 64,
 
     runtime = app.runtime
     eagle3 = getattr(getattr(app, "options", None), "eagle3", None)  # an EAGLE-3 head given as --draft
+    dflash = getattr(getattr(app, "options", None), "dflash", None)  # a DFlash or DSpark checkpoint given so
     if runtime is None:
         return [], "No model is loaded: load a target model first.", None, None
     engine = runtime.engine
@@ -43,7 +44,7 @@ def run_arena_tab(app, prompt: str, n_max: int = 8, max_new_tokens: int = 64,
     ids = runtime.target.encode_chat([{"role": "user", "content": text}])
     capacity = engine.limits.per_seq - 1  # draft rows the shared engine holds per slot
     params = ArenaParams(n_max=max(1, min(int(n_max), capacity)), max_new_tokens=max(1, int(max_new_tokens)),
-                         chain=full_chain(runtime, eagle3), eagle3=eagle3)
+                         chain=full_chain(runtime, eagle3), eagle3=eagle3, dflash=dflash)
     try:
         result = run_arena(scheduler_runner(runtime.scheduler), [ids], runtime.target, runtime.draft, params,
                            progress)

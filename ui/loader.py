@@ -23,7 +23,11 @@ def make_runtime(target, draft, options: AppOptions, on_event=None) -> Runtime:
 
     from engine import Eagle3Params, Engine, Scheduler
 
-    params = {"draft-eagle3": Eagle3Params(weights=Path(options.eagle3))} if options.eagle3 else None
+    params = {"draft-eagle3": Eagle3Params(weights=Path(options.eagle3))} if options.eagle3 else {}
+    if getattr(options, "dflash", None):
+        from engine import DFlashParams, dflash_kind
+
+        params[dflash_kind(options.dflash)] = DFlashParams(weights=Path(options.dflash))
     engine = Engine(target, draft, n_ctx=options.n_ctx, n_seq_max=options.parallel, n_rs=options.n_rs,
                     fair=options.budget == "fair", threads=options.threads, drafter_params=params,
                     n_ctx_seq=options.ctx_per_slot)

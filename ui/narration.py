@@ -20,6 +20,11 @@ SOURCES = (
      "EAGLE-3 草稿头读取目标模型三层特征后猜出了它们"),
     ("draft-mtp", "the target's own multi-token-prediction layers, fed its last hidden state, guessed them",
      "目标模型自带的多 token 预测层读取它最后的隐藏状态后猜出了它们"),
+    ("draft-dflash", "a block drafter reading the target's features guessed the whole block in one pass",
+     "块草稿器读取目标模型的特征,一次前向猜出了整块 token"),
+    ("draft-dspark", "a block drafter reading the target's features guessed the whole block in one pass, each "
+                     "token conditioned on the one before it",
+     "块草稿器读取目标模型的特征,一次前向猜出了整块 token,每个 token 以前一个为条件"),
     ("draft-simple", "a smaller draft model of the same vocabulary generated them one by one",
      "同词表的小草稿模型逐个生成了它们"),
     ("draft-uni", "a draft model of another vocabulary wrote text, re-tokenised for the target",

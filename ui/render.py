@@ -27,7 +27,7 @@ REJECTED_RUN = re.compile(r'<s class="rej-group">.*?</s>', re.DOTALL)
 
 def drafter_tag(name: str | None) -> str:
     """A short drafter name for inline tags: 'ngram-map-k' -> 'map-k', 'draft-simple' -> 'draft', 'draft-head' -> 'head',
-    'draft-uni' -> 'uni', 'draft-mtp' -> 'mtp'."""
+    'draft-uni' -> 'uni', 'draft-mtp' -> 'mtp', 'draft-dflash' -> 'dflash', 'draft-dspark' -> 'dspark'."""
     if not name:
         return ""
     if name == "draft-simple":
@@ -38,8 +38,8 @@ def drafter_tag(name: str | None) -> str:
         return "eagle3"
     if name == "draft-mtp":
         return "mtp"
-    if name == "draft-uni":
-        return "uni"
+    if name in ("draft-uni", "draft-dflash", "draft-dspark"):
+        return name.removeprefix("draft-")
     return name.removeprefix("ngram-")
 
 

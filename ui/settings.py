@@ -74,11 +74,13 @@ def default_types(target) -> list[str]:
 def full_chain(runtime, eagle3: str | None = None) -> list[str]:
     """Every drafter the loaded models allow, in relay order: default_types, then the loaded draft model's
     drafter (draft-simple, or draft-uni for another vocabulary), and the EAGLE-3 head that --draft named
-    (draft-eagle3). The "playground" preset and the arena's chain."""
+    (draft-eagle3), or the block drafter whose checkpoint it named (draft-dflash, draft-dspark). The
+    "playground" preset and the arena's chain."""
     types = default_types(runtime.target if runtime is not None else None)
     if runtime is not None and runtime.draft is not None:
         types = with_draft_type(types, getattr(runtime.engine, "draft_type", None) or DRAFT_MODEL_TYPE)
-    return types + (["draft-eagle3"] if eagle3 else [])
+    given = getattr(getattr(runtime, "engine", None), "drafter_params", None) or {}
+    return types + (["draft-eagle3"] if eagle3 else []) + [t for t in ("draft-dflash", "draft-dspark") if t in given]
 
 
 def default_chain(runtime, eagle3: str | None = None) -> list[str]:

@@ -43,6 +43,7 @@ class AppOptions:
     budget: str = "fair"
     threads: int | None = None  # forwards' threads; None: all cores, fewer while others hold some (engine/serve/threads.py)
     eagle3: str | None = None  # --draft DIR holding an EAGLE-3 head: offered as the drafter draft-eagle3
+    dflash: str | None = None  # --draft PATH, a DFlash or DSpark checkpoint: offered as draft-dflash or draft-dspark
     ctx_per_slot: int | None = None  # cells one answer may hold (llama-server's n_ctx / n_parallel); None: all
     # cached prompt prefixes pass between clients (a class's shared system prompt prefilled once); off, each
     # page tab and API client reuses only its own, so nobody can probe another's prompt through cache_n

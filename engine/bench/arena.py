@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts of the file")
     ap.add_argument("--target", default="embedded")
     ap.add_argument("--draft", default=None, help="a draft model (draft-simple or, of another vocabulary, draft-uni "
-                    "competes) or a directory holding an EAGLE-3 head (draft-eagle3 competes)")
+                    "competes), a directory holding an EAGLE-3 head (draft-eagle3 competes) or a DFlash or DSpark "
+                    "checkpoint, a directory or a GGUF (draft-dflash or draft-dspark competes)")
     ap.add_argument("--n-max", type=int, default=8, help="draft tokens per round at most, every contender")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--chain", default=None,
@@ -67,16 +68,21 @@ def load(args: argparse.Namespace, n_max: int):
     from engine.load.models import load_model
     from engine.serve.engine import Engine
 
+    from engine.draft.dflash import DFlashParams
     from engine.draft.head.eagle3 import Eagle3Params
+    from engine.load.dflash import dflash_kind
     from engine.load.eagle3 import is_eagle3_dir
 
     target = load_model(args.target, device=args.device, trust_remote_code=args.trust_remote_code,
                         dtype=args.dtype)
     eagle3 = args.draft if args.draft and is_eagle3_dir(args.draft) else None
+    block = dflash_kind(args.draft) if args.draft else None  # a DFlash or DSpark checkpoint: no model either
     draft = (load_model(args.draft, device=args.device, trust_remote_code=args.trust_remote_code,
                         dtype=args.dtype)
-             if args.draft and not eagle3 else None)
-    drafter_params = {"draft-eagle3": Eagle3Params(weights=Path(eagle3))} if eagle3 else None
+             if args.draft and not eagle3 and not block else None)
+    drafter_params = {"draft-eagle3": Eagle3Params(weights=Path(eagle3))} if eagle3 else {}
+    if block:
+        drafter_params[block] = DFlashParams(weights=Path(args.draft))
     engine = Engine(target, draft=draft, n_ctx=args.n_ctx, n_seq_max=1, n_draft=n_max, threads=args.threads,
                     drafter_params=drafter_params)
     if not engine.probe.can_speculate:
@@ -93,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         params = params_from(args)
         prompts = load_prompts(args.prompts)[:args.limit]
         target, draft, engine = load(args, params.n_max)
-        params.eagle3 = args.draft if draft is None and args.draft else None
+        if draft is None and args.draft:
+            from engine.load.dflash import dflash_kind
+
+            params.dflash, params.eagle3 = (args.draft, None) if dflash_kind(args.draft) else (None, args.draft)
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

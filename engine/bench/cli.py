@@ -42,7 +42,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default="traces.csv")
     ap.add_argument("--target", default="embedded")
     ap.add_argument("--draft", default=None, help="draft model (draft-simple; of another vocabulary: draft-uni), or an "
-                    "EAGLE-3 head's directory (EAGLE's or speculators' layout: draft-eagle3 in draft-simple's place)")
+                    "EAGLE-3 head's directory (EAGLE's or speculators' layout: draft-eagle3 in draft-simple's place), "
+                    "or a DFlash or DSpark checkpoint, directory or GGUF (draft-dflash or draft-dspark in "
+                    "draft-simple's place)")
     ap.add_argument("--spec", default="ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,ngram-cache",
                     help="drafter types in relay order, comma-separated ('none' = baseline only); known: "
                          + ", ".join(PRIORITY))

@@ -38,6 +38,7 @@ class ArenaParams:
     chain: list[str] | None = None  # the chain contender in relay order; None: starting_chain(target)
     ignore_eos: bool = False  # answers of exactly max_new_tokens, past end-of-sequence
     eagle3: str | None = None  # a directory holding an EAGLE-3 head the engine was given: draft-eagle3 competes
+    dflash: str | None = None  # a DFlash or DSpark checkpoint the engine was given: draft-dflash or draft-dspark
 
 
 @dataclass
@@ -60,7 +61,7 @@ class ArenaResult:
     skipped: list[str]  # "drafter: why it could not run here", one line each
 
 
-def why_not(name: str, target, draft, eagle3: str | None = None) -> str | None:
+def why_not(name: str, target, draft, eagle3: str | None = None, dflash: str | None = None) -> str | None:
     """Why a drafter cannot compete with these models (None: it can)."""
     from engine.load.errors import VocabMismatchError
     from engine.load.models import check_vocab_compatible
@@ -83,6 +84,13 @@ def why_not(name: str, target, draft, eagle3: str | None = None) -> str | None:
         return "its head was trained for another target"
     if name == "draft-eagle3" and not eagle3:
         return "needs an EAGLE-3 head (--draft DIR); none is loaded"
+    if name in ("draft-dflash", "draft-dspark"):
+        from engine.load.dflash import dflash_kind
+
+        if not dflash:
+            return "needs a DFlash or DSpark checkpoint (--draft DIR or FILE.gguf); none is loaded"
+        kind = dflash_kind(dflash)
+        return None if kind == name else f"the checkpoint given drafts as {kind}"
     if name == "draft-mtp":
         from engine.load.mtp import mtp_reason
 
@@ -94,12 +102,13 @@ def contenders(target, draft, params: ArenaParams) -> tuple[list[Contender], lis
     """Plain, every drafter that can run alone, the chain, the oracle; and the skipped drafters, each with why."""
     out, skipped = [Contender("plain", "plain")], []
     for name in PRIORITY:
-        why = why_not(name, target, draft, params.eagle3)
+        why = why_not(name, target, draft, params.eagle3, params.dflash)
         if why:
             skipped.append(f"{name}: {why}")
         else:
             out.append(Contender(name, "drafter", [name]))
-    chain = [t for t in (params.chain or starting_chain(target)) if why_not(t, target, draft, params.eagle3) is None]
+    chain = [t for t in (params.chain or starting_chain(target))
+             if why_not(t, target, draft, params.eagle3, params.dflash) is None]
     if chain:
         out.append(Contender("chain", "chain", chain))
     out.append(Contender("oracle", "oracle", ["oracle"]))

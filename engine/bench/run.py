@@ -50,13 +50,16 @@ class BenchConfig:
     def from_args(cls, a, n_max: int, parallel: int, ctx_len: int) -> "BenchConfig":
         """The first configuration of a sweep (engine.bench.sweep varies n_max, parallel, ctx_len from it)."""
         from engine.draft.registry import parse_types
+        from engine.load.dflash import dflash_kind
         from engine.load.eagle3 import is_eagle3_dir
 
         spec = SpecParams(types=parse_types(a.spec), n_max=n_max, n_min=a.n_min, p_min=a.p_min,
                           adaptive=not a.no_adaptive, rollback=a.rollback,
                           tree_nodes=a.tree_nodes if a.tree == "on" else 0)
-        if a.draft and is_eagle3_dir(a.draft):  # the draft given is an EAGLE-3 head: it drafts as draft-eagle3
-            spec.types = list(dict.fromkeys("draft-eagle3" if t == "draft-simple" else t for t in spec.types))
+        # a checkpoint given as --draft drafts as its own drafter: an EAGLE-3 head, a DFlash or DSpark block
+        own = ("draft-eagle3" if is_eagle3_dir(a.draft) else dflash_kind(a.draft)) if a.draft else None
+        if own:
+            spec.types = list(dict.fromkeys(own if t == "draft-simple" else t for t in spec.types))
         sampling = SamplerParams(temp=a.temp, seed=a.seed)
         cfg = cls(target=a.target, draft=a.draft, spec=spec, sampling=sampling, max_new_tokens=a.max_new_tokens,
                   parallel=parallel, ctx_len=ctx_len, n_ctx=a.n_ctx, trust_remote_code=a.trust_remote_code,
@@ -78,6 +81,13 @@ class BenchConfig:
 
         return bool(self.draft) and is_eagle3_dir(self.draft)
 
+    @property
+    def draft_block_kind(self) -> str | None:
+        """draft-dflash or draft-dspark where --draft names such a checkpoint (engine/load/dflash.py), else None."""
+        from engine.load.dflash import dflash_kind
+
+        return dflash_kind(self.draft) if self.draft else None
+
     def grammar_of(self, prompt: dict) -> GrammarSpec | None:
         """The output format of one prompt: its own "json_schema" or "regex" field, else the run's."""
         return prompt_grammar(prompt) or self.grammar
@@ -91,7 +101,7 @@ class BenchConfig:
         # an EAGLE-3 head is no model of its own: draft-eagle3 reads it when the engine is built
         draft = (load_model(self.draft, device=self.device, trust_remote_code=self.trust_remote_code,
                             dtype=self.dtype)
-                 if self.draft and not self.draft_is_eagle3 else None)
+                 if self.draft and not self.draft_is_eagle3 and not self.draft_block_kind else None)
         self.quant_bits = target.quant_bits
         self.dtype_used, self.dtype_reason = target.dtype, target.dtype_reason
         return target, draft
@@ -111,6 +121,10 @@ class BenchConfig:
         drafter_params = {"draft-head": DraftHeadParams(tree=tree)}
         if self.draft_is_eagle3:
             drafter_params["draft-eagle3"] = Eagle3Params(weights=Path(self.draft), tree=tree)
+        if self.draft_block_kind:
+            from engine.draft.dflash import DFlashParams
+
+            drafter_params[self.draft_block_kind] = DFlashParams(weights=Path(self.draft))
         engine = Engine(target, draft=draft, n_ctx=self.n_ctx, n_seq_max=n_seq_max or max(self.parallel, 1),
                         n_draft=self.spec.n_max if n_draft is None else n_draft, n_rs=self.n_rs,
                         drafter_params=drafter_params, fair=self.fair, threads=self.threads)

@@ -23,6 +23,10 @@ DRAFTER_TYPES: dict[str, tuple[str, str]] = {
     "draft-eagle3": ("engine.draft.head.eagle3", "Eagle3Drafter"),
     # the target's own multi-token-prediction layers (DeepSeek-V3's NextN), where its checkpoint has them
     "draft-mtp": ("engine.draft.mtp", "MtpDrafter"),
+    # block drafters: a whole block from the target's features in one forward (DFlash; DSpark adds a Markov
+    # head), the checkpoint given as --draft DIR or FILE.gguf
+    "draft-dflash": ("engine.draft.dflash", "DFlashDrafter"),
+    "draft-dspark": ("engine.draft.dflash", "DSparkDrafter"),
     # a draft model of another vocabulary, drafting through text (engine/draft/draft_uni.py)
     "draft-uni": ("engine.draft.draft_uni", "DraftUniDrafter"),
     # not a real drafter: full-length drafts for synthetic-acceptance measurements (SpecParams.synthetic_accept)

@@ -48,6 +48,12 @@ def drafter_kwargs(ctx: DrafterContext, name: str) -> dict:
         # the target's own layers; each layer's cache as large as the engine's
         params = replace(given or MtpParams(), n_ctx=ctx.n_ctx, n_seq_max=ctx.n_seq_max)
         return dict(target=ctx.target, params=params)
+    if name in ("draft-dflash", "draft-dspark"):
+        from engine.draft.dflash import DFlashParams
+
+        # its checkpoint comes in its params; its context entries as many as the engine's cells
+        params = replace(given or DFlashParams(), n_ctx=ctx.n_ctx, n_seq_max=ctx.n_seq_max)
+        return dict(target=ctx.target, params=params)
     return dict(params=given) if given is not None else {}
 
 
