@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from engine.draft.base import Drafter, DraftRequest
 from engine.draft.draft_model import DraftModelDrafter, DraftModelParams
-from engine.draft.text_bridge import BridgeParams, BridgeState, TextBridge, decode
+from engine.draft.text_bridge import BridgeParams, BridgeState, TextBridge, decode, encode
 
 
 @dataclass
@@ -42,6 +42,37 @@ class Retokenized:
     target_pieces: list[str]  # the target tokens they became, as text
 
 
+def specials_before_text(tokenizer) -> list[int]:
+    """The ids a tokenizer puts before any text it encodes (a BOS), [] where none."""
+    bare = encode(tokenizer, "a")
+    full = [int(t) for t in tokenizer("a", add_special_tokens=True)["input_ids"]]
+    for i in range(len(full) - len(bare) + 1):
+        if full[i:i + len(bare)] == bare:
+            return full[:i]
+    return []
+
+
+@dataclass
+class Lead:
+    """The specials that open a sequence (a BOS), where the two vocabularies do not spell them alike: the target's
+    are left out of the shared text and the draft's own go before its tokens. A model reads a text without its BOS
+    poorly (Gemma 3 markedly), and another vocabulary's BOS spelled as text is no better."""
+    target: list[int]  # the target's opening ids, left out of the text where a sequence starts with them
+    draft: list[int]  # the draft's opening ids, put before its tokens of the text
+
+    @classmethod
+    def of(cls, target_tokenizer, draft_tokenizer) -> "Lead":
+        target, draft = specials_before_text(target_tokenizer), specials_before_text(draft_tokenizer)
+        if encode(draft_tokenizer, decode(target_tokenizer, target)) == draft:
+            return cls([], [])  # spelled alike: kept as text, the draft reads them as its own
+        return cls(target, draft)
+
+    def text_tokens(self, confirmed: list[int]) -> list[int]:
+        """The confirmed target tokens that make the shared text."""
+        n = len(self.target)
+        return confirmed[n:] if n and confirmed[:n] == self.target else confirmed
+
+
 class DraftUniDrafter(Drafter):
     name = "draft-uni"
     needs_model = True
@@ -56,6 +87,7 @@ class DraftUniDrafter(Drafter):
         self.states: dict[int, BridgeState] = {}  # seq -> its confirmed text in both vocabularies
         self.last: dict[int, Retokenized] = {}  # seq -> its last draft in both vocabularies
         self.n_pos_max = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+        self.lead = Lead.of(target_tokenizer, draft_tokenizer)
 
     def begin(self, seq: int, prompt: list[int]) -> None:
         self.inner.begin(seq, prompt)
@@ -86,8 +118,8 @@ class DraftUniDrafter(Drafter):
             self.last.pop(r.seq, None)
             r.result, r.result_q, r.result_p = [], None, None
             st = self.states.setdefault(r.seq, BridgeState())
-            self.bridge.sync(st, r.prompt + [r.id_last])
-            own = st.draft.tokens
+            self.bridge.sync(st, self.lead.text_tokens(r.prompt + [r.id_last]))
+            own = self.lead.draft + st.draft.tokens
             n_max = min(self._n_draft(st, r.n_max), self._room(len(own)))
             if own and n_max > 0:
                 shadows[r.seq] = DraftRequest(seq=r.seq, prompt=own[:-1], id_last=own[-1], n_max=n_max, n_min=0,
