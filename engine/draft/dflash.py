@@ -2,8 +2,9 @@
 common_speculative_impl_draft_dflash, which serves both; the network is engine/draft/dflash_net.py).
 
 Each confirmed position gets one context entry per draft layer, made from the target's features there: its
-hidden states at the layers the checkpoint names, kept by position in `process()` so that whatever rollback
-path the target took, the confirmed positions hold the confirmed tokens' features. The entries live in a cell
+hidden states at the layers the checkpoint names, fused at once (g = hidden_norm(fc(features)), one vector of
+the draft's width rather than several of the target's) and kept by position in `process()`, so that whatever
+rollback path the target took, the confirmed positions hold the confirmed tokens' features. The entries live in a cell
 cache (engine/memory/cells.py), rolled back with seq_rm to the confirmed tokens they still agree with and
 caught up at `draft()`, as llama.cpp's draft context holds them. The block's own rows never enter the cache:
 their keys and values are computed and read within the one forward (llama.cpp writes them and removes them
@@ -51,7 +52,7 @@ class DFlashParams:
 class BlockSeq:
     """One sequence: the target's features by position, and the confirmed tokens whose entries the cache holds."""
 
-    feats: torch.Tensor  # [cap, n_features * target hidden]
+    feats: torch.Tensor  # [cap, draft hidden] the fused target features g per position
     feat_tok: torch.Tensor  # [cap] the token of the row that wrote them (-1: none)
     tokens: list[int] = field(default_factory=list)
 
@@ -92,8 +93,7 @@ class DFlashDrafter(Drafter):
 
     def _state(self, seq: int) -> BlockSeq:
         if seq not in self.states:
-            width = int(self.net.w["fc"].shape[1])
-            self.states[seq] = BlockSeq(torch.zeros(0, width), torch.zeros(0, dtype=torch.long))
+            self.states[seq] = BlockSeq(torch.zeros(0, self.ck.hidden), torch.zeros(0, dtype=torch.long))
         return self.states[seq]
 
     def _cut(self, seq: int, n: int) -> None:
@@ -130,9 +130,9 @@ class DFlashDrafter(Drafter):
     def process(self, batch: Batch, result=None) -> None:
         if result is None or result.hidden is None:
             return
-        feats = result.hidden_of(self.hidden_layers).float().cpu()  # the draft runs on the CPU
         seqs, pos, toks = (torch.tensor(x, dtype=torch.long) for x in (batch.seq, batch.pos, batch.tokens))
         with torch.inference_mode():
+            feats = self.net.fuse(result.hidden_of(self.hidden_layers).float().cpu())  # the draft runs on the CPU
             for seq in seqs.unique().tolist():
                 mine = seqs == seq
                 st = self._state(seq)
@@ -153,7 +153,8 @@ class DFlashDrafter(Drafter):
                 continue
             st.reserve(len(r.prompt), self.params.grow)
             src = torch.arange(keep, len(r.prompt))
-            # a position the target never forwarded with this token (none, in a plain run) counts as zero
+            # a position the target never forwarded with this token (none, in a plain run) counts as zero, as
+            # zero features fuse to
             known = st.feat_tok[src] == torch.tensor(r.prompt[keep:])
             feats.append(st.feats[src] * known[:, None])
             for p in range(keep, len(r.prompt)):

@@ -57,11 +57,14 @@ class DFlashNet:
 
     # ---- context entries -------------------------------------------------------------------------------------
 
-    def context_kv(self, feats: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer (K [T, kv heads, head_dim] roped, V [T, kv heads, head_dim]) of context rows whose target
-        features are feats [T, n_features * target hidden] at positions pos [T]."""
+    def fuse(self, feats: torch.Tensor) -> torch.Tensor:
+        """g [T, hidden] = hidden_norm(fc(features)) of target features [T, n_features * target hidden]."""
+        return self.rms(feats.float() @ self.w["fc"].T, self.w["hidden_norm"])
+
+    def context_kv(self, g: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (K [T, kv heads, head_dim] roped, V [T, kv heads, head_dim]) of context rows whose fused
+        features are g [T, hidden] (`fuse`) at positions pos [T]."""
         w, ck = self.w, self.ck
-        g = self.rms(feats.float() @ w["fc"].T, w["hidden_norm"])
         cos_sin, out = self.angles(pos), []
         for i in range(ck.n_layers):
             k = self.rms(self._heads(g @ w[f"layers.{i}.k"].T, ck.n_kv_heads), w[f"layers.{i}.k_norm"])
