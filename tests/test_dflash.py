@@ -118,6 +118,20 @@ def test_both_layouts_read_to_the_same_checkpoint(ckpts):
         assert dflash_kind(paths["hf"]) == dflash_kind(paths["gguf"]) == name
 
 
+def test_a_gguf_of_q8_0_blocks_reads_to_the_weights_within_their_rounding(ckpts, tmp_path):
+    w = ckpts["draft-dspark"][0]
+    exact = read_dflash(ckpts["draft-dspark"][1]["gguf"])
+    q8 = read_dflash(write_gguf(tmp_path / "q8.gguf", w, True, q8=True))
+    assert sorted(exact.tensors) == sorted(q8.tensors)
+    blocks = 0
+    for k, t in exact.tensors.items():
+        # Q8_0: 32 values share a float16 scale of their max / 127, so each is within about half a step of it
+        step = t.abs().max() / 127 if t.ndim == 2 and t.shape[-1] % 32 == 0 else 0.0
+        assert q8.tensors[k].shape == t.shape and (q8.tensors[k] - t).abs().max() <= step * 0.6 + 1e-6, k
+        blocks += bool(step) and not torch.equal(q8.tensors[k], t)
+    assert blocks > 10  # the matrices were stored as blocks, not as they were
+
+
 @pytest.mark.parametrize("name", list(KINDS))
 def test_every_block_is_the_published_forward_and_layouts_draft_alike(ckpts, engines, name):
     w, dspark = ckpts[name][0], KINDS[name]

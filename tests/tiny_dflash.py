@@ -197,10 +197,12 @@ GGUF_LAYER = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_
               "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 
 
-def write_gguf(path: Path, w: dict, dspark: bool) -> Path:
+def write_gguf(path: Path, w: dict, dspark: bool, q8: bool = False) -> Path:
     """What convert_hf_to_gguf.py writes for it (conversion/qwen.py DFlashModel, DSparkModel): architecture
-    dflash, the layer ids + 1, d2t as absolute ids, float16 matrices as its default output type keeps them."""
-    from gguf import GGUFWriter
+    dflash, the layer ids + 1, d2t as absolute ids, float16 matrices as its default output type keeps them
+    (q8: Q8_0 blocks, as `--outtype q8_0` writes them)."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
 
     out = GGUFWriter(str(path), "dflash")
     for key, value in (("block_count", N_LAYERS), ("embedding_length", H), ("feed_forward_length", INTER),
@@ -224,7 +226,11 @@ def write_gguf(path: Path, w: dict, dspark: bool) -> Path:
         else:
             name = GGUF_NAMES[key]
         arr = t.numpy()
-        out.add_tensor(name, arr.astype(np.float16) if arr.ndim == 2 else arr.astype(np.float32))
+        if q8 and arr.ndim == 2 and arr.shape[-1] % 32 == 0:  # rows of whole blocks, as llama.cpp quantises
+            blocks = quantize(arr.astype(np.float32), GGMLQuantizationType.Q8_0)
+            out.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=GGMLQuantizationType.Q8_0)
+        else:
+            out.add_tensor(name, arr.astype(np.float16) if arr.ndim == 2 else arr.astype(np.float32))
     out.write_header_to_file()
     out.write_kv_data_to_file()
     out.write_tensors_to_file()
