@@ -13,7 +13,6 @@ from engine.load.dflash import dflash_kind, read_dflash
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
-from tiny import load_tiny
 from tiny_dflash import (BLOCK, MASK, as_stored_in_gguf, block_hidden, block_logits, draft_weights, features, fit,
                          markov_bias, save_tiny_target, write_gguf, write_hf)
 
@@ -47,7 +46,10 @@ def ckpts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engines(ckpts):
-    target = load_tiny(ckpts["target"])
+    from engine.load.models import load_model
+
+    # float32 whatever the suite's dtype: the drafts are compared with a float32 forward of the equations
+    target = load_model(str(ckpts["target"]), device="cpu", dtype="float32")
     # one thread: the forwards are tiny, and threads that share two busy cores stall each other
     return {(name, layout): Engine(target, n_ctx=256, n_seq_max=2, calibrate=False, threads=1,
                                    drafter_params={name: DFlashParams(weights=ckpts[name][1][layout])})

@@ -153,8 +153,8 @@ class DFlashDrafter(Drafter):
                 continue
             st.reserve(len(r.prompt), self.params.grow)
             src = torch.arange(keep, len(r.prompt))
-            # a position the target never forwarded with this token (none, in a plain run) counts as zero, as
-            # zero features fuse to
+            # a position the target never forwarded with this token (none, in a plain run) gets g = 0, what zero
+            # features fuse to
             known = st.feat_tok[src] == torch.tensor(r.prompt[keep:])
             feats.append(st.feats[src] * known[:, None])
             for p in range(keep, len(r.prompt)):
@@ -232,7 +232,6 @@ class DFlashDrafter(Drafter):
         b = self.ck.block_size
         for i, r in enumerate(live):
             self._read(r, logits[i * b:(i + 1) * b], hidden[i * b:(i + 1) * b])
-
 
 
 class DSparkDrafter(DFlashDrafter):
