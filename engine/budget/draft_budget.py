@@ -8,7 +8,7 @@ timings into the cost curve (engine/cost/curve.py), the verdicts, each round's c
 sequence lives in that sequence's record (engine/draft/record.py).
 
 The round (engine/round/round.py) asks it before drafting (`open_round`, `rest`, `veto`, `decide`), after
-drafting (`plan`), after the forward (`observe_forward`) and after the verdicts (`settle`); the relay
+drafting (`plan`), after the forward (`observe_forward`) and after the verdicts (`settle`, `close_round`); the relay
 (engine/draft/chain.py) consults it at each drafter's turn (`ngrams_draft`, `model_drafts`, `best_k`, `choose`,
 `path_scores`, `charge`) and credits it with each verdict (`credit`, `credit_tree`).
 """
@@ -16,6 +16,7 @@ drafting (`plan`), after the forward (`observe_forward`) and after the verdicts 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from engine.batch import Batch
 from engine.budget.gate import DrafterGate, exclusive_gains
@@ -26,6 +27,19 @@ from engine.draft.base import DraftRequest
 from engine.draft.record import SeqRecords
 from engine.draft.registry import NGRAMS, is_ngram
 from engine.events import RoundEvent
+
+
+@dataclass
+class SlotNote:
+    """What the budget says of one slot's round, for its event (RoundEvent's fields of the same names)."""
+
+    balance: float | None = None  # its balance against plain decoding after the round (None: not settled)
+    budget_why: str = ""  # the round's budget over all slots, then why the slot drafted less, one line
+    tree_offered: int = 0  # draft nodes its drafters offered, before the budget
+    not_drafted: list[str] = field(default_factory=list)  # why it drafted less, one reason each
+    # a draft from a model of another vocabulary: its own tokens as text, and the target tokens that text became
+    draft_pieces: list[str] = field(default_factory=list)
+    target_pieces: list[str] = field(default_factory=list)
 
 
 class DraftBudget:
@@ -176,61 +190,62 @@ class DraftBudget:
             extra += max(0.0, after - n_slots * plain_after)
         cost.observe_step(budget.cost.step_seconds(n_rows), extra)
 
-    def settle(self, plan, batch: Batch, in_batch: list, events: list, t_start: float, t_forward: float,
-               forward: float) -> None:
-        """After the round's verdicts: each slot's balance and notes (`_settle_slots`), what the draft rows cost
-        (`observe_cost`), the round's time per token for the gate. plan: the round's RoundPlan; t_start and
-        t_forward: time.perf_counter() when the round and its forward began; forward: the forward's seconds."""
-        self._settle_slots(plan, in_batch, events, time.perf_counter() - t_start)
-        self.observe_cost(plan.budget, batch, in_batch, forward, time.perf_counter() - t_forward - forward)
-        n_emitted = sum(len(ev.emitted) for ev in events if isinstance(ev, RoundEvent))
-        self.gate.note_round(time.perf_counter() - t_start, n_emitted)
-
-    def _settle_slots(self, plan, in_batch: list, events: list, whole: float) -> None:
-        """Charge each slot's balance with the round's cost, note in its event why it drafted less, and let
-        leaving slots go from the budget. whole: the round's time so far."""
+    def settle(self, plan, in_batch: list, events: list, whole: float) -> dict[int, SlotNote]:
+        """After the round's verdicts: charge each slot's balance with the round's cost, say why it drafted less,
+        and let leaving slots go from the budget. plan: the round's RoundPlan; whole: the round's time so far.
+        Returns seq -> what its event shows of the budget."""
         budget, ratios = plan.budget, {}  # ratios: ghosts beside a slot -> the round's cost in plain rounds
         drafted = budget is not None or any(r.tree_max > 0 and r.n_max > 0 and self.budgeted(r.seq)
                                             for r in plan.requests.values())
+        notes: dict[int, SlotNote] = {}
         for ev in events:
             if not isinstance(ev, RoundEvent):
                 continue
-            record = self.records.of(ev.seq)
+            record, note = self.records.of(ev.seq), notes.setdefault(ev.seq, SlotNote())
             ghosts = self.slots.ghosts_of(ev.seq)
             if drafted or ghosts:
                 if ghosts not in ratios:
                     ratios[ghosts] = self.slots.cost_ratio(budget, in_batch, whole, ghosts)
                 self.state.settle(ev.seq, len(ev.emitted), ratios[ghosts])
-                ev.balance = record.balance
+                note.balance = record.balance
             if budget is not None and ev.seq in plan.requests:  # a replay slot drafted nothing
-                self._note_budget(ev, plan)
-            self._note_skipped(ev, plan)
+                self._note_budget(ev, plan, note)
+            self._note_skipped(ev.seq, plan, note)
             if record.retokenized is not None and ev.kind == "spec":
-                ev.draft_pieces = list(record.retokenized.draft_pieces)
-                ev.target_pieces = list(record.retokenized.target_pieces)
+                note.draft_pieces = list(record.retokenized.draft_pieces)
+                note.target_pieces = list(record.retokenized.target_pieces)
         self.slots.next_round()
         for slot in in_batch:
             if slot.state == "done":
                 self.slots.leave(slot.seq, [s.seq for s in in_batch])
+        return notes
 
-    def _note_budget(self, ev: RoundEvent, plan) -> None:
+    def close_round(self, plan, batch: Batch, in_batch: list, events: list, t_start: float, t_forward: float,
+                    forward: float) -> None:
+        """What the round's draft rows cost (`observe_cost`) and its time per token for the gate. t_start and
+        t_forward: time.perf_counter() when the round and its forward began; forward: the forward's seconds."""
+        self.observe_cost(plan.budget, batch, in_batch, forward, time.perf_counter() - t_forward - forward)
+        n_emitted = sum(len(ev.emitted) for ev in events if isinstance(ev, RoundEvent))
+        self.gate.note_round(time.perf_counter() - t_start, n_emitted)
+
+    def _note_budget(self, ev: RoundEvent, plan, note: SlotNote) -> None:
         budget, r = plan.budget, plan.requests[ev.seq]
-        ev.budget_why = budget.why
-        ev.tree_offered = budget.offered.get(ev.seq, 0)
+        note.budget_why = budget.why
+        note.tree_offered = budget.offered.get(ev.seq, 0)
         if ev.seq in budget.kept and ev.verify_mode == "tree" and r.tree is not None:
             self.state.correction.observe(ev.seq, r.tree, ev.tree_path, budget.factors[ev.seq])
 
-    def _note_skipped(self, ev: RoundEvent, plan) -> None:
-        """Why a slot drafted less this round, in its event: model drafters that do not pay for it (gate.py),
-        a rest after refused drafts, or the budget's veto."""
-        record = self.records.of(ev.seq)
+    def _note_skipped(self, seq: int, plan, note: SlotNote) -> None:
+        """Why a slot drafted less this round: model drafters that do not pay for it (gate.py), a rest after
+        refused drafts, or the budget's veto."""
+        record = self.records.of(seq)
         skipped = record.skipped
-        if ev.seq in plan.resting:
+        if seq in plan.resting:
             skipped = [f"its drafts were refused {record.refused - 1} rounds in a row: "
-                       f"it rests, and drafts a probe in {plan.resting[ev.seq]} round(s)"]
-        elif ev.seq in plan.vetoed:
+                       f"it rests, and drafts a probe in {plan.resting[seq]} round(s)"]
+        elif seq in plan.vetoed:
             skipped = [plan.veto_why]
         if skipped:
-            ev.not_drafted = list(skipped)
-            parts = ([ev.budget_why] if ev.budget_why else []) + ["not drafted: " + s for s in skipped]
-            ev.budget_why = "; ".join(parts)
+            note.not_drafted = list(skipped)
+            parts = ([note.budget_why] if note.budget_why else []) + ["not drafted: " + s for s in skipped]
+            note.budget_why = "; ".join(parts)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Collection
 from engine.memory import checkpoint
 from engine.batch import Batch, OutputLimits
 from engine.draft.base import DraftRequest
-from engine.budget.draft_budget import DraftBudget
+from engine.budget.draft_budget import DraftBudget, SlotNote
 from engine.draft.chain import DrafterChain
 from engine.events import ErrorEvent, RoundEvent, failure
 from engine.memory.probe import FULL, RS, ProbeResult
@@ -93,10 +93,11 @@ class Round:
             return events + [failure(s.seq, "the forward", e) for s in rb.in_batch]
         self._learn_from_forward(plan, rb, res.seconds)
         events += self._verify_all(slots, plan, rb, res)
+        notes = self.budget.settle(plan, rb.in_batch, events, time.perf_counter() - t0)
         for ev in events:
             if isinstance(ev, RoundEvent):
-                ev.n_seqs = len(rb.in_batch)
-        self.budget.settle(plan, rb.batch, rb.in_batch, events, t0, t_forward, res.seconds)
+                _settled(ev, len(rb.in_batch), notes[ev.seq])
+        self.budget.close_round(plan, rb.batch, rb.in_batch, events, t0, t_forward, res.seconds)
         return events
 
     def _plan(self, slots: list[Slot], n_cells_free: int) -> RoundPlan:
@@ -262,6 +263,13 @@ class Round:
         if slot.params.spec.tree_nodes <= 0 or not getattr(self.ctx, "supports_trees", False):
             return 0
         return 0 if slot.grammar is not None or slot.coins is not None else slot.params.spec.tree_nodes
+
+
+def _settled(ev: RoundEvent, n_seqs: int, note: SlotNote) -> None:
+    """The round's share of a slot's event: the slots in its forward and what the budget says of its round."""
+    ev.n_seqs = n_seqs
+    ev.balance, ev.budget_why, ev.tree_offered = note.balance, note.budget_why, note.tree_offered
+    ev.not_drafted, ev.draft_pieces, ev.target_pieces = note.not_drafted, note.draft_pieces, note.target_pieces
 
 
 def fresh(r: DraftRequest, n_max: int) -> DraftRequest:
