@@ -45,7 +45,7 @@ def test_a_released_sequence_leaves_nothing_behind(tiny_target):
         engine.release(1)
     holding = set(mappings_holding(engine, {0, 1})) - KEPT - NOT_BY_SEQ
     assert not holding, sorted(holding)
-    assert 0 not in engine.records and 1 not in engine.records  # one record a sequence, gone with it
+    assert 0 not in engine.budget.records and 1 not in engine.budget.records  # one record a sequence, gone with it
     assert engine.ctx.cache.n_used() == 0
 
 

@@ -43,7 +43,8 @@ class SlotNote:
 
 
 class DraftBudget:
-    def __init__(self, cost: CostModel, pool: dict | None = None, records: SeqRecords | None = None):
+    def __init__(self, cost: CostModel, pool: dict | None = None, records: SeqRecords | None = None,
+                 fair: bool = True):
         # seq -> what the relay, gate, length policy and budget keep about it (engine/draft/record.py)
         self.records = records if records is not None else SeqRecords()
         self.pool = pool if pool is not None else {}  # name -> drafter: which of them need a model
@@ -51,6 +52,9 @@ class DraftBudget:
         self.gate = DrafterGate(records=self.records)
         self.slots = SlotBudget(self, self.records)  # the slots' one budget over their trees
         self.state = self.slots.state  # its balances, refusals and rests
+        # fair: no slot's answer may come slower than plain decoding would give it; False: the batch's goodput
+        # alone chooses the draft rows (tree_budget.py)
+        self.state.fair = fair
 
     # ---- the relay's questions (engine/draft/chain.py) ------------------------------------------------------
 

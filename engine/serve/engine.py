@@ -27,7 +27,6 @@ from engine.params import GenParams
 from engine.cost.calibrate import calibrate as time_forwards
 from engine.cost.curve import CostModel
 from engine.budget.draft_budget import DraftBudget
-from engine.draft.record import SeqRecords
 from engine.memory.probe import ProbeResult, probe_context
 from engine.memory.self_check import SelfCheck, self_check
 from engine.round.round import Round
@@ -91,15 +90,13 @@ class Engine:
         self._use_threads()
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
         self.threads.fixed = self.threads.fixed or not (calibrate and self.probe.can_speculate)
-        # seq -> what the relay and the draft budget keep about it (engine/draft/record.py)
-        self.records = SeqRecords()
         # type name -> its params dataclass; ours by default (engine/draft/registry.py, default_params), overridable per type
         self.drafter_params = {**default_params(), **(drafter_params or {})}
         self.drafter_context = DrafterContext(target, draft, self.draft_mismatch, self.ctx.n_ctx, self.ctx.n_seq_max,
                                               self.ctx.n_vocab, self.drafter_params)
         self.pool: dict[str, Drafter] = {}
         # which drafters draft for which slot and how far, which tree nodes go in (engine/budget/draft_budget.py)
-        self.budget = DraftBudget(self.cost, self.pool, self.records)
+        self.budget = DraftBudget(self.cost, self.pool, fair=fair)
         self.chain = DrafterChain(self.pool, self.budget)
         self.slots: dict[int, Slot] = {}
         self.parked: dict[int, Slot] = {}  # seq -> a parked slot whose cells the sequence still holds
@@ -109,9 +106,6 @@ class Engine:
         self.round = Round(self.ctx, self.chain, self.budget, self.probe, self.limits, self.n_pos_max, self.eos,
                            target.decode)
         self.prefiller = Prefiller(self.ctx, self.chain, self.round.emit)
-        # fair: no slot's answer may come slower than plain decoding would give it; False: the batch's goodput
-        # alone chooses the draft rows (engine/budget/tree_budget.py)
-        self.budget.state.fair = fair
 
     # ---- set-up ----------------------------------------------------------------------------------------------
 
@@ -287,7 +281,7 @@ class Engine:
         self.slots.pop(seq, None)
         self.parked.pop(seq, None)
         self.chain.seq_rm(seq)  # the drafters' own caches
-        self.records.release(seq)
+        self.budget.records.release(seq)  # all the engine kept about the sequence
         self.ctx.seq_rm(seq, -1, -1)
 
     def active(self, only: set[int] | None = None) -> list[Slot]:
