@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="also run the 'synthetic' drafter (k = n_max, adaptive off) keeping each draft token with "
                          "probability P; a list sweeps: 0.2,0.5,0.8; P per draft position joined by /: 0.9/0.7/0.5 "
                          "(the last for the positions past it). Not lossless by design (lossless_ok n/a)")
+    _add_run_args(ap)
+    return ap.parse_args(argv)
+
+
+def _add_run_args(ap: argparse.ArgumentParser) -> None:
+    """How the bench runs what it runs: lengths, caches, budgets, other implementations, the machine's side."""
     ap.add_argument("--ignore-eos", action="store_true", help="generate --max-new-tokens whatever the text")
     ap.add_argument("--plots", default=None, metavar="DIR", help="write the speedup curves (HTML, PNG) here")
     ap.add_argument("--n-ctx", type=int, default=4096, help="cells of the KV cache (raised to fit the sweep)")
@@ -100,7 +106,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     fmt.add_argument("--grammar", default=None, metavar="FILE",
                      help="constrain every answer to this Lark grammar (a .gbnf file: llama.cpp's GBNF)")
     ap.add_argument("--trust-remote-code", action="store_true")
-    return ap.parse_args(argv)
 
 
 def load_prompts(path: str) -> list[dict]:
