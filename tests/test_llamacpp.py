@@ -45,3 +45,18 @@ def test_stops_at_eos(runner):
 def test_prompt_must_fit(runner):
     with pytest.raises(ValueError, match="n_ctx"):
         runner.generate(PROMPT_IDS, max_new_tokens=256, eos_ids=set(), ignore_eos=True)
+
+
+def test_the_bench_opens_llama_cpp_on_its_threads(monkeypatch):
+    """--threads holds for the llama.cpp row too, and a packaged name opens that model's own GGUF file."""
+    from types import SimpleNamespace
+
+    from engine.bench.compare import Comparators
+    from engine.load.models import gguf_source
+
+    opened = {}
+    monkeypatch.setattr(llamacpp, "open_model", lambda path, n_ctx, n_threads=None: opened.update(
+        path=path, n_ctx=n_ctx, n_threads=n_threads) or "runner")
+    cfg = SimpleNamespace(target="embedded", threads=1)
+    assert Comparators.load(["llama.cpp"], cfg, 300).llama == "runner"
+    assert opened == dict(path=gguf_source("embedded"), n_ctx=300, n_threads=1)

@@ -56,7 +56,8 @@ class Comparators:
             from engine.load.models import gguf_source
 
             path = gguf_source(cfg.target)
-            out.llama = llamacpp.open_model(path, n_ctx=n_ctx)
+            # --threads holds for llama.cpp too: a yardstick on more threads than ours is not the same race
+            out.llama = llamacpp.open_model(path, n_ctx=n_ctx, n_threads=cfg.threads)
         return out
 
     def kinds(self) -> list[str]:

@@ -66,6 +66,29 @@ def encode(tokenizer, text: str) -> list[int]:
     return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
+ANCHOR = "\n"  # a text encoded before a tail where the tokenizer opens every text with a space (below)
+
+
+class TailEncoder:
+    """Encodes a tail of a text as the tokenizer encodes it inside the whole text.
+
+    A SentencePiece tokenizer with a dummy prefix (Llama 2's, `▁` put before every text) encodes "ller" alone as
+    "▁ller", not as the "ller" of "▁miller": for such a tokenizer a tail is encoded after ANCHOR and the anchor's
+    tokens taken off. Gemma 3's tokenizer and byte-level BPE encode a tail alone as inside the text: no anchor."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.anchor = encode(tokenizer, ANCHOR)
+        self.anchored = encode(tokenizer, ANCHOR + "a")[len(self.anchor):] != encode(tokenizer, "a")
+
+    def __call__(self, text: str, at_start: bool) -> list[int]:
+        if at_start or not self.anchored:
+            return encode(self.tok, text)
+        ids = encode(self.tok, ANCHOR + text)
+        n = len(self.anchor)
+        return ids[n:] if ids[:n] == self.anchor else encode(self.tok, text)
+
+
 def tail_text(tokenizer, ids: list[int], j: int, k: int) -> tuple[str, str] | None:
     """(text of ids[j:k], text of ids[j:]) decoded together, so ids[k:]'s text is the second minus the first;
     None where decoding more tokens changed the text of the first ones."""
@@ -94,6 +117,7 @@ class TextBridge:
         self.tt = target_tokenizer
         self.td = draft_tokenizer
         self.params = params or BridgeParams()
+        self.encode_t, self.encode_d = TailEncoder(target_tokenizer), TailEncoder(draft_tokenizer)
 
     def sync(self, st: BridgeState, confirmed: list[int]) -> None:
         """Bring `st` to the confirmed target tokens: decode the tail after the target seam, cut the draft tokens
@@ -121,7 +145,7 @@ class TextBridge:
             kd -= 1
         kd = dft.seam(kd - p.back_off)
         cd = dft.char(kd)
-        new = encode(self.td, st.text[cd:])
+        new = self.encode_d(st.text[cd:], at_start=cd == 0)
         st.chars_encoded = len(st.text) - cd
         jd = max(0, kd - p.context)
         ids = dft.tokens[:kd] + new
@@ -154,7 +178,7 @@ class TextBridge:
             return []
         tgt = st.target
         k = tgt.seam(len(tgt.tokens) - self.params.back_off)
-        ids = encode(self.tt, st.text[tgt.char(k):] + added)
+        ids = self.encode_t(st.text[tgt.char(k):] + added, at_start=tgt.char(k) == 0)
         own = tgt.tokens[k:]
         if ids[:len(own)] != own:
             return []
