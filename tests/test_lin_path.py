@@ -1,6 +1,6 @@
 """A CPU drafter's linears in the target's arithmetic (engine/draft/lin_path.py): each path multiplies within its
 rounding of float32, "auto" keeps a path only by timing and falls back to torch's, a bad name is refused naming
-the field; draft-mtp and draft-dflash in each path draft within rounding of float32, and speculation with them
+the field; draft-mtp, draft-dflash and draft-eagle3 in each path draft within rounding of float32, and speculation with them
 stays token-identical to plain decoding."""
 
 import pytest
@@ -13,7 +13,10 @@ from engine.draft.mtp import MtpParams
 from engine.forward.quant_dot import dot_reason
 from engine.params import GenParams, SpecParams
 from engine.serve.engine import Engine
-from tiny import load_tiny
+from engine.draft.base import DraftRequest
+from engine.draft.head.eagle3 import Eagle3Params
+from test_eagle3 import N_LAYERS, reference_weights, write_eagle
+from tiny import load_tiny, save_tiny
 from tiny_dflash import draft_weights, save_tiny_target, write_hf
 from tiny_mtp import save_tiny_mtp
 
@@ -80,10 +83,15 @@ def targets(tmp_path_factory):
     mtp_dir, _ = save_tiny_mtp(root / "mtp", seed=0, n_mtp=2)
     target_dir, _ = save_tiny_target(root / "target")
     return {"mtp": load_tiny(mtp_dir), "dflash": load_tiny(target_dir),
-            "dflash_ck": write_hf(root / "dflash", draft_weights(1, False), False)}
+            "dflash_ck": write_hf(root / "dflash", draft_weights(1, False), False),
+            "eagle3": load_tiny(save_tiny(root / "deep", seed=0, layers=N_LAYERS)),
+            "eagle3_ck": write_eagle(root / "eagle3", reference_weights("midlayer.", 2), "safetensors")}
 
 
 def _engine(targets, name: str, path: str) -> Engine:
+    if name == "draft-eagle3":
+        return Engine(targets["eagle3"], n_ctx=256, n_seq_max=1, calibrate=False, threads=1,
+                      drafter_params={name: Eagle3Params(weights=targets["eagle3_ck"], dtype=path)})
     if name == "draft-mtp":
         return Engine(targets["mtp"], n_ctx=256, n_seq_max=1, calibrate=False, threads=1,
                       drafter_params={name: MtpParams(dtype=path)})
@@ -100,6 +108,8 @@ def _generate(engine, name=None) -> list[int]:
 def _draft_logits(engine, name: str) -> torch.Tensor:
     """The drafter's network on fixed inputs: the MTP layers' logits after a feature, the block's logits."""
     d = engine.drafter(name)
+    if name == "draft-eagle3":
+        return _head_chain_p(engine)
     gen = torch.Generator().manual_seed(2)
     with torch.inference_mode():
         if name == "draft-mtp":
@@ -114,23 +124,49 @@ def _draft_logits(engine, name: str) -> torch.Tensor:
         return net.logits(net.block(block, torch.arange(6, 6 + len(block)), ctx, visible))
 
 
-@pytest.mark.parametrize("name", ["draft-mtp", "draft-dflash"])
+def _head_chain_p(engine) -> tuple[list[int], torch.Tensor]:
+    """An EAGLE-3 head's first drafted token after each prompt, and their probabilities."""
+    d, toks, out = engine.drafter("draft-eagle3"), [], []
+    for prompt in PROMPTS:
+        engine.start(prompt, GenParams(max_new_tokens=2), seq=0)
+        engine.step()  # the prefill: the head has the target's features of every prompt position
+        r = DraftRequest(seq=0, prompt=prompt[:-1], id_last=prompt[-1], n_max=1, n_min=0, p_min=0.0)
+        d.draft([r])
+        toks.append(r.result[0])
+        out.append(r.result_p[0])
+        engine.release(0)
+    return toks, torch.tensor(out)
+
+
+def _lin_path(engine, name: str):
+    d = engine.drafter(name)
+    return d.head.lin_path if name == "draft-eagle3" else d.lin_path
+
+
+NAMES = ["draft-mtp", "draft-dflash", "draft-eagle3"]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_each_path_drafts_within_rounding_and_speculates_as_plain_decoding(targets, name):
     engines = {p: _engine(targets, name, p) for p in ["torch"] + PATHS}
-    assert engines["torch"].drafter(name).lin_path.path == "torch"
+    assert _lin_path(engines["torch"], name).path == "torch"
     plain = _generate(engines["torch"])
-    base = _draft_logits(engines["torch"], name)
     for path in PATHS:
-        d = engines[path].drafter(name)
-        assert d.lin_path.path == path and "kept as loaded" not in d.lin_path.reason
+        base = _draft_logits(engines["torch"], name)
+        choice = _lin_path(engines[path], name)
+        assert choice.path == path and "kept as loaded" not in choice.reason
         logits = _draft_logits(engines[path], name)
-        assert float((logits - base).norm() / base.norm()) < 10 * TOLERANCE[path], path
+        if name == "draft-eagle3":  # the same tokens, their probabilities within rounding
+            assert logits[0] == base[0], path
+            logits, base = logits[1], base[1]
+        err = float((logits - base).norm() / base.norm())
+        assert err < 10 * TOLERANCE[path], path
         assert _generate(engines[path], name) == plain, path
 
 
-@pytest.mark.parametrize("name", ["draft-mtp", "draft-dflash"])
+@pytest.mark.parametrize("name", NAMES)
 def test_auto_chooses_at_load_and_speculates_as_plain_decoding(targets, name):
     engine = _engine(targets, name, "auto")
-    choice = engine.drafter(name).lin_path
+    choice = _lin_path(engine, name)
     assert choice.path in offered("float32") and choice.reason.startswith("auto: ")
     assert _generate(engine, name) == _generate(engine)
