@@ -139,8 +139,7 @@ def _head_chain_p(engine) -> tuple[list[int], torch.Tensor]:
 
 
 def _lin_path(engine, name: str):
-    d = engine.drafter(name)
-    return d.head.lin_path if name == "draft-eagle3" else d.lin_path
+    return engine.drafter(name).lin_path
 
 
 NAMES = ["draft-mtp", "draft-dflash", "draft-eagle3"]
@@ -170,3 +169,13 @@ def test_auto_chooses_at_load_and_speculates_as_plain_decoding(targets, name):
     choice = _lin_path(engine, name)
     assert choice.path in offered("float32") and choice.reason.startswith("auto: ")
     assert _generate(engine, name) == _generate(engine)
+
+
+def test_the_arena_takes_the_heads_dtype_and_refuses_another(capsys):
+    from engine.bench.arena import parse_args
+
+    assert parse_args(["--prompts", "p.jsonl", "--head-dtype", "int8"]).head_dtype == "int8"
+    assert parse_args(["--prompts", "p.jsonl"]).head_dtype == "auto"
+    with pytest.raises(SystemExit):
+        parse_args(["--prompts", "p.jsonl", "--head-dtype", "float16"])
+    assert "--head-dtype" in capsys.readouterr().err

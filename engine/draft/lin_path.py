@@ -61,6 +61,12 @@ def _cast_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return prepack.linear(self, x.to(self._compute_dtype)).to(x.dtype)
 
 
+def _gemm_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    # our kernels take any number of rows as they come (prepack.linear's two-row form is oneDNN's need), and a
+    # drafter's calls are small enough that the checks around them would cost what the multiply does
+    return self._packed_weight(x).to(x.dtype)
+
+
 def convert(module: nn.Linear, path: str) -> bool:
     """`module` computes in `path` from now on, taking and giving its callers' dtype; False where that path
     cannot take it (the module is left as it was)."""
@@ -87,8 +93,11 @@ def convert(module: nn.Linear, path: str) -> bool:
         if not packed:
             module.to(loaded)
             return False
+    from engine.forward.gemm import SmallGemm
+
     module._compute_dtype = compute
-    module.forward = types.MethodType(_cast_forward, module)
+    direct = isinstance(module._packed_weight, SmallGemm)
+    module.forward = types.MethodType(_gemm_forward if direct else _cast_forward, module)
     return True
 
 

@@ -44,3 +44,4 @@ class Eagle3Drafter(DraftHeadDrafter):
         head = eagle3_head(read_eagle3(Path(params.weights)), target)
         head.lin_request = params.dtype
         super().__init__(target=target, params=params, head=head)
+        self.lin_path = head.lin_path
