@@ -22,6 +22,7 @@ from engine.bench.cli import load_prompts
 from engine.bench.contest import ArenaParams, engine_runner, run_arena
 from engine.bench.leaderboard import format_table, leaderboard, write_csv, write_png
 from engine.bench.run import prompt_ids_of
+from engine.draft.lin_path import PATHS
 from engine.draft.registry import parse_types
 from engine.forward.device import DEVICE_HELP
 from engine.load.dtype import CHOICES
@@ -45,6 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--n-ctx", type=int, default=4096, help="cells of the KV cache")
     ap.add_argument("--dtype", choices=list(CHOICES), default="auto", help="weights of target and draft")
+    ap.add_argument("--head-dtype", choices=list(PATHS), default="auto",
+                    help="linears of draft-eagle3, draft-mtp, draft-dflash, draft-dspark (auto: timed at load)")
     ap.add_argument("--threads", type=int, default=None, help="forwards on this many threads (default: all)")
     ap.add_argument("--device", default="auto", help=DEVICE_HELP)
     ap.add_argument("--trust-remote-code", action="store_true")
@@ -70,6 +73,7 @@ def load(args: argparse.Namespace, n_max: int):
 
     from engine.draft.dflash import DFlashParams
     from engine.draft.head.eagle3 import Eagle3Params
+    from engine.draft.mtp import MtpParams
     from engine.load.dflash import dflash_kind
     from engine.load.eagle3 import is_eagle3_dir
 
@@ -80,9 +84,11 @@ def load(args: argparse.Namespace, n_max: int):
     draft = (load_model(args.draft, device=args.device, trust_remote_code=args.trust_remote_code,
                         dtype=args.dtype)
              if args.draft and not eagle3 and not block else None)
-    drafter_params = {"draft-eagle3": Eagle3Params(weights=Path(eagle3))} if eagle3 else {}
+    drafter_params = {"draft-mtp": MtpParams(dtype=args.head_dtype)}
+    if eagle3:
+        drafter_params["draft-eagle3"] = Eagle3Params(weights=Path(eagle3), dtype=args.head_dtype)
     if block:
-        drafter_params[block] = DFlashParams(weights=Path(args.draft))
+        drafter_params[block] = DFlashParams(weights=Path(args.draft), dtype=args.head_dtype)
     engine = Engine(target, draft=draft, n_ctx=args.n_ctx, n_seq_max=1, n_draft=n_max, threads=args.threads,
                     drafter_params=drafter_params)
     if not engine.probe.can_speculate:
@@ -119,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     for line in result.skipped:
         print(f"skipped {line}")
+    for name, d in engine.pool.items():
+        if getattr(d, "lin_path", None) is not None:
+            print(f"{name} linears: {d.lin_path.reason}")
     print(f"wrote {write_csv(rows, args.out)}")
     if args.png:
         print(f"wrote {write_png(rows, args.png)}")

@@ -30,6 +30,7 @@ import torch
 from engine.batch import Batch
 from engine.draft.base import Drafter, DraftRequest, DraftStreams, top_k_q
 from engine.draft.dflash_net import DFlashNet
+from engine.draft.lin_path import resolve
 from engine.memory.cells import CellCache
 from engine.prefix import common_prefix
 
@@ -46,6 +47,8 @@ class DFlashParams:
     n_ctx: int = 4096  # context entries per sequence (the engine's cache)
     n_seq_max: int = 4
     grow: int = 256  # positions added at a time to a sequence's feature store
+    # the linears' arithmetic (engine/draft/lin_path.py): "auto" times the target's paths here at load
+    dtype: str = "auto"
 
 
 @dataclass
@@ -84,6 +87,9 @@ class DFlashDrafter(Drafter):
             raise ValueError(f"{self.name}: {self.params.weights} is a {ck.kind} checkpoint "
                              f"({'with' if ck.kind == 'dspark' else 'without'} a Markov head): it drafts as {other}")
         self.net = DFlashNet(ck, *_tables(ck, target))
+        # the block's rows and a round's catch-up of one or a few: the sizes its linears multiply
+        self.lin_path = resolve(self.params.dtype, list(self.net.lin.values()), getattr(target, "dtype", "float32"),
+                                (1, ck.block_size), self.name)
         self.ck = ck
         self.hidden_layers = ck.hidden_layers
         self.cache = CellCache(n_layers=ck.n_layers, n_kv_heads=ck.n_kv_heads, head_dim=ck.head_dim,
@@ -294,6 +300,6 @@ def _tables(ck, target) -> tuple[torch.Tensor, object, int]:
                                       or ck.tensors["markov_w2"].shape[0] != rows):
         raise ValueError(f"{where}: the Markov head's tables do not match the vocabularies ({vocab}, {rows})")
     dtype, device = table.dtype, table.device  # the target's, wherever it runs; the draft runs on the CPU
-    if own is not None:
-        return embed, lambda h: h @ own.T, vocab
+    if own is not None:  # DFlashNet makes it a linear
+        return embed, own, vocab
     return embed, lambda h: module(h.to(device=device, dtype=dtype)).float().cpu()[..., :vocab], vocab

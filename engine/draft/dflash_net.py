@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from engine.load.dflash import DFlashCheckpoint
 
@@ -27,14 +28,22 @@ class DFlashNet:
         self.ck = ck
         self.w = ck.tensors
         self.embed = embed  # [vocab rows, hidden], any dtype: rows are cast when read
-        self.lm_head = lm_head  # [R, hidden] -> [R, draft vocab]
         self.vocab = vocab
         half = torch.arange(0, ck.head_dim, 2, dtype=torch.float32) / ck.head_dim
         self.inv_freq = 1.0 / (ck.rope_theta ** half)
-        # per layer, the block's q, k, v in one matrix and the MLP's gate and up in another: fewer calls a block
-        self.qkv = [torch.cat([self.w[f"layers.{i}.{n}"] for n in "qkv"]).T.contiguous() for i in range(ck.n_layers)]
-        self.gate_up = [torch.cat([self.w[f"layers.{i}.gate"], self.w[f"layers.{i}.up"]]).T.contiguous()
-                        for i in range(ck.n_layers)]
+        # the dense weights as linears (engine/draft/lin_path.py may run them packed, in bfloat16 or int8); per
+        # layer the block's q, k, v in one and the MLP's gate and up in another: fewer calls a block
+        w = self.w
+        self.lin = {"fc": _linear(w["fc"])}
+        for i in range(ck.n_layers):
+            p = f"layers.{i}."
+            self.lin.update({p + "qkv": _linear(torch.cat([w[p + n] for n in "qkv"])), p + "k": _linear(w[p + "k"]),
+                             p + "v": _linear(w[p + "v"]), p + "o": _linear(w[p + "o"]),
+                             p + "gate_up": _linear(torch.cat([w[p + "gate"], w[p + "up"]])),
+                             p + "down": _linear(w[p + "down"])})
+        if isinstance(lm_head, torch.Tensor):  # the checkpoint's own LM head
+            self.lin["lm_head"] = lm_head = _linear(lm_head)
+        self.lm_head = lm_head  # [R, hidden] -> [R, draft vocab]
 
     # ---- pieces ----------------------------------------------------------------------------------------------
 
@@ -59,7 +68,7 @@ class DFlashNet:
 
     def fuse(self, feats: torch.Tensor) -> torch.Tensor:
         """g [T, hidden] = hidden_norm(fc(features)) of target features [T, n_features * target hidden]."""
-        return self.rms(feats.float() @ self.w["fc"].T, self.w["hidden_norm"])
+        return self.rms(self.lin["fc"](feats.float()), self.w["hidden_norm"])
 
     def context_kv(self, g: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (K [T, kv heads, head_dim] roped, V [T, kv heads, head_dim]) of context rows whose fused
@@ -67,8 +76,8 @@ class DFlashNet:
         w, ck = self.w, self.ck
         cos_sin, out = self.angles(pos), []
         for i in range(ck.n_layers):
-            k = self.rms(self._heads(g @ w[f"layers.{i}.k"].T, ck.n_kv_heads), w[f"layers.{i}.k_norm"])
-            out.append((self.rope(k, cos_sin), self._heads(g @ w[f"layers.{i}.v"].T, ck.n_kv_heads)))
+            k = self.rms(self._heads(self.lin[f"layers.{i}.k"](g), ck.n_kv_heads), w[f"layers.{i}.k_norm"])
+            out.append((self.rope(k, cos_sin), self._heads(self.lin[f"layers.{i}.v"](g), ck.n_kv_heads)))
         return out
 
     # ---- the block -------------------------------------------------------------------------------------------
@@ -78,14 +87,14 @@ class DFlashNet:
         L, head_dim]) and the block's own rows; visible [R, L + R] says which each row reads."""
         w, ck = self.w, self.ck
         n_q, n_kv = ck.n_heads * ck.head_dim, ck.n_kv_heads * ck.head_dim
-        q, k, v = (x @ self.qkv[i]).split([n_q, n_kv, n_kv], -1)
+        q, k, v = self.lin[f"layers.{i}.qkv"](x).split([n_q, n_kv, n_kv], -1)
         q = self.rope(self.rms(self._heads(q, ck.n_heads), w[f"layers.{i}.q_norm"]), cos_sin)
         k = self.rope(self.rms(self._heads(k, ck.n_kv_heads), w[f"layers.{i}.k_norm"]), cos_sin)
         keys = torch.cat([ctx[0], k.transpose(0, 1)], 1)  # [kv heads, L + R, head_dim]
         values = torch.cat([ctx[1], self._heads(v, ck.n_kv_heads).transpose(0, 1)], 1)
         out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=visible[None],
                                              enable_gqa=ck.n_heads != ck.n_kv_heads)
-        return out.transpose(0, 1).reshape(x.shape[0], -1) @ w[f"layers.{i}.o"].T
+        return self.lin[f"layers.{i}.o"](out.transpose(0, 1).reshape(x.shape[0], -1))
 
     def block(self, tokens: torch.Tensor, pos: torch.Tensor, ctx: list, visible: torch.Tensor) -> torch.Tensor:
         """The final-normed hidden states [R, hidden] of block rows tokens [R] at pos [R]; ctx: per layer the
@@ -94,8 +103,8 @@ class DFlashNet:
         x = self.embed[tokens.to(self.embed.device)].float().cpu()
         for i in range(self.ck.n_layers):
             x = x + self._attend(i, self.rms(x, w[f"layers.{i}.attn_norm"]), cos_sin, ctx[i], visible)
-            gate, up = (self.rms(x, w[f"layers.{i}.ffn_norm"]) @ self.gate_up[i]).chunk(2, -1)
-            x = x + (F.silu(gate) * up) @ w[f"layers.{i}.down"].T
+            gate, up = self.lin[f"layers.{i}.gate_up"](self.rms(x, w[f"layers.{i}.ffn_norm"])).chunk(2, -1)
+            x = x + self.lin[f"layers.{i}.down"](F.silu(gate) * up)
         return self.rms(x, w["norm"])
 
     # ---- heads -----------------------------------------------------------------------------------------------
@@ -121,3 +130,10 @@ class DFlashNet:
         feat = torch.cat([h.float(), self.w["markov_w1"][prev]])
         z = self.w["conf_proj"][0] @ feat + (self.w["conf_bias"][0] if "conf_bias" in self.w else 0.0)
         return float(torch.sigmoid(z))
+
+
+def _linear(weight: torch.Tensor) -> nn.Linear:
+    """A frozen bias-free linear holding `weight` [out, in] as float32."""
+    module = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="cpu")
+    module.weight = nn.Parameter(weight.float().contiguous(), requires_grad=False)
+    return module.eval()

@@ -22,6 +22,7 @@ import torch
 
 from engine.batch import Batch
 from engine.draft.base import Drafter, DraftRequest, DraftStreams, top_k_q
+from engine.draft.lin_path import resolve
 from engine.memory.cells import CellCache
 from engine.prefix import common_prefix
 
@@ -34,6 +35,8 @@ class MtpParams:
     n_ctx: int = 4096  # cells of each layer's cache (the engine's)
     n_seq_max: int = 4
     grow: int = 256  # positions added at a time to a sequence's feature store
+    # the layers' linears' arithmetic (engine/draft/lin_path.py): "auto" times the target's paths here at load
+    dtype: str = "auto"
 
 
 @dataclass
@@ -67,6 +70,10 @@ class MtpDrafter(Drafter):
             raise ValueError("draft-mtp needs the target model (its MTP layers and hidden states)")
         self.params = params or MtpParams()
         self.net = load_mtp(target)
+        # the layers' own linears (not the shared LM head: the target's, already in its path); a catch-up of
+        # one or a few rows, and chained layers' draft rows
+        linears = [m for m in self.net.layers.modules() if type(m) is torch.nn.Linear]
+        self.lin_path = resolve(self.params.dtype, linears, getattr(target, "dtype", "float32"), (1, 4), self.name)
         cfg = self.net.config
         self.n_mtp = self.net.num_mtp_layers
         self.hidden = int(cfg.hidden_size)

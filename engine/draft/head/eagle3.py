@@ -15,6 +15,7 @@ from pathlib import Path
 
 from engine.draft.head.drafter import DraftHeadDrafter, DraftHeadParams
 from engine.draft.head.eagle3_net import eagle3_head
+from engine.draft.lin_path import check_path
 from engine.load.eagle3 import read_eagle3
 
 
@@ -25,6 +26,8 @@ class Eagle3Params(DraftHeadParams):
     # stop drafting below this top probability when the request leaves it to the drafter: draft-head's value,
     # not measured for published heads (whose own drafting runs a fixed depth, with no such stop)
     p_min: float = 0.3
+    # the head's linears' arithmetic (engine/draft/lin_path.py): "auto" times the target's paths here at load
+    dtype: str = "auto"
 
 
 class Eagle3Drafter(DraftHeadDrafter):
@@ -37,5 +40,8 @@ class Eagle3Drafter(DraftHeadDrafter):
         params = params or Eagle3Params()
         if params.weights is None:
             raise ValueError("draft-eagle3 needs an EAGLE-3 checkpoint directory (--draft DIR)")
+        check_path(params.dtype, self.name)
         head = eagle3_head(read_eagle3(Path(params.weights)), target)
+        head.lin_request = params.dtype
         super().__init__(target=target, params=params, head=head)
+        self.lin_path = head.lin_path

@@ -51,6 +51,8 @@ class Eagle3Head(DraftHead):
         self.inv_freq, self.rope_scaling = rotary_frequencies(ck.rope, cfg.head_dim)
         self.lm_head = ck.tensors["lm_head.weight"]  # [draft_vocab, hidden] float32, the trained LM head
         self.own_embed = ck.embed  # the head's own token table where it carries one (else the target's)
+        self.lin_request = "auto"  # the linears' arithmetic (engine/draft/lin_path.py), set by the drafter
+        self.lin_path = None  # what for_inference chose
         offsets = ck.tensors.get("d2t", torch.zeros(cfg.draft_vocab, dtype=torch.long, device="cpu"))
         state = {k: v for k, v in ck.tensors.items() if k not in ("lm_head.weight", "d2t")}
         state.update(feat_mu=torch.zeros(self.feat_mu.shape, device="cpu"),
@@ -66,15 +68,15 @@ class Eagle3Head(DraftHead):
         self.inv_freq = self.inv_freq.to(device)
 
     def for_inference(self, dtype: torch.dtype, integer: bool = False) -> None:
-        """The linears fused and packed in the target's dtype, with their own values (no float16 store and no
-        8-bit groups: a published head's weights were not trained to be rounded so)."""
-        from engine.forward import prepack
+        """The linears fused, with their own values (no float16 store: a published head's weights were not
+        trained to be rounded so), in the arithmetic `lin_request` names (engine/draft/lin_path.py): "auto" times
+        torch's, packed float32 and the target's own (bfloat16 in `dtype`, or 8-bit integers) here."""
+        from engine.draft.lin_path import resolve
 
-        linears = self.fuse_linears(dtype)
-        if prepack.available():
-            for module in linears:
-                prepack.prepack_linears(module)
-        self.lm_weight = self.lm_head = None  # the packed LM head is the one copy
+        linears = self.fuse_linears(torch.float32)  # each path casts its rows; the head's pieces stay float32
+        target = "int8" if integer else "bfloat16" if dtype == torch.bfloat16 else "float32"
+        self.lin_path = resolve(self.lin_request, linears, target, (1, 4), "draft-eagle3")
+        self.lm_weight = self.lm_head = None  # the LM head's linear is the one copy
         self.step = None
 
     def fuse(self, feats: torch.Tensor) -> torch.Tensor:
