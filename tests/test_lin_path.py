@@ -16,7 +16,7 @@ from engine.serve.engine import Engine
 from engine.draft.base import DraftRequest
 from engine.draft.head.eagle3 import Eagle3Params
 from test_eagle3 import N_LAYERS, reference_weights, write_eagle
-from tiny import load_tiny, save_tiny
+from tiny import save_tiny
 from tiny_dflash import draft_weights, save_tiny_target, write_hf
 from tiny_mtp import save_tiny_mtp
 
@@ -77,14 +77,21 @@ def test_a_path_a_shape_does_not_fit_keeps_that_linear_as_loaded():
     assert torch.equal(got, want)
 
 
+def load_float32(path):
+    from engine.load.models import load_model
+
+    # float32 whatever the suite's dtype: each path is compared with torch's float32 drafts
+    return load_model(str(path), device="cpu", dtype="float32")
+
+
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory):
     root = tmp_path_factory.mktemp("lin_path")
     mtp_dir, _ = save_tiny_mtp(root / "mtp", seed=0, n_mtp=2)
     target_dir, _ = save_tiny_target(root / "target")
-    return {"mtp": load_tiny(mtp_dir), "dflash": load_tiny(target_dir),
+    return {"mtp": load_float32(mtp_dir), "dflash": load_float32(target_dir),
             "dflash_ck": write_hf(root / "dflash", draft_weights(1, False), False),
-            "eagle3": load_tiny(save_tiny(root / "deep", seed=0, layers=N_LAYERS)),
+            "eagle3": load_float32(save_tiny(root / "deep", seed=0, layers=N_LAYERS)),
             "eagle3_ck": write_eagle(root / "eagle3", reference_weights("midlayer.", 2), "safetensors")}
 
 
