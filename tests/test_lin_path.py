@@ -65,6 +65,18 @@ def test_auto_weighs_the_paths_offered_and_keeps_torch_unless_another_is_faster(
         choose("float16", linears, "float32", (1,), "draft-x")
 
 
+@pytest.mark.parametrize("timed, chosen", [({"torch": 1.0, "float32": 0.5, "int8": 0.3}, "int8"),
+                                           ({"torch": 1.0, "float32": 0.5, "int8": 0.6}, "float32"),
+                                           ({"torch": 1.0, "float32": 0.97, "int8": 0.96}, "torch")])
+def test_auto_takes_the_fastest_path_only_under_the_margin(monkeypatch, timed, chosen):
+    from engine.draft import lin_path
+
+    monkeypatch.setattr(lin_path, "offered", lambda target: list(timed))
+    monkeypatch.setattr(lin_path, "time_paths", lambda linears, paths, rows: dict(timed))
+    choice = choose("auto", _linears(torch.Generator().manual_seed(3)), "int8", (1, 4), "draft-x")
+    assert choice.path == chosen and choice.ms == timed and choice.reason.startswith(f"auto: {chosen}")
+
+
 def test_a_path_a_shape_does_not_fit_keeps_that_linear_as_loaded():
     odd = nn.Linear(33, 7, bias=False)  # Q8_0 groups need inputs in 32s
     x = torch.randn(2, 33)
