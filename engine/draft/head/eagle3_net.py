@@ -70,7 +70,8 @@ class Eagle3Head(DraftHead):
     def for_inference(self, dtype: torch.dtype, integer: bool = False) -> None:
         """The linears fused, with their own values (no float16 store: a published head's weights were not
         trained to be rounded so), in the arithmetic `lin_request` names (engine/draft/lin_path.py): "auto" times
-        torch's, packed float32 and the target's own (bfloat16 in `dtype`, or 8-bit integers) here."""
+        torch's, packed float32 and the target's own (bfloat16 in `dtype`, or Q8_0 groups times 8-bit inputs)
+        here, and takes another than torch's only where it is faster."""
         from engine.draft.lin_path import resolve
 
         linears = self.fuse_linears(torch.float32)  # each path casts its rows; the head's pieces stay float32
