@@ -25,7 +25,7 @@ PROMPTS = ["The capital of France is Paris. The capital of Germany is",
            "1, 2, 3, 4, 5, 6, 7,",
            "My favourite emoji is 😀 because   it"]
 TEXT = "".join(PROMPTS) + " naïve\u00a0façade — 日本語のテキスト, ħ   x\n\n\tend"
-N_NEW = 12
+N_NEW = 8
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_the_bridge_follows_the_text_a_tail_at_a_time(models, target, draft):
 
 def _run(engine, prompt, types, tree_nodes=0):
     params = GenParams(max_new_tokens=N_NEW, ignore_eos=True, sampling=SamplerParams(temp=0.0, seed=0),
-                       spec=SpecParams(types=list(types), n_max=4, adaptive=False, p_min=0.0, tree_nodes=tree_nodes))
+                       spec=SpecParams(types=list(types), n_max=3, adaptive=False, p_min=0.0, tree_nodes=tree_nodes))
     return list(engine.generate(prompt, params))
 
 

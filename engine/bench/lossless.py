@@ -23,8 +23,8 @@ WHY_NA = {
     "rejection": "verified by rejection sampling: lossless in distribution, not token for token with the same "
                  "seed (check it with `python -m engine.bench.dist`)",
     "synthetic": "synthetic acceptance keeps tokens the target did not choose: not lossless by design",
-    "other": "another implementation (transformers' generate in float32, llama.cpp on Q4_1 weights): other "
-             "numerics, other tokens; match_plain counts its leading tokens equal to our plain run's",
+    "other": "another implementation (transformers' generate in float32, llama.cpp on the GGUF's quantised "
+             "weights): other numerics, other tokens; match_plain counts its leading tokens equal to our plain run's",
 }
 
 
