@@ -203,3 +203,18 @@ def test_a_lean_forward_that_disagrees_gives_way_to_transformers(dirs, stock, mo
     assert engine.ctx.lean is None and "lean forward disagreed" in engine.ctx.lean_reason
     assert engine.load_check.passed is True
     assert tokens(_run(engine, PROMPTS[0], [])) == stock("mistral", PROMPTS[0])
+
+
+@pytest.mark.parametrize("n_ctx", [64, 67])
+def test_a_context_about_as_short_as_the_window_loads(tmp_path, monkeypatch, n_ctx):
+    """A context of no more cells than the window never cuts a row's view, so the check has nothing to cross
+    (the probe's verdict stands); a few cells more are checked as far as they reach."""
+    import families
+
+    monkeypatch.setitem(families.FAMILIES, "gemma3", (*FAMILIES["gemma3"][:2], {**FAMILIES["gemma3"][2],
+                                                                               "sliding_window": 64}))
+    engine = Engine(load_model(str(save_family(tmp_path, "gemma3")), device="cpu"), n_ctx=n_ctx, n_seq_max=1,
+                    calibrate=False)
+    assert engine.load_check.passed is True, engine.load_check.detail
+    assert ("past the 64-position window" in engine.load_check.detail) == (n_ctx > 64)
+    assert tokens(_run(engine, PROMPTS[0], NGRAM_CHAIN))

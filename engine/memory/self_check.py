@@ -65,8 +65,8 @@ def _error(ctx, logits: torch.Tensor, plain: torch.Tensor) -> tuple[bool, str]:
     return err > PROBE_TOLERANCE * max(1.0, float(plain.abs().max())), f"max error {err:.1e}"
 
 
-def _compare(ctx, window: int, seq: int) -> tuple[bool, str]:
-    tokens = check_tokens(window + CHECK_PAST, ctx.n_vocab)
+def _compare(ctx, window: int, n: int, seq: int) -> tuple[bool, str]:
+    tokens = check_tokens(n, ctx.n_vocab)
     try:
         logits, positions = _engine_logits(ctx, tokens, window // 2, seq)
     finally:
@@ -82,6 +82,9 @@ def self_check(ctx, probe, seq: int = 0) -> SelfCheck:
     disagrees: the model is refused."""
     kinds = getattr(ctx.cache, "kinds", None)
     window = kinds.smallest_window if kinds is not None else None
+    n = min(window + CHECK_PAST, ctx.n_ctx) if window is not None else 0
+    if window is not None and n <= window:  # no position of this context is past the window: it never cuts
+        window = None
     if window is None:
         if probe.kind == NO:
             return SelfCheck(None, f"not checked: {probe.reason}")
@@ -89,11 +92,10 @@ def self_check(ctx, probe, seq: int = 0) -> SelfCheck:
     if window > MAX_CHECKED_WINDOW:
         return SelfCheck(None, f"not checked past the {window}-position window (a forward that long at every "
                                f"load): checked on the probe's {probe.kind} forward only")
-    wrong, measure = _compare(ctx, window, seq)
+    wrong, measure = _compare(ctx, window, n, seq)
     if wrong and getattr(ctx, "lean", None) is not None:
         ctx.lean, ctx.lean_reason = None, f"the lean forward disagreed with transformers' ({measure})"
-        wrong, measure = _compare(ctx, window, seq)
-    n = window + CHECK_PAST
+        wrong, measure = _compare(ctx, window, n, seq)
     if wrong:
         raise ValueError(f"the engine's forward of {n} tokens (window {window}) differs from transformers' "
                          f"by {measure}: refused, its answers would be wrong")
