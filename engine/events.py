@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(frozen=True)
 class RoundEvent:
+    """Made once, when every part of the round is known (engine/round/event_builder.py), and never written to
+    after: whoever reads it sees what the round did."""
+
     seq: int  # sequence (slot) id
     round: int  # round index within this generation (0 = prefill)
     kind: str  # "prefill" | "plain" (no draft) | "spec" (draft verified) | "replay" (checkpoint replay)

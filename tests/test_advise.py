@@ -38,9 +38,8 @@ def test_a_drafter_that_drafts_in_half_the_rounds_is_predicted_half_its_gain():
     every = [event(0, "prefill", t=2.0)] + [event(i, "spec", drafted=[5] * 8, m=8, t=2.0 + 0.0102 * i)
                                           for i in range(1, 11)]
     half = [event(0, "prefill", t=2.0)] + [
-        event(i, "spec", drafted=[5] * 8, m=8, t=0) if i % 2 else event(i, "plain", t=0) for i in range(1, 21)]
-    for i, ev in enumerate(half[1:], 1):
-        ev.t_end = 2.0 + 0.0101 * i
+        event(i, "spec", drafted=[5] * 8, m=8, t=2.0 + 0.0101 * i) if i % 2 else event(i, "plain", t=2.0 + 0.0101 * i)
+        for i in range(1, 21)]
     full, partial = advise(timed(every), plain, FLAT), advise(timed(half), plain, FLAT)
     assert coverage(every, "ngram-simple") == 1.0 and coverage(half, "ngram-simple") == 0.5
     assert full.predicted > 7 and partial.drafter == "ngram-simple"

@@ -5,7 +5,6 @@ import random
 
 import pytest
 
-from engine.events import RoundEvent
 from engine.params import GenParams
 from engine.sampling import Sampler, SamplerParams
 from engine.round.slot import WINDOW, Slot
@@ -42,8 +41,7 @@ def test_the_pieces_add_up_to_the_whole_decoding(tokenizer, seed):
     slot, rng, at, pieces = make_slot(len(ids)), random.Random(seed), 0, []
     while at < len(ids):
         n = rng.randint(1, 6)
-        ev = slot.emit(ids[at:at + n], RoundEvent(seq=0, round=0, kind="plain", drafter=None, pos_sampled=0, p0=1),
-                       set(), decode)
+        ev = slot.emit(ids[at:at + n], set(), decode)
         at += len(ev.emitted)
         assert "\ufffd" not in ev.text_delta
         pieces.append(ev.text_delta)
@@ -56,7 +54,7 @@ def test_a_final_half_character_is_given_out(tokenizer):
     assert len(ids) > 1
     decode = lambda t: tokenizer.decode(t, skip_special_tokens=True)  # noqa: E731
     slot = make_slot(len(ids) - 1)
-    ev = slot.emit(ids, RoundEvent(seq=0, round=0, kind="plain", drafter=None, pos_sampled=0, p0=1), set(), decode)
+    ev = slot.emit(ids, set(), decode)
     assert ev.done and ev.text_delta == decode(ids[:-1]) and ev.text_delta.endswith("\ufffd")
 
 
@@ -81,8 +79,7 @@ def stream(slot: Slot, ids: list[int], decode, rng: random.Random):
     """Emit ids in random chunks; yield each chunk's delta."""
     at = 0
     while at < len(ids):
-        ev = slot.emit(ids[at:at + rng.randint(1, 4)],
-                       RoundEvent(seq=0, round=0, kind="plain", drafter=None, pos_sampled=0, p0=1), set(), decode)
+        ev = slot.emit(ids[at:at + rng.randint(1, 4)], set(), decode)
         at += len(ev.emitted)
         yield ev.text_delta
 

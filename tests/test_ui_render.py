@@ -6,7 +6,7 @@ import queue
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import pytest
@@ -679,7 +679,7 @@ def test_the_prefill_notes_of_the_engine_reach_the_page():
 
     note = "n_max 32 is above this engine's draft capacity of 16: drafts are capped at 16"
     first, last = answer()
-    first.notes = [note]
+    first = replace(first, notes=[note])
     app, session = fake_app([[first, last], answer()]), SessionState()
     notices = [session.notice for _ in converse(app, session, "hi", Settings(max_new_tokens=8), manual=False)]
     assert (note, "warn") in notices
@@ -850,10 +850,7 @@ def test_fitting_a_long_conversation_takes_a_logarithmic_number_of_encodings():
 
 def timed_answer(seconds: float) -> list:
     """answer()'s events stamped by the engine `seconds` apart: its decode speed is 3 tokens / seconds."""
-    events = answer()
-    for i, ev in enumerate(events):
-        ev.t_end = 100.0 + i * seconds
-    return events
+    return [replace(ev, t_end=100.0 + i * seconds) for i, ev in enumerate(answer())]
 
 
 def test_the_speedup_is_timed_on_runs_the_page_does_not_draw():

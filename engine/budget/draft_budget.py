@@ -26,7 +26,7 @@ from engine.cost.curve import CostModel
 from engine.draft.base import DraftRequest
 from engine.draft.record import SeqRecords
 from engine.draft.registry import NGRAMS, is_ngram
-from engine.events import RoundEvent
+from engine.events import ErrorEvent
 
 
 @dataclass
@@ -196,14 +196,15 @@ class DraftBudget:
 
     def settle(self, plan, in_batch: list, events: list, whole: float) -> dict[int, SlotNote]:
         """After the round's verdicts: charge each slot's balance with the round's cost, say why it drafted less,
-        and let leaving slots go from the budget. plan: the round's RoundPlan; whole: the round's time so far.
+        and let leaving slots go from the budget. plan: the round's RoundPlan; events: each slot's round as its
+        records (engine/round/event_builder.py SlotRound) or its ErrorEvent; whole: the round's time so far.
         Returns seq -> what its event shows of the budget."""
         budget, ratios = plan.budget, {}  # ratios: ghosts beside a slot -> the round's cost in plain rounds
         drafted = budget is not None or any(r.tree_max > 0 and r.n_max > 0 and self.budgeted(r.seq)
                                             for r in plan.requests.values())
         notes: dict[int, SlotNote] = {}
         for ev in events:
-            if not isinstance(ev, RoundEvent):
+            if isinstance(ev, ErrorEvent):  # its generation has ended
                 continue
             record, note = self.records.of(ev.seq), notes.setdefault(ev.seq, SlotNote())
             ghosts = self.slots.ghosts_of(ev.seq)
@@ -229,10 +230,10 @@ class DraftBudget:
         """What the round's draft rows cost (`observe_cost`) and its time per token for the gate. t_start and
         t_forward: time.perf_counter() when the round and its forward began; forward: the forward's seconds."""
         self.observe_cost(plan.budget, batch, in_batch, forward, time.perf_counter() - t_forward - forward)
-        n_emitted = sum(len(ev.emitted) for ev in events if isinstance(ev, RoundEvent))
+        n_emitted = sum(len(ev.emitted) for ev in events if not isinstance(ev, ErrorEvent))
         self.gate.note_round(time.perf_counter() - t_start, n_emitted)
 
-    def _note_budget(self, ev: RoundEvent, plan, note: SlotNote) -> None:
+    def _note_budget(self, ev, plan, note: SlotNote) -> None:
         budget, r = plan.budget, plan.requests[ev.seq]
         note.budget_why = budget.why
         note.tree_offered = budget.offered.get(ev.seq, 0)

@@ -1,5 +1,6 @@
 """A slot's verdict in a round, for a chain of drafts and for a replay: the target's tokens against the draft,
-the rejected tail given back, the drafters told, the slot advanced and its event given out.
+the rejected tail given back, the drafters told, the slot advanced, and the round's records for its event
+(event_builder.py).
 
 The tail goes with `seq_rm(seq, p0 + m, -1)` where the memory can (PART, or RS within its reach), else the
 checkpoint taken before drafting is restored and a replay round re-runs the decided tokens (FULL, or forced),
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.draft.base import DraftRequest
-from engine.events import RoundEvent
 from engine.memory import checkpoint
 from engine.round import verify
+from engine.round.event_builder import Decision, Emission, SlotRound, Timing
 from engine.round.slot import Slot
 from engine.sampling import argmax_rows
 
@@ -26,14 +27,19 @@ class Verifying:
     """What a slot's verification needs of its round, besides its own rows of logits."""
     ctx: object  # the target's context: seq_rm on its memory, its cell cache
     chain: object  # the DrafterChain: told the verdict while each drafter still holds its draft
-    emit: Callable[[Slot, list[int], RoundEvent], RoundEvent]  # gives kept tokens to the user (Slot.emit)
+    emit: Callable[[Slot, list[int]], Emission]  # gives kept tokens to the user (Slot.emit)
     probe_kind: str  # what rollback the memory supports (PART / RS / FULL), for the message when it refuses
     t_draft_ms: float  # this slot's share of the round's drafting time
     t_forward_ms: float  # the round's forward
     batch_rows: int  # rows in the round's batch
 
+    def timing(self, t_verify_ms: float, t_rollback_ms: float) -> Timing:
+        """A slot's timing: its own verification and rollback, with the round's shares."""
+        return Timing(t_draft_ms=self.t_draft_ms, t_verify_ms=t_verify_ms, t_forward_ms=self.t_forward_ms,
+                      t_rollback_ms=t_rollback_ms, batch_rows=self.batch_rows)
 
-def verify_chain(v: Verifying, slot: Slot, r: DraftRequest, logits, ckpt, drafter: str | None) -> RoundEvent:
+
+def verify_chain(v: Verifying, slot: Slot, r: DraftRequest, logits, ckpt, drafter: str | None) -> SlotRound:
     """Keep the longest agreeing prefix m of the draft plus the target's own token; give back the rest."""
     t1 = time.perf_counter()
     verdict, top, mode = judge(slot, r, logits)
@@ -54,19 +60,16 @@ def verify_chain(v: Verifying, slot: Slot, r: DraftRequest, logits, ckpt, drafte
         slot.tokens.append(slot.id_last)
         slot.tokens.extend(r.result[:m])
         slot.id_last = verdict.tokens[-1]
-    ev = RoundEvent(
+    decided = Decision(
         seq=slot.seq, round=slot.round, kind="spec" if k > 0 else "plain", drafter=drafter,
         pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
         p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=draft_probs(r),
-        target_top=top, verify_mode=mode, rollback=rollback, rm_range=rm_range,
-        t_draft_ms=v.t_draft_ms, t_verify_ms=t_verify, t_forward_ms=v.t_forward_ms, t_rollback_ms=t_rollback,
-        batch_rows=v.batch_rows,
-    )
+        target_top=top, verify_mode=mode, rollback=rollback, rm_range=rm_range)
     slot.round += 1
-    ev = v.emit(slot, verdict.tokens, ev)
+    out = v.emit(slot, verdict.tokens)
     if slot.state == "done":
         slot.replay = None  # nothing follows: the decided tokens were all given out
-    return ev
+    return SlotRound(decided, out, v.timing(t_verify, t_rollback))
 
 
 def judge(slot: Slot, r: DraftRequest, logits):
@@ -103,7 +106,7 @@ def give_back(v: Verifying, slot: Slot, draft: list[int], m: int, verdict, ckpt)
                                         n_draws=verdict.n_draws, cost_ms=(ckpt.seconds + restore_s) * 1e3)
         return "checkpoint", (p_sampled, p0 + k)
     raise RuntimeError(f"the memory refused to remove [{p0 + m}, {p0 + k}) of sequence {slot.seq} "
-                       f"and no checkpoint was taken (probe said {v.probe_kind})")
+                       f"and no checkpoint was taken (probe decided {v.probe_kind})")
 
 
 def draft_probs(r: DraftRequest) -> list[float] | None:
@@ -115,7 +118,7 @@ def draft_probs(r: DraftRequest) -> list[float] | None:
     return None
 
 
-def replay_round(v: Verifying, slot: Slot, logits) -> RoundEvent:
+def replay_round(v: Verifying, slot: Slot, logits) -> SlotRound:
     """Re-run the decided tokens: the sampler re-draws what the verification drew, then picks one new token."""
     replay = slot.replay
     t1 = time.perf_counter()
@@ -134,10 +137,9 @@ def replay_round(v: Verifying, slot: Slot, logits) -> RoundEvent:
     slot.tokens.extend(replay.tokens)  # every row of the replay batch is now in the cache
     slot.id_last = tok
     slot.replay = None
-    ev = RoundEvent(seq=slot.seq, round=slot.round, kind="replay", drafter=None, pos_sampled=p_sampled,
-                    p0=p_sampled + 1, bonus=tok, p_target=[p], rollback="checkpoint",
-                    t_verify_ms=v.t_forward_ms + (time.perf_counter() - t1) * 1e3, t_forward_ms=v.t_forward_ms,
-                    t_rollback_ms=replay.cost_ms,
-                    batch_rows=v.batch_rows, target_top=argmax_rows(logits))
+    decided = Decision(seq=slot.seq, round=slot.round, kind="replay", drafter=None, pos_sampled=p_sampled,
+                   p0=p_sampled + 1, bonus=tok, p_target=[p], rollback="checkpoint", target_top=argmax_rows(logits))
+    timing = Timing(t_verify_ms=v.t_forward_ms + (time.perf_counter() - t1) * 1e3, t_forward_ms=v.t_forward_ms,
+                    t_rollback_ms=replay.cost_ms, batch_rows=v.batch_rows)  # a replay drafts nothing
     slot.round += 1
-    return v.emit(slot, [tok], ev)
+    return SlotRound(decided, v.emit(slot, [tok]), timing)

@@ -16,10 +16,11 @@ from typing import Any, Callable, Collection
 from engine.memory import checkpoint
 from engine.batch import Batch, OutputLimits
 from engine.draft.base import DraftRequest
-from engine.budget.draft_budget import DraftBudget, SlotNote
+from engine.budget.draft_budget import DraftBudget
 from engine.draft.chain import DrafterChain
-from engine.events import ErrorEvent, RoundEvent, failure
+from engine.events import ErrorEvent, failure
 from engine.memory.probe import FULL, RS, ProbeResult
+from engine.round.event_builder import Emission, SlotRound
 from engine.round.slot import Slot
 from engine.draft.tree import sub_batch, tree_rows
 from engine.round.chain_verify import Verifying, replay_round, verify_chain
@@ -65,8 +66,8 @@ class Round:
         self.detokenize = detokenize  # token ids -> text, for what a slot gives out
         self.last_forward: tuple[int, float] | None = None  # (rows, seconds) of the latest round's forward
 
-    def emit(self, slot: Slot, tokens: list[int], ev: RoundEvent) -> RoundEvent:
-        return slot.emit(tokens, ev, self.eos, self.detokenize)
+    def emit(self, slot: Slot, tokens: list[int]) -> Emission:
+        return slot.emit(tokens, self.eos, self.detokenize)
 
     def _n_draft_max(self, slot: Slot, n_free: int) -> int:
         """llama-server's get_n_draft_max: fit the context (leave room) and the tokens still wanted."""
@@ -75,9 +76,9 @@ class Round:
             n = min(n, self.n_pos_max - len(slot.tokens) - 2)
         return max(0, n) if slot.params.spec.types else 0
 
-    def run(self, slots: list[Slot]) -> list[RoundEvent]:
-        """One round for these generating slots, one event per slot: plan, draft, batch, forward, verify,
-        settle."""
+    def run(self, slots: list[Slot]) -> list[SlotRound | ErrorEvent]:
+        """One round for these generating slots, one record per slot for its event (event_builder.py): plan,
+        draft, batch, forward, verify, settle."""
         n_cells_free = self.ctx.n_ctx - self.ctx.cache.n_used()
         plan = self._plan(slots, n_cells_free)
         t0 = time.perf_counter()
@@ -94,9 +95,9 @@ class Round:
         self._learn_from_forward(plan, rb, res.seconds)
         events += self._verify_all(slots, plan, rb, res)
         notes = self.budget.settle(plan, rb.in_batch, events, time.perf_counter() - t0)
-        for ev in events:
-            if isinstance(ev, RoundEvent):
-                _settled(ev, len(rb.in_batch), notes[ev.seq])
+        for part in events:
+            if isinstance(part, SlotRound):  # the slots in its forward, and what the budget says of its round
+                part.n_seqs, part.note = len(rb.in_batch), notes[part.seq]
         self.budget.close_round(plan, rb.batch, rb.in_batch, events, t0, t_forward, res.seconds)
         return events
 
@@ -174,7 +175,7 @@ class Round:
                 rb.rows[slot.seq] = tree_rows(rb.batch, tree, slot.id_last, p, slot.seq)
             else:
                 rb.rows[slot.seq] = [rb.batch.add(t, p + i, slot.seq, True) for i, t in enumerate(toks)]
-        events: list[RoundEvent | ErrorEvent] = list(plan.failed.values())
+        events: list[SlotRound | ErrorEvent] = list(plan.failed.values())
         events += [slot.end("context") for slot in slots if slot.seq not in rb.rows and slot.seq not in plan.failed]
         rb.in_batch = [s for s in slots if s.seq in rb.rows]
         return rb, events
@@ -185,7 +186,7 @@ class Round:
         self.budget.observe_forward(len(rb.batch), seconds, plan.budget)
         self.last_forward = (len(rb.batch), seconds)  # for the engine's thread count (engine/serve/threads.py)
 
-    def _verify_all(self, slots: list[Slot], plan: RoundPlan, rb: RoundBatch, res) -> list[RoundEvent]:
+    def _verify_all(self, slots: list[Slot], plan: RoundPlan, rb: RoundBatch, res) -> list[SlotRound | ErrorEvent]:
         """Each slot's verdict on its rows (a replay, a tree or a chain); a slot whose verification or rollback
         breaks ends alone. A tree's drafters then hear only the rows whose cells stayed."""
         v = Verifying(ctx=self.ctx, chain=self.chain, emit=self.emit, probe_kind=self.probe.kind,
@@ -263,13 +264,6 @@ class Round:
         if slot.params.spec.tree_nodes <= 0 or not getattr(self.ctx, "supports_trees", False):
             return 0
         return 0 if slot.grammar is not None or slot.coins is not None else slot.params.spec.tree_nodes
-
-
-def _settled(ev: RoundEvent, n_seqs: int, note: SlotNote) -> None:
-    """The round's share of a slot's event: the slots in its forward and what the budget says of its round."""
-    ev.n_seqs = n_seqs
-    ev.balance, ev.budget_why, ev.tree_offered = note.balance, note.budget_why, note.tree_offered
-    ev.not_drafted, ev.draft_pieces, ev.target_pieces = note.not_drafted, note.draft_pieces, note.target_pieces
 
 
 def fresh(r: DraftRequest, n_max: int) -> DraftRequest:

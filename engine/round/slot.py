@@ -14,9 +14,9 @@ from typing import Callable
 import torch
 
 from engine.memory import checkpoint
-from engine.events import RoundEvent
 from engine.grammar import Grammar
 from engine.params import GenParams
+from engine.round.event_builder import Decision, Emission, SlotRound
 from engine.sampling import Sampler
 
 
@@ -86,19 +86,21 @@ class Slot:
     def n_remaining(self) -> int:
         return self.params.max_new_tokens - len(self.generated)
 
-    def finish(self, reason: str, ev: RoundEvent) -> RoundEvent:
+    def finish(self, reason: str, out: Emission) -> Emission:
+        """The generation ends: the emission says why, and whether a grammar's output is whole."""
         self.state = "done"
         self.stop_reason = reason
-        ev.done = True
-        ev.stop_reason = reason
+        out.done = True
+        out.stop_reason = reason
         if self.grammar is not None:
-            ev.format_complete = self.grammar.complete_after(len(self.generated))
-        return ev
+            out.format_complete = self.grammar.complete_after(len(self.generated))
+        return out
 
-    def end(self, reason: str) -> RoundEvent:
-        """End without running a batch this round (a stop, a full context): a bare, final event."""
-        return self.finish(reason, RoundEvent(seq=self.seq, round=self.round, kind="plain", drafter=None,
-                                              pos_sampled=len(self.tokens), p0=len(self.tokens) + 1))
+    def end(self, reason: str) -> SlotRound:
+        """End without running a batch this round (a stop, a full context): a bare, final round."""
+        verdict = Decision(seq=self.seq, round=self.round, kind="plain", drafter=None, pos_sampled=len(self.tokens),
+                          p0=len(self.tokens) + 1)
+        return SlotRound(verdict, self.finish(reason, Emission()))
 
     def _text_delta(self, detokenize: Callable[[list[int]], str], final: bool) -> str:
         """The text the new tokens add: the window's decoding minus what was already given out of it. Until the
@@ -129,8 +131,7 @@ class Slot:
             self.dec_from = start
             self.dec_done = text[:len(text) - len(held)]
 
-    def emit(self, tokens: list[int], ev: RoundEvent, eos: set[int],
-             detokenize: Callable[[list[int]], str]) -> RoundEvent:
+    def emit(self, tokens: list[int], eos: set[int], detokenize: Callable[[list[int]], str]) -> Emission:
         """Give tokens to the user, cut at end-of-sequence or the token limit."""
         out = []
         reason = None
@@ -143,8 +144,5 @@ class Slot:
                 reason = "length"
                 break
         self.generated.extend(out)
-        ev.emitted = out
-        ev.text_delta = self._text_delta(detokenize, final=reason is not None)
-        if reason is not None:
-            self.finish(reason, ev)
-        return ev
+        given = Emission(emitted=out, text_delta=self._text_delta(detokenize, final=reason is not None))
+        return self.finish(reason, given) if reason is not None else given

@@ -1,6 +1,6 @@
 """Verifying a tree of drafts inside a round (engine/round/round.py; a chain's verdict is chain_verify.py): the
 target's walk, the cells of the branches it did not take, the kept path moved home, the drafters credited, and
-the round's event.
+the records of the slot's round (event_builder.py).
 
 The branches leave the cache by cell (CellCache.rm_cells): siblings share positions with the path the target
 took, so no position range names them. Under a checkpoint (rollback "checkpoint") the whole tree goes with the
@@ -14,16 +14,16 @@ import time
 from engine.memory import checkpoint
 from engine.round import verify
 from engine.draft.base import DraftRequest
-from engine.events import RoundEvent
+from engine.round.event_builder import Decision, SlotRound, TreeShown
 from engine.sampling import argmax_rows
 from engine.round.chain_verify import Verifying
 from engine.round.slot import Slot
 
 
 def verify_tree(v: Verifying, slot: Slot, r: DraftRequest, logits, cells, ckpt,
-                drafter: str | None) -> tuple[RoundEvent, list[int]]:
+                drafter: str | None) -> tuple[SlotRound, list[int]]:
     """The target walks the tree (verify.tree_match); the branches it did not take leave the cache by cell,
-    since they share positions with the path it took. Returns the event and the slot's kept rows."""
+    since they share positions with the path it took. Returns the slot's round and its kept rows."""
     tree = r.tree
     t1 = time.perf_counter()
     top = argmax_rows(logits)  # the target's own choice per row, for the walk and the event
@@ -53,19 +53,17 @@ def verify_tree(v: Verifying, slot: Slot, r: DraftRequest, logits, cells, ckpt,
         slot.tokens.append(slot.id_last)
         slot.tokens.extend(path_tokens)
         slot.id_last = verdict.tokens[-1]
-    ev = RoundEvent(
+    decided = Decision(
         seq=slot.seq, round=slot.round, kind="spec", drafter=drafter, pos_sampled=p_sampled, p0=p0,
         drafted=display_chain(tree, path), n_accepted=m, bonus=verdict.tokens[-1], p_target=verdict.p_target,
-        target_top=top, verify_mode="tree", rollback=rollback,
-        rm_range=rm_range, t_draft_ms=v.t_draft_ms, t_verify_ms=t_verify, t_forward_ms=v.t_forward_ms,
-        t_rollback_ms=t_rollback,
-        batch_rows=v.batch_rows, tree_tokens=list(tree.tokens), tree_parents=list(tree.parents),
-        tree_drafters=list(tree.drafters), tree_path=list(path))
+        target_top=top, verify_mode="tree", rollback=rollback, rm_range=rm_range,
+        tree=TreeShown(tokens=list(tree.tokens), parents=list(tree.parents), drafters=list(tree.drafters),
+                       path=list(path)))
     slot.round += 1
-    ev = v.emit(slot, verdict.tokens, ev)
+    out = v.emit(slot, verdict.tokens)
     if slot.state == "done":
         slot.replay = None
-    return ev, kept
+    return SlotRound(decided, out, v.timing(t_verify, t_rollback)), kept
 
 
 def display_chain(tree, path: list[int]) -> list[int]:

@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 
 from engine.draft.base import Drafter
 from engine.draft.registry import make_drafter
+from engine.load.errors import VocabMismatchError
+from engine.load.models import check_vocab_compatible
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,16 @@ class DrafterContext:
     n_seq_max: int
     n_vocab: int  # the target's vocabulary: draft-simple proposes only its ids
     params: dict  # type name -> its params dataclass (Engine.drafter_params)
+
+
+def vocab_mismatch(target, draft) -> str | None:
+    """Why the draft model's vocabulary is not the target's; None where it is, or there is no draft model."""
+    if draft is not None:
+        try:
+            check_vocab_compatible(target, draft)
+        except VocabMismatchError as e:
+            return str(e)
+    return None
 
 
 def build_drafter(ctx: DrafterContext, name: str) -> Drafter:

@@ -21,17 +21,18 @@ from engine.draft.chain import DrafterChain
 from engine.draft.registry import default_params, parse_types
 from engine.events import ErrorEvent, RoundEvent
 from engine.grammar import Grammar
-from engine.load.errors import ModelLoadError, VocabMismatchError
-from engine.load.models import LoadedModel, check_vocab_compatible
+from engine.load.errors import ModelLoadError
+from engine.load.models import LoadedModel
 from engine.params import GenParams
 from engine.cost.calibrate import calibrate as time_forwards
 from engine.cost.curve import CostModel
 from engine.budget.draft_budget import DraftBudget
 from engine.memory.probe import ProbeResult, probe_context
 from engine.memory.self_check import SelfCheck, self_check
+from engine.round.event_builder import SlotRound, assemble
 from engine.round.round import Round
 from engine.round.slot import Slot
-from engine.serve.drafters import DrafterContext, build_drafter
+from engine.serve.drafters import DrafterContext, build_drafter, vocab_mismatch
 from engine.serve.grammars import grammar_tokenizer_of
 from engine.serve.placement import Placement
 from engine.serve.prefill import N_BATCH, Prefiller
@@ -40,6 +41,21 @@ from engine.serve.threads import ThreadGovernor
 from engine.sampling import Sampler
 
 MIN_CELLS_PER_SLOT = 64  # a cache smaller than this per slot could not hold a useful chat in every slot
+
+
+def check_sizes(n_ctx: int, n_seq_max: int, n_ctx_seq: int | None, threads: int | None) -> None:
+    """ValueError naming the setting where the cache, the slots, a slot's share or the threads cannot work."""
+    if n_seq_max < 1:
+        raise ValueError(f"need at least one slot, got {n_seq_max}")
+    if n_ctx < n_seq_max * MIN_CELLS_PER_SLOT:
+        raise ValueError(f"a cache of {n_ctx} cells cannot hold {n_seq_max} slots (at least "
+                         f"{MIN_CELLS_PER_SLOT} cells each): raise n_ctx to {n_seq_max * MIN_CELLS_PER_SLOT} "
+                         f"or use fewer slots")
+    if n_ctx_seq is not None and not MIN_CELLS_PER_SLOT <= n_ctx_seq <= n_ctx:
+        raise ValueError(f"a slot's share of the cache must be in [{MIN_CELLS_PER_SLOT}, {n_ctx}] cells, "
+                         f"got {n_ctx_seq}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
 
 
 class Engine:
@@ -53,18 +69,8 @@ class Engine:
         cannot take the cells the others' answers grow into; None: the whole cache."""
         # why the draft model's vocabulary is not the target's (None: it is, or there is no draft model): such a
         # model drafts through text, as draft-uni, where draft-simple would propose ids the target reads otherwise
-        self.draft_mismatch: str | None = None
-        if draft is not None:
-            try:
-                check_vocab_compatible(target, draft)
-            except VocabMismatchError as e:
-                self.draft_mismatch = str(e)
-        if n_seq_max < 1:
-            raise ValueError(f"need at least one slot, got {n_seq_max}")
-        if n_ctx < n_seq_max * MIN_CELLS_PER_SLOT:
-            raise ValueError(f"a cache of {n_ctx} cells cannot hold {n_seq_max} slots (at least "
-                             f"{MIN_CELLS_PER_SLOT} cells each): raise n_ctx to {n_seq_max * MIN_CELLS_PER_SLOT} "
-                             f"or use fewer slots")
+        self.draft_mismatch: str | None = vocab_mismatch(target, draft)
+        check_sizes(n_ctx, n_seq_max, n_ctx_seq, threads)
         self.target = target
         self.draft_model = draft
         # logits rows reserved per forward: every slot's sampled token and its longest draft
@@ -72,9 +78,6 @@ class Engine:
         # n_rs: on a recurrent model, the tail (in tokens) that reversible state undoes without a checkpoint
         self.ctx = make_context(target.model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=self.limits.total,
                                 n_rs=n_rs)
-        if n_ctx_seq is not None and not MIN_CELLS_PER_SLOT <= n_ctx_seq <= n_ctx:
-            raise ValueError(f"a slot's share of the cache must be in [{MIN_CELLS_PER_SLOT}, {n_ctx}] cells, "
-                             f"got {n_ctx_seq}")
         n_pos_model = int(getattr(target.model.config, "max_position_embeddings", 0) or 0) or None
         # a sequence ends with "context" at its share of the cache as at the model's last position
         limits = [n for n in (n_pos_model, n_ctx_seq) if n is not None]
@@ -84,8 +87,6 @@ class Engine:
             self.load_check: SelfCheck = self_check(self.ctx, self.probe)
         except ValueError as e:
             raise ModelLoadError(f"model '{target.name}' failed its load check: {e}") from None
-        if threads is not None and threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
         self.threads = ThreadGovernor(n_max=threads or torch.get_num_threads(), fixed=threads is not None)
         self._use_threads()
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
@@ -295,7 +296,7 @@ class Engine:
 
         A prompt is prefilled one chunk a step (engine/serve/prefill.py), so the other slots' rounds run between
         its chunks; whole_prefill: all of it in this step (step mode, where each step is a click)."""
-        events: list[RoundEvent | ErrorEvent] = []
+        events: list[SlotRound | ErrorEvent] = []
         self._use_threads()
         for slot in self.active(only):
             if slot.stop_requested:
@@ -317,14 +318,8 @@ class Engine:
         for ev in events:
             if isinstance(ev, ErrorEvent):
                 self.release(ev.seq)
-        now = time.perf_counter()
-        n_used = self.ctx.cache.n_used()
-        for ev in events:
-            if isinstance(ev, RoundEvent):
-                ev.t_end = now
-                ev.n_cells_used = n_used
-                ev.seq_cells = len(self.slots[ev.seq].tokens)
-        return events
+        # every part of each slot's round is known now: its event is made, once (engine/round/event_builder.py)
+        return assemble(events, time.perf_counter(), self.ctx.cache.n_used(), lambda seq: len(self.slots[seq].tokens))
 
     def _make_room(self, generating: list[Slot]) -> None:
         """Give the generating slots the cells that finished or parked slots keep for prefix reuse, when the

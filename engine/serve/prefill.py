@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.batch import Batch
-from engine.events import ErrorEvent, RoundEvent, failure
+from engine.events import ErrorEvent, failure
+from engine.round.event_builder import Decision, Emission, SlotRound, Timing
 from engine.round.slot import Slot
 
 N_BATCH = 512  # rows per forward: prompt chunks during prefill, and the cap on logits rows of a verification
@@ -28,13 +29,13 @@ N_BATCH_BESIDE = 128
 class Prefiller:
     ctx: object  # the target's context: its forward and memory
     chain: object  # the DrafterChain: its drafters hear every forwarded token (n-gram tables, the head's features)
-    emit: Callable[[Slot, list[int], RoundEvent], RoundEvent]  # gives the first answer token to the user
+    emit: Callable[[Slot, list[int]], Emission]  # gives the first answer token to the user
 
-    def step(self, slots: list[Slot], beside: bool, whole: bool) -> tuple[list[RoundEvent | ErrorEvent], set[int]]:
+    def step(self, slots: list[Slot], beside: bool, whole: bool) -> tuple[list[SlotRound | ErrorEvent], set[int]]:
         """A chunk of each prompt in prefill (in slot order, while the step's allowance lasts; `whole`: all of
-        each prompt, for step mode) and the lost tokens of resumed slots. Returns the events and the slots
-        prefilled in this step, which draft from the next one on."""
-        events: list[RoundEvent | ErrorEvent] = []
+        each prompt, for step mode) and the lost tokens of resumed slots. Returns the records of the events
+        (engine/round/event_builder.py) and the slots prefilled in this step, which draft from the next one on."""
+        events: list[SlotRound | ErrorEvent] = []
         prefilled: set[int] = set()
         n_rows_left = N_BATCH_BESIDE if beside and not whole else None
         for slot in [s for s in slots if s.state == "prefill"]:
@@ -60,8 +61,8 @@ class Prefiller:
                 prefilled.add(slot.seq)
         return events, prefilled
 
-    def chunk(self, slot: Slot, n_rows: int) -> RoundEvent | None:
-        """Forward the prompt's next chunk of at most n_rows; the prefill's event once the last one ran (the
+    def chunk(self, slot: Slot, n_rows: int) -> SlotRound | None:
+        """Forward the prompt's next chunk of at most n_rows; the prefill's round once the last one ran (the
         first answer token sampled from its logits), else None."""
         t0 = time.perf_counter()
         todo = slot.prompt[len(slot.tokens):]
@@ -79,8 +80,8 @@ class Prefiller:
         slot.prefill_ms += (time.perf_counter() - t0) * 1e3
         return self.first_token(slot, res.logits[-1]) if last else None
 
-    def first_token(self, slot: Slot, logits) -> RoundEvent:
-        """The answer's first token from the prompt's last row: the prefill's event."""
+    def first_token(self, slot: Slot, logits) -> SlotRound:
+        """The answer's first token from the prompt's last row: the prefill's round (round 0)."""
         t0 = time.perf_counter()
         row = logits if slot.grammar is None else slot.grammar.mask(logits)
         tok = slot.sampler.sample(row)
@@ -89,11 +90,11 @@ class Prefiller:
             slot.grammar.consume(tok)
         slot.id_last = tok
         slot.state = "generating"
-        ev = RoundEvent(seq=slot.seq, round=0, kind="prefill", drafter=None, pos_sampled=len(slot.tokens) - 1,
-                        p0=len(slot.tokens), bonus=tok, p_target=[p], batch_rows=slot.prefill_rows,
-                        t_verify_ms=slot.prefill_ms + (time.perf_counter() - t0) * 1e3, notes=list(slot.notes))
+        decided = Decision(seq=slot.seq, round=0, kind="prefill", drafter=None, pos_sampled=len(slot.tokens) - 1,
+                       p0=len(slot.tokens), bonus=tok, p_target=[p], notes=list(slot.notes))
+        timing = Timing(t_verify_ms=slot.prefill_ms + (time.perf_counter() - t0) * 1e3, batch_rows=slot.prefill_rows)
         slot.round = 1
-        return self.emit(slot, [tok], ev)
+        return SlotRound(decided, self.emit(slot, [tok]), timing)
 
     def refill(self, slot: Slot) -> None:
         """Forward the confirmed tokens a resumed slot lost from the cache; nothing is sampled."""

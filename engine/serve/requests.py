@@ -13,13 +13,14 @@ from engine.events import ErrorEvent, RoundEvent
 from engine.memory.context import ModelContext
 from engine.memory.stateful import StatefulContext, has_own_state
 from engine.params import GenParams
+from engine.round.event_builder import Decision, Emission, SlotRound, build
 from engine.round.slot import Slot
 
 
 def stopped_without_a_slot() -> RoundEvent:
     """The final event of a generation stopped while it had no slot (waiting in line, or parked)."""
-    return RoundEvent(seq=-1, round=0, kind="plain", drafter=None, pos_sampled=0, p0=0, done=True,
-                      stop_reason="stopped")
+    return build(SlotRound(Decision(seq=-1, round=0, kind="plain", drafter=None, pos_sampled=0, p0=0),
+                           Emission(done=True, stop_reason="stopped")))
 
 
 def end_generations(running: dict, parked: dict, waiting, message: str) -> None:
