@@ -24,6 +24,7 @@ from engine.bench.arena import load
 from engine.bench.cli import load_prompts
 from engine.bench.contest import engine_runner
 from engine.bench.run import prompt_ids_of
+from engine.draft.lin_path import PATHS
 from engine.draft.registry import parse_types, starting_chain
 from engine.forward.device import DEVICE_HELP
 from engine.load.dtype import CHOICES
@@ -58,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--n-ctx", type=int, default=4096, help="cells of the KV cache")
     ap.add_argument("--dtype", choices=list(CHOICES), default="auto")
+    ap.add_argument("--head-dtype", choices=list(PATHS), default="auto",
+                    help="linears of draft-eagle3, draft-mtp, draft-dflash, draft-dspark (auto: timed at load)")
     ap.add_argument("--threads", type=int, default=None, help="forwards on this many threads (default: all)")
     ap.add_argument("--device", default="auto", help=DEVICE_HELP)
     ap.add_argument("--trust-remote-code", action="store_true")
