@@ -62,6 +62,13 @@ class DraftRequest:
         """The request's p_min, or the drafter's own when the request leaves it (None)."""
         return own if self.p_min is None else self.p_min
 
+    def take(self, tok: int, p_tok: float, q: torch.Tensor) -> None:
+        """Append one drafted token with the draft's probability of it, and its distribution q where wanted."""
+        self.result.append(tok)
+        self.result_p.append(p_tok)
+        if self.want_q:
+            self.result_q.append(q)
+
 
 DRAFT_SEED_MIX = 0x85EBCA6B  # a draft's stream is seeded seed ^ this, so it differs from the target's
 
@@ -109,6 +116,26 @@ def top_k_q(logits: torch.Tensor, k: int, temp: float) -> tuple[torch.Tensor, to
     is greedy, so q still ranks candidates and gives p_min something to compare). Returns (probs [k], ids [k])."""
     top = torch.topk(logits.float(), min(k, logits.shape[-1]))
     return torch.softmax(top.values / (temp if temp > 0 else 1.0), dim=-1), top.indices
+
+
+def choose_draft(r: DraftRequest, logits: torch.Tensor, top_k: int, streams: DraftStreams,
+                 to_target: torch.Tensor | None = None, n_target: int | None = None):
+    """A model drafter's token from one row's logits [n]: (target id, p of the top candidate, p of the token, q
+    over the target's vocabulary or None). Greedy unless the request wants q; then drawn from the top k at the
+    target's temperature on the sequence's stream. to_target: [n] the target id of each logit (a reduced draft
+    vocabulary's d2t), n_target: the target's vocabulary size (with to_target)."""
+    def as_target(i):
+        return i if to_target is None else to_target[i]
+
+    if r.want_q:
+        q_small, ids = top_k_q(logits, top_k, streams.temp(r.seq))
+        j = int(torch.multinomial(q_small, 1, generator=streams.generator(r.seq, q_small.device)))
+        q = torch.zeros(n_target or logits.shape[-1], device=q_small.device)
+        q[as_target(ids)] = q_small
+        return int(as_target(ids[j])), float(q_small.max()), float(q_small[j]), q
+    probs = torch.softmax(logits, dim=-1)
+    j = int(probs.argmax())
+    return int(as_target(j)), float(probs[j]), float(probs[j]), None
 
 
 class Drafter:

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from engine.batch import Batch
-from engine.draft.base import Drafter, DraftRequest, DraftStreams, top_k_q
+from engine.draft.features import FeatureLifecycle, FeatureRows
+from engine.draft.base import Drafter, DraftRequest, DraftStreams, choose_draft
 from engine.draft.dflash_net import DFlashNet
 from engine.draft.lin_path import resolve
 from engine.memory.cells import CellCache
@@ -52,22 +53,14 @@ class DFlashParams:
 
 
 @dataclass
-class BlockSeq:
-    """One sequence: the target's features by position, and the confirmed tokens whose entries the cache holds."""
+class BlockSeq(FeatureRows):
+    """One sequence: the fused target features g per position ([cap, draft hidden]), and the confirmed tokens
+    whose entries the cache holds."""
 
-    feats: torch.Tensor  # [cap, draft hidden] the fused target features g per position
-    feat_tok: torch.Tensor  # [cap] the token of the row that wrote them (-1: none)
     tokens: list[int] = field(default_factory=list)
 
-    def reserve(self, n: int, grow: int) -> None:
-        if n <= self.feats.shape[0]:
-            return
-        extra = max(n - self.feats.shape[0], grow)
-        self.feats = torch.cat([self.feats, self.feats.new_zeros(extra, self.feats.shape[1])])
-        self.feat_tok = torch.cat([self.feat_tok, torch.full((extra,), -1, dtype=torch.long)])
 
-
-class DFlashDrafter(Drafter):
+class DFlashDrafter(FeatureLifecycle, Drafter):
     name = "draft-dflash"
     kind = "dflash"  # the checkpoint kind this drafter runs (DFlashCheckpoint.kind)
     needs_model = True
@@ -109,29 +102,10 @@ class DFlashDrafter(Drafter):
             self.cache.seq_rm(seq, n, -1)
             del st.tokens[n:]
 
-    # ---- lifecycle --------------------------------------------------------------------------------------
+    # ---- lifecycle (retune, seq_rm, seq_cp: FeatureLifecycle) ---------------------------------------------
 
     def begin(self, seq: int, prompt: list[int]) -> None:
         self.streams.restart(seq)  # entries that agree with the new prompt stay (checked at draft())
-
-    def retune(self, seq: int, temp: float, seed: int) -> None:
-        self.streams.retune(seq, temp, seed)
-
-    def seq_rm(self, seq: int) -> None:
-        # features stay: a parked slot's cells may serve its next prompt, whose prefix is then not forwarded again
-        self._cut(seq, 0)
-        self.streams.forget(seq)
-
-    def seq_cp(self, src: int, dst: int, n: int) -> None:
-        # the shared prefix is never forwarded for dst: its features come from src
-        if src not in self.states or n <= 0:
-            return
-        a, b = self._state(src), self._state(dst)
-        with torch.inference_mode():  # the stores hold the forward's inference tensors
-            b.reserve(n, self.params.grow)
-            m = min(n, a.feats.shape[0])
-            b.feats[:m] = a.feats[:m]
-            b.feat_tok[:m] = a.feat_tok[:m]
 
     def process(self, batch: Batch, result=None) -> None:
         if result is None or result.hidden is None:
@@ -193,15 +167,7 @@ class DFlashDrafter(Drafter):
 
     def _choose(self, r: DraftRequest, logits: torch.Tensor):
         """(token, p of the top candidate, p of the token, q or None) from one row's logits [vocab]."""
-        if r.want_q:
-            q_small, ids = top_k_q(logits, self.params.top_k, self.streams.temp(r.seq))
-            j = int(torch.multinomial(q_small, 1, generator=self.streams.generator(r.seq)))
-            q = torch.zeros(logits.shape[-1])
-            q[ids] = q_small
-            return int(ids[j]), float(q_small.max()), float(q_small[j]), q
-        probs = torch.softmax(logits, dim=-1)
-        j = int(probs.argmax())
-        return j, float(probs[j]), float(probs[j]), None
+        return choose_draft(r, logits, self.params.top_k, self.streams)
 
     def _first_row(self) -> int:
         return 1  # rows 1 .. B - 1 propose the masked positions in place
@@ -214,10 +180,7 @@ class DFlashDrafter(Drafter):
             tok, p_top, p_tok, q = self._choose(r, logits[row])
             if p_top < r.p_min_or(self.params.p_min):
                 return
-            r.result.append(tok)
-            r.result_p.append(p_tok)
-            if r.want_q:
-                r.result_q.append(q)
+            r.take(tok, p_tok, q)
 
     @torch.inference_mode()
     def draft(self, requests: list[DraftRequest]) -> None:
@@ -263,10 +226,7 @@ class DSparkDrafter(DFlashDrafter):
             tok, p_top, p_tok, q = self._choose(r, logits[row] + self.net.markov_bias(prev))
             if not self.ck.has_confidence and p_top < p_min:
                 return
-            r.result.append(tok)
-            r.result_p.append(p_tok)
-            if r.want_q:
-                r.result_q.append(q)
+            r.take(tok, p_tok, q)
             prev = tok
 
 

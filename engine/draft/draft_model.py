@@ -111,10 +111,7 @@ class DraftModelDrafter(Drafter):
                     tok = int(torch.multinomial(q, 1, generator=self.streams.generator(r.seq, q.device)))
                 if p_top < r.p_min_or(self.params.p_min):
                     continue
-                r.result.append(tok)
-                r.result_p.append(float(q[tok]))
-                if r.want_q:
-                    r.result_q.append(q)
+                r.take(tok, float(q[tok]), q)
                 if len(r.result) >= r.n_max:
                     continue
                 pos = len(self.cached[r.seq])

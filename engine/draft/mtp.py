@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.batch import Batch
-from engine.draft.base import Drafter, DraftRequest, DraftStreams, top_k_q
+from engine.draft.base import Drafter, DraftRequest, DraftStreams, choose_draft
+from engine.draft.features import FeatureLifecycle, FeatureRows
 from engine.draft.lin_path import resolve
 from engine.memory.cells import CellCache
 from engine.prefix import common_prefix
@@ -40,25 +41,23 @@ class MtpParams:
 
 
 @dataclass
-class MtpSeq:
-    """One sequence: the target's features and each layer's outputs by position, and the confirmed tokens whose
-    entries the layers hold (every position but 0; layer k from k + 1 on)."""
+class MtpSeq(FeatureRows):
+    """One sequence: the target's final hidden state by position (feats, [cap, hidden]), each layer's outputs by
+    position, and the confirmed tokens whose entries the layers hold (every position but 0; layer k from k + 1
+    on)."""
 
-    feats: torch.Tensor  # [cap, hidden] the target's final hidden state per position
-    feat_tok: torch.Tensor  # [cap] the token of the row that wrote it (-1: none)
-    outs: list[torch.Tensor]  # per layer, [cap, hidden] its output at each confirmed position
+    outs: list[torch.Tensor] = field(default_factory=list)  # per layer, [cap, hidden] its output per position
     tokens: list[int] = field(default_factory=list)
 
     def reserve(self, n: int, grow: int) -> None:
-        if n <= self.feats.shape[0]:
-            return
-        extra = max(n - self.feats.shape[0], grow)
-        self.feats = torch.cat([self.feats, self.feats.new_zeros(extra, self.feats.shape[1])])
-        self.feat_tok = torch.cat([self.feat_tok, torch.full((extra,), -1, dtype=torch.long)])
-        self.outs = [torch.cat([o, o.new_zeros(extra, o.shape[1])]) for o in self.outs]
+        cap = self.feats.shape[0]
+        super().reserve(n, grow)
+        extra = self.feats.shape[0] - cap
+        if extra:
+            self.outs = [torch.cat([o, o.new_zeros(extra, o.shape[1])]) for o in self.outs]
 
 
-class MtpDrafter(Drafter):
+class MtpDrafter(FeatureLifecycle, Drafter):
     name = "draft-mtp"
     needs_model = True
     gives_q = True  # the target's own head: q is over the target's vocabulary
@@ -105,29 +104,11 @@ class MtpDrafter(Drafter):
                 cache.seq_rm(seq, n, -1)
             del st.tokens[n:]
 
-    # ---- lifecycle --------------------------------------------------------------------------------------
+    # ---- lifecycle (retune, seq_rm, seq_cp: FeatureLifecycle) ---------------------------------------------
 
     def begin(self, seq: int, prompt: list[int]) -> None:
         self._cut(seq, 0)  # features stay: a reused prompt prefix is not forwarded again
         self.streams.restart(seq)
-
-    def retune(self, seq: int, temp: float, seed: int) -> None:
-        self.streams.retune(seq, temp, seed)
-
-    def seq_rm(self, seq: int) -> None:
-        self._cut(seq, 0)
-        self.streams.forget(seq)
-
-    def seq_cp(self, src: int, dst: int, n: int) -> None:
-        # the shared prefix is never forwarded for dst: its features come from src
-        if src not in self.states or n <= 0:
-            return
-        a, b = self._state(src), self._state(dst)
-        with torch.inference_mode():  # the stores hold the forward's inference tensors
-            b.reserve(n, self.params.grow)
-            m = min(n, a.feats.shape[0])
-            b.feats[:m] = a.feats[:m]
-            b.feat_tok[:m] = a.feat_tok[:m]
 
     def process(self, batch: Batch, result=None) -> None:
         if result is None or result.hidden is None:
@@ -204,15 +185,7 @@ class MtpDrafter(Drafter):
 
     def _choose(self, r: DraftRequest, logits: torch.Tensor):
         """(token, p of the top candidate, p of the token, q or None) from the layer's logits [vocab]."""
-        if r.want_q:
-            q_small, ids = top_k_q(logits, self.params.top_k, self.streams.temp(r.seq))
-            j = int(torch.multinomial(q_small, 1, generator=self.streams.generator(r.seq)))
-            q = torch.zeros(logits.shape[-1])
-            q[ids] = q_small
-            return int(ids[j]), float(q_small.max()), float(q_small[j]), q
-        probs = torch.softmax(logits, dim=-1)
-        j = int(probs.argmax())
-        return j, float(probs[j]), float(probs[j]), None
+        return choose_draft(r, logits, self.params.top_k, self.streams)
 
     @torch.inference_mode()
     def draft(self, requests: list[DraftRequest]) -> None:
@@ -237,10 +210,7 @@ class MtpDrafter(Drafter):
                 tok, p_top, p_tok, q = self._choose(r, logits[i])
                 if p_top < r.p_min_or(self.params.p_min):
                     continue
-                r.result.append(tok)
-                r.result_p.append(p_tok)
-                if r.want_q:
-                    r.result_q.append(q)
+                r.take(tok, p_tok, q)
                 # layer k reads layer k - 1 at id_last's position, which it has from position k on
                 deeper = not chain or (step + 1 < self.n_mtp and step + 1 <= n_pos[r.seq])
                 if len(r.result) < r.n_max and deeper:

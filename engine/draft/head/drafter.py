@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.batch import Batch
-from engine.draft.base import Drafter, DraftRequest, DraftStreams, top_k_q
+from engine.draft.base import Drafter, DraftRequest, DraftStreams, choose_draft
+from engine.draft.features import copy_prefix
 from engine.draft.head.net import DraftHead, HeadConfig, fingerprint_matches, load_head
 from engine.draft.head.state import HeadSeqState
 from engine.draft.head.tree import HeadTreeParams, StepCost, TreeSeed, grow_many
@@ -150,12 +151,7 @@ class DraftHeadDrafter(Drafter):
         if src not in self.states or n <= 0:
             return
         self._sort()
-        a, b = self._state(src), self._state(dst)
-        with torch.inference_mode():  # the stores are written where the forward's features are, in inference
-            b.reserve(n, self.params.grow)
-            m = min(n, a.feats.shape[0])
-            b.feats[:m] = a.feats[:m]
-            b.feat_tok[:m] = a.feat_tok[:m]
+        copy_prefix(self._state(dst), self._state(src), n, self.params.grow)
 
     def process(self, batch: Batch, result=None) -> None:
         if result is None or result.hidden is None:
@@ -237,16 +233,7 @@ class DraftHeadDrafter(Drafter):
 
     def _choose(self, r: DraftRequest, logits: torch.Tensor):
         """Pick a draft token from head logits [draft_vocab]; return (target id, p of top, p of it, full q)."""
-        d2t = self.head.d2t
-        if r.want_q:
-            q_small, ids = top_k_q(logits, self.params.top_k, self.streams.temp(r.seq))
-            j = int(torch.multinomial(q_small, 1, generator=self.streams.generator(r.seq, q_small.device)))
-            q = torch.zeros(self.head.cfg.target_vocab, device=q_small.device)
-            q[d2t[ids]] = q_small
-            return int(d2t[ids[j]]), float(q_small.max()), float(q_small[j]), q
-        probs = torch.softmax(logits, dim=-1)
-        j = int(probs.argmax())
-        return int(d2t[j]), float(probs[j]), float(probs[j]), None
+        return choose_draft(r, logits, self.params.top_k, self.streams, self.head.d2t, self.head.cfg.target_vocab)
 
     @torch.inference_mode()
     def draft(self, requests: list[DraftRequest]) -> None:
@@ -283,10 +270,7 @@ class DraftHeadDrafter(Drafter):
                 tok, p_top, p_tok, q_full = self._choose(r, logits[n])
                 if p_top < r.p_min_or(self.params.p_min):
                     continue
-                r.result.append(tok)
-                r.result_p.append(p_tok)
-                if r.want_q:
-                    r.result_q.append(q_full)
+                r.take(tok, p_tok, q_full)
                 if len(r.result) < r.n_max:
                     keep.append(n)
             if not keep:
