@@ -62,8 +62,22 @@ class ChatRequest:
             params.ignore_eos = self.ignore_eos
             params.validate()
         except ValueError as e:
-            raise ApiError(str(e)) from e
+            raise ApiError(str(e), param=param_named(str(e))) from e
         return params
+
+
+# the engine's parameter a validation message begins with -> the request's field that sets it
+ENGINE_FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                 "seed": "seed", "max_new_tokens": "max_tokens", "n_max": "speculative.n_max",
+                 "n_min": "speculative.n_min", "p_min": "speculative.p_min", "a grammar": "response_format"}
+
+
+def param_named(message: str) -> str | None:
+    """The request's field an engine validation message is about (GenParams.validate names it first)."""
+    for word, param in ENGINE_FIELDS.items():
+        if message.startswith(word):
+            return param
+    return None
 
 
 def reject_constant(name: str):

@@ -7,7 +7,7 @@ new one), so API answers wait in the page's line and share its batched rounds. G
 counters in Prometheus' format (ui/metrics.py), GET /v1/models names the loaded target.
 
 Before a route runs, ui/api/guard.py has checked the host, the origin, the key and the body's size. The routes
-then bound each client's requests in flight and salt its prefixes with its identity (ui/api/clients.py), and do
+then bound each visitor's requests in flight and salt its prefixes with its identity (ui/visitors.py), and do
 their slow work (parsing, the chat template, a grammar's compilation, waiting for the engine thread) in a pool
 of their own: Gradio's worker threads, which Send, Stop, Step and page loads need, are never taken by the API.
 
@@ -33,11 +33,12 @@ from starlette.requests import ClientDisconnect
 
 from engine import ErrorEvent, QueueFull, WaitEvent
 from ui.api.answer import StopCut, Tally
-from ui.api.clients import ClientLimits, client_id
 from ui.api.request import ApiError, ChatRequest, parse_body, parse_chat
+from ui.limits import text_bound
 from ui.metrics import exposition, registry_for
 from ui.settings import default_chain
 from ui.state import AppState, Runtime
+from ui.visitors import ClientLimits, DuplicateHeader, ShareExceeded, bearer, digest, single_header, visitor_id
 
 # how long a reader sleeps when its generation has no new event (the loop's other tasks run): POLL_S while it
 # streams, doubling to POLL_MAX_S while nothing comes (waiting in line), so 60 requests in line do not wake the
@@ -58,14 +59,14 @@ class Call:
     chat: ChatRequest
     tally: Tally
     cut: StopCut
-    client: str = ""  # ui/api/clients.client_id: its request counts against this client until the answer ends
+    client: str = ""  # ui/visitors.visitor_id: its request counts against this visitor until the answer ends
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
     ended: bool = False  # its last event was read: nothing to cancel
     stopping: bool = False  # a stop string was found and the engine asked to stop
 
     def head(self, kind: str) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.runtime.target.name}
+        return {"id": self.id, "object": kind, "created": self.created, "model": public_name(self.runtime.target.name)}
 
     def chunk(self, delta: dict, finish: str | None = None) -> dict:
         return {**self.head("chat.completion.chunk"),
@@ -87,13 +88,28 @@ def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-def longest_token(tokenizer) -> int:
-    """Characters of the vocabulary's longest token as stored: no token decodes to more text than that."""
-    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    return max((len(p) for p in pieces if isinstance(p, str)), default=1)
+def public_name(name: str) -> str:
+    """A model's name as clients may see it: a local path's last part, never the operator's folders."""
+    from pathlib import Path
+
+    local = name.startswith(("/", ".", "~")) or Path(name).exists()
+    return Path(name).name if local else name
 
 
-def submit(runtime: Runtime, chat: ChatRequest, salt: str | None):
+def visitor_of(request: Request, keyed: bool) -> str:
+    """The request's visitor as the guard named it (ui/api/guard.py identity); without the guard (an app built
+    in a test), the key it presents and its address. Raises ApiError 400 for a header sent twice."""
+    named = getattr(request.state, "visitor", None)
+    if named:
+        return named
+    try:
+        key = bearer(single_header(request.scope.get("headers", []), "authorization")) if keyed else ""
+    except DuplicateHeader as e:
+        raise ApiError(str(e), param=e.name) from None
+    return visitor_id(digest(key) if key else None, request.client.host if request.client else None)
+
+
+def submit(runtime: Runtime, chat: ChatRequest, salt: str | None, client: str | None = None):
     """Encode, build the parameters and submit, as ui/session.submit does for a page (on the API's pool: a
     chat template, a grammar's compilation and the engine thread's reply all take time)."""
     try:
@@ -103,6 +119,7 @@ def submit(runtime: Runtime, chat: ChatRequest, salt: str | None):
     limit = getattr(runtime.engine, "prompt_limit", None)
     params = chat.gen_params(room=(limit - len(ids)) if limit is not None else 1)
     params.cache_salt = salt
+    params.client = client
     try:
         return ids, runtime.scheduler.submit(ids, params)
     except QueueFull as e:  # before RuntimeError: it is one
@@ -116,16 +133,17 @@ def submit(runtime: Runtime, chat: ChatRequest, salt: str | None):
 @dataclass
 class Api:
     app: AppState
-    keyed: bool = False  # the app asks for API keys: a client is its key, not its address
-    limits: ClientLimits = field(default_factory=lambda: ClientLimits(max_each=2))
+    keyed: bool = False  # the app asks for API keys: a visitor is its key and its address
+    limits: ClientLimits | None = None  # the app's per-visitor share, the page's too (AppState.limits)
     registry: object = None  # the app's own prometheus_client CollectorRegistry
     chains: tuple = (None, [])  # (runtime, the page's default chain for it): the head's fit check reads weights
-    chars: tuple = (None, 0)  # (runtime, the most characters its context's tokens can hold)
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(API_WORKERS, "api"))
 
     def __post_init__(self):
         if self.registry is None:
             self.registry = registry_for(self.app)
+        if self.limits is None:
+            self.limits = self.app.limits
 
     def chain(self, runtime: Runtime) -> list[str]:
         known, chain = self.chains
@@ -134,21 +152,11 @@ class Api:
             self.chains = (runtime, chain)
         return list(chain)
 
-    def max_chars(self, runtime: Runtime) -> int | None:
-        limit = getattr(runtime.engine, "prompt_limit", None)
-        if limit is None:
-            return None
-        known, n = self.chars
-        if known is not runtime:
-            n = limit * longest_token(runtime.target.tokenizer)
-            self.chars = (runtime, n)
-        return n
-
     def prepare(self, runtime: Runtime, raw: bytes, client: str):
         """The body checked and submitted (on the pool): (chat, prompt ids, generation)."""
-        chat = parse_chat(parse_body(raw), self.chain(runtime), self.max_chars(runtime))
+        chat = parse_chat(parse_body(raw), self.chain(runtime), text_bound(runtime))
         salt = None if self.app.options.share_prefix_cache else f"{client}/{chat.cache_salt}"
-        return (chat, *submit(runtime, chat, salt))
+        return (chat, *submit(runtime, chat, salt, client))
 
     async def off_loop(self, runtime: Runtime, raw: bytes, client: str):
         """prepare() on the API's pool. A client that leaves meanwhile cancels the wait, not the work: the
@@ -164,12 +172,13 @@ class Api:
         if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
             return error_response(ApiError("the request body must be JSON, sent as Content-Type: application/json",
                                            415))
-        client = client_id(request.headers.get("authorization"), request.client.host if request.client else None,
-                           self.keyed)
         try:
+            client = visitor_of(request, self.keyed)
             self.limits.take(client)
         except ApiError as e:
             return error_response(e)
+        except ShareExceeded as e:
+            return error_response(ApiError(str(e), 429, "rate_limit_error"))
         try:
             runtime = self.app.runtime
             if runtime is None:
@@ -273,7 +282,7 @@ class Api:
 
     async def models(self) -> Response:
         runtime = self.app.runtime
-        data = [] if runtime is None else [{"id": runtime.target.name, "object": "model", "created": 0,
+        data = [] if runtime is None else [{"id": public_name(runtime.target.name), "object": "model", "created": 0,
                                             "owned_by": "spec-playground"}]
         return JSONResponse({"object": "list", "data": data})
 
@@ -282,10 +291,10 @@ class Api:
         return Response(body, media_type=content_type)
 
 
-def api_routes(app: AppState, keyed: bool = False, max_each: int = 2) -> list:
-    """The API's routes, for the FastAPI app that serves the page; keyed: clients are told apart by their API
-    key; max_each: requests one client may have in flight."""
-    api = Api(app, keyed=keyed, limits=ClientLimits(max_each=max_each))
+def api_routes(app: AppState, keyed: bool = False, max_each: int | None = None) -> list:
+    """The API's routes, for the FastAPI app that serves the page; keyed: visitors are told apart by their API
+    key too; max_each: requests one visitor may have in flight (None: the app's own limits, the page's too)."""
+    api = Api(app, keyed=keyed, limits=None if max_each is None else ClientLimits(max_each=max_each))
     router = APIRouter()
     router.add_api_route("/v1/chat/completions", api.chat, methods=["POST"])
     router.add_api_route("/v1/models", api.models, methods=["GET"])
