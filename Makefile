@@ -2,7 +2,7 @@
 .PHONY: run test bench setup setup-dev
 
 run: setup
-	.venv/bin/python app.py $(ARGS)
+	@.venv/bin/python app.py $(ARGS)
 
 # the engine's tests run again with bfloat16 weights where the CPU computes bfloat16 natively
 BF16_TESTS = tests/test_engine.py tests/test_slots.py tests/test_round_defects.py tests/test_grammar.py \

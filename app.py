@@ -9,9 +9,10 @@ and `--help` stay fast.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
+
+from ui.sharing import add_sharing_args, model_load_allowed, settle_sharing_args
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,9 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also serve a public gradio.live link (GRADIO_SHARE=1 asks the same); the app is then "
                         "reachable from other hosts, as with a --host that is not loopback")
     p.add_argument("--allow-model-load", action="store_true",
-                   help="let visitors load other models from the page when the app is reachable from another host "
-                        "(--host not loopback, or --share); on loopback alone it is always allowed; off by default "
-                        "so one visitor cannot swap the model under a class")
+                   help="let visitors load models from the page when the app is reachable from another host (--host "
+                        "not loopback, --share or --allowed-host; always on loopback alone): the packaged models, a "
+                        "--model-dir's and, with --allow-hub-models, hub ids")
     add_sharing_args(p)
     p.add_argument("--no-api", action="store_true",
                    help="serve the page only: no OpenAI-compatible /v1/chat/completions and no /metrics (both are "
@@ -76,101 +77,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def settle_sharing_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Defaults that depend on other flags, the bounds, and the refusal to be reachable without a key."""
-    args.api_key = [k for k in (args.api_key or keys_from_environment()) if k]
-    if args.ctx_per_slot is None:
-        args.ctx_per_slot = args.n_ctx // args.parallel
-    if args.ctx_per_slot < 0 or (args.client_max or 1) < 1 or args.max_body < 1 or args.max_upload < 1:
-        p.error("--ctx-per-slot must be >= 0, --client-max, --max-body and --max-upload >= 1")
-    if args.client_max is None:
-        args.client_max = max(1, args.parallel // 2)
-    reason = unsafe_reason(args)
-    if reason:
-        p.error(reason)
-
-
-def keys_from_environment() -> list[str]:
-    return [k.strip() for k in os.environ.get("SPECPLAY_API_KEY", "").split(",") if k.strip()]
-
-
-def unsafe_reason(args: argparse.Namespace) -> str | None:
-    """Why the app must not start as asked: reachable from other hosts with no key anyone must know."""
-    if args.api_key or local_only(args):
-        return None
-    where = "a public --share link" if args.share else f"--host {args.host} (reachable from other hosts)"
-    return (f"refusing to serve {where} without an API key: anyone reaching the port could run the engine and "
-            "read /metrics. Give --api-key KEY (or SPECPLAY_API_KEY); the page then asks for it as its password")
-
-
-def add_sharing_args(p: argparse.ArgumentParser) -> None:
-    """The flags that guard a playground others can reach (docs/ui.md, Sharing safely)."""
-    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                   help="API key clients send as 'Authorization: Bearer KEY' for /v1/* and /metrics; repeat it to "
-                        "give several clients a key each (SPECPLAY_API_KEY: comma-separated keys). Required when the "
-                        "app is reachable from other hosts, where the page then asks for it too (any user name)")
-    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
-                   help="a host name the app answers to besides its addresses and localhost (a DNS name pointing "
-                        "here, a proxy's); '.example.org' allows its subdomains, '*' any name (no DNS-rebinding "
-                        "protection); pages of these hosts may also call the API")
-    p.add_argument("--ctx-per-slot", type=int, default=None, metavar="N",
-                   help="cells one answer may hold, prompt included (default: --n-ctx / --parallel, as "
-                        "llama-server divides its context); 0: the whole cache, so one long request can cut the "
-                        "others' answers short")
-    p.add_argument("--share-prefix-cache", action="store_true",
-                   help="reuse a cached prompt prefix across page tabs and API clients (a shared system prompt "
-                        "prefilled once); off by default: a client could then infer another's prompt from "
-                        "timings.cache_n or the prefill's time")
-    p.add_argument("--client-max", type=int, default=None, metavar="N",
-                   help="API requests one client (key, or address without keys) may have running or waiting at "
-                        "once; past it 429 (default: half the slots, at least 1)")
-    p.add_argument("--max-body", type=int, default=1 << 20, metavar="BYTES",
-                   help="largest request body taken (default 1 MiB); larger ones get 413 before being read")
-    p.add_argument("--max-upload", type=int, default=10 << 20, metavar="BYTES",
-                   help="largest file the page takes as an upload (default 10 MiB)")
-
-
 def share_from_environment() -> bool:
     """Gradio makes a public link when GRADIO_SHARE is set true; the app decides it here, once, and passes it."""
     return os.environ.get("GRADIO_SHARE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-def local_only(args: argparse.Namespace) -> bool:
-    """Only this machine reaches the app: a loopback address and no public link."""
-    return is_loopback(args.host) and not args.share
-
-
-def model_load_allowed(args: argparse.Namespace) -> bool:
-    """Visitors may load models when only this machine reaches the page, or when the host says so."""
-    return args.allow_model_load or local_only(args)
 
 
 def load_state(args: argparse.Namespace):
     """Models, engine, scheduler -> the app state. Raises ModelLoadError / ValueError with a one-line reason."""
-    from engine import SpecCounters, dflash_kind, is_eagle3_dir, load_model
+    from engine import ModelLoadError, SpecCounters, dflash_kind, is_eagle3_dir, load_model, packaged_names
+    from ui.catalog import Catalog
     from ui.loader import make_runtime
     from ui.state import AppOptions, AppState
 
+    catalog = Catalog(packaged=packaged_names(), model_dirs=tuple(args.model_dir), hub=args.allow_hub_models)
     options = AppOptions(n_ctx=args.n_ctx, parallel=args.parallel, trust_remote_code=args.trust_remote_code,
                          n_rs=args.n_rs, queue_max=args.queue, dtype=args.dtype, device=args.device, budget=args.budget,
                          threads=args.threads, eagle3=args.draft if is_eagle3_dir(args.draft) else None,
                          dflash=args.draft if dflash_kind(args.draft) else None,
                          allow_model_load=model_load_allowed(args), ctx_per_slot=args.ctx_per_slot or None,
-                         share_prefix_cache=args.share_prefix_cache)
+                         share_prefix_cache=args.share_prefix_cache, model_choices=tuple(catalog.listed()))
 
     def start_loader(name: str):  # the host's own choice on the command line: their flag applies
         return load_model(name, device=options.device, trust_remote_code=options.trust_remote_code,
                           dtype=options.dtype)
 
-    def page_loader(name: str):  # a name typed by a visitor: its repository's code never runs
-        return load_model(name, device=options.device, trust_remote_code=False, dtype=options.dtype)
+    def page_loader(name: str):  # a name typed by a visitor: from the catalog only, its repository's code never runs
+        try:
+            resolved = catalog.resolve(name)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from None
+        return load_model(resolved, device=options.device, trust_remote_code=False, dtype=options.dtype)
 
     target = start_loader(args.target)
     # an EAGLE-3 head or a block drafter's checkpoint is no model: the engine's drafter reads it (options)
@@ -191,46 +129,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"app.py: cannot start: {e}", file=sys.stderr)
         return 2
     from ui.app import build, launch_options
+    from ui.sharing import front_door, trust_share_link
     from ui.gradio_state import use_lazy_sessions
 
     print(f"ready: {state.runtime.describe()}", flush=True)
     demo = build(state)
     demo.queue(default_concurrency_limit=None)
     options = launch_options(state.options, args.max_upload)
-    options.update(front_door(args, state))
+    door, guard_config = front_door(args, state)
+    options.update(door)
     if not args.no_api:
         print(f"API: /v1/chat/completions and /metrics on port {args.port}"
               + (f", {len(args.api_key)} key(s)" if args.api_key else ", no key (loopback only)"), flush=True)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, prevent_thread_lock=True,
                 **options)
+    trust_share_link(guard_config, getattr(demo, "share_url", None))
     # Gradio makes its state holder inside launch(); any session begun meanwhile is carried over
     use_lazy_sessions(demo.server_app)
     demo.block_thread()
     return 0
-
-
-def front_door(args: argparse.Namespace, state) -> dict:
-    """launch() options that guard the app: the middleware on every request, the API's routes, and the page's
-    login when it is reachable from other hosts (any user name, an API key as the password)."""
-    from starlette.middleware import Middleware
-
-    from ui.api.guard import Guard, GuardConfig
-
-    allowed = list(args.allowed_host) + ([".gradio.live"] if args.share else [])
-    config = GuardConfig(keys=tuple(args.api_key), allowed_hosts=tuple(a.lower() for a in allowed),
-                         body_max=args.max_body, upload_max=args.max_upload)
-    kwargs: dict = {"middleware": [Middleware(Guard, config=config)]}
-    if not args.no_api:
-        from ui.api.routes import api_routes
-
-        # the routes join the FastAPI app Gradio builds (FastAPI(routes=...), ahead of Gradio's own), so the
-        # API shares the page's host, port and --share link
-        kwargs["routes"] = api_routes(state, keyed=bool(args.api_key), max_each=args.client_max)
-    options: dict = {"app_kwargs": kwargs}
-    if args.api_key and not local_only(args):
-        options["auth"] = lambda _user, password: config.key_ok(f"Bearer {password}")
-        options["auth_message"] = "This playground is shared: sign in with any name and the key its host gave you."
-    return options
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("app") / "app.log"
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--n-ctx", "2048", "--parallel", "2"],
+        proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--n-ctx", "2048", "--parallel", "2",
+                                 "--exempt-loopback"],  # the tests play the operator, in several tabs at once
                                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         url = f"http://127.0.0.1:{port}/"
@@ -175,6 +176,38 @@ def test_sessions_are_separate(page, server):
     assert other.locator("#chat .msg-bot").count() == 0
     assert answers(page).count() == 3
     other.close()
+
+
+def prefill_cells(browser, server: str, prompt: str) -> int:
+    """A new visitor (its own browser context: its own cookies and session) sends `prompt` in step mode; the
+    cells its first round's prefill wrote, as the KV view says."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    try:
+        pg = context.new_page()
+        pg.set_default_timeout(60_000)
+        pg.goto(server, wait_until="domcontentloaded")
+        pg.wait_for_selector("#msg textarea")
+        pg.locator("#step-mode input").check()
+        pg.locator("#msg textarea").fill(prompt)
+        pg.locator("#send-btn").click()
+        pg.wait_for_function("() => document.querySelector('#notice').innerText.includes('Step mode')")
+        pg.locator("#step-btn").click()
+        pg.get_by_role("tab", name="KV cache").click()
+        pg.wait_for_function("() => document.querySelector('#kv').innerText.includes('prefill wrote')")
+        caption = pg.locator("#kv .kv-caption").inner_text()
+        pg.locator("#stop-btn").click()
+        return int(caption.split("prefill wrote ")[1].split()[0])
+    finally:
+        context.close()
+
+
+def test_a_second_visitor_reuses_nothing_of_the_firsts_prompt(page, server):
+    """Two visitors, one prompt: each tab salts its prefixes with its own draw, so the second's prefill writes
+    every prompt cell again (the server runs without --share-prefix-cache)."""
+    prompt = "Repeat after me, word for word: the quick brown fox jumps over the lazy dog by the river bank."
+    first = prefill_cells(page.context.browser, server, prompt)
+    second = prefill_cells(page.context.browser, server, prompt)
+    assert first > 20 and second == first, (first, second)
 
 
 def sideways_scrollers(page) -> list[str]:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.forward.mapped import map_tensor
+from engine.forward.mapped import mark_entry
 from engine.load.disk_cache import CAP_ENV, entries, prune
 from engine.load.errors import ModelLoadError
 from engine.load.models import load_model
@@ -54,9 +55,11 @@ def make_entry(root, name, size, age_s):
     if name.endswith("-f32"):
         path.mkdir(parents=True)
         (path / "model.safetensors").write_bytes(b"\0" * size)
+        mark_entry(path)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"\0" * size)
+        mark_entry(path.parent)
     t = time.time() - age_s
     os.utime(path, (t, t))
     return path
@@ -68,10 +71,14 @@ def test_the_cache_is_pruned_least_recently_used_down_to_its_cap(tmp_path):
     recent = make_entry(tmp_path, "b-1111-f32", 2000, age_s=100)
     foreign = tmp_path / "someone.gguf"
     foreign.write_bytes(b"\0" * 50_000)  # not the cache's own: never counted, never removed
+    own = tmp_path / "mine-9999-f32"  # a user's folder named like an entry, without the cache's marker
+    own.mkdir()
+    (own / "notes.bin").write_bytes(b"\0" * 50_000)
+    os.utime(own, (1.0, 1.0))
     now = make_entry(tmp_path, "mapped/t2-float32-8x8.bin", 5000, age_s=0)
     assert [e.path for e in entries(tmp_path)] == [old, table, recent, now]
     assert prune(tmp_path, cap=8000, used_since=time.time() - 10) == [old, table]
-    assert recent.exists() and now.exists() and foreign.exists()
+    assert recent.exists() and now.exists() and foreign.exists() and (own / "notes.bin").exists()
     # what the current load used stays even over the cap
     assert prune(tmp_path, cap=0, used_since=time.time() - 10) == [recent]
     assert now.exists()

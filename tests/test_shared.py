@@ -40,6 +40,7 @@ def served(tiny_target):
 
     from ui.api.guard import Guard
     from ui.api.routes import api_routes
+    from ui.visitors import ClientLimits
     from ui.state import AppOptions, AppState, Runtime
     from ui.tokens import Vocab
 
@@ -48,9 +49,10 @@ def served(tiny_target):
                     n_ctx_seq=256)
     state.runtime = Runtime(target=tiny_target, draft=None, engine=engine, vocab=Vocab.of(tiny_target.tokenizer),
                             scheduler=Scheduler(engine, on_event=state.counters.observe))
-    config = GuardConfig(keys=KEYS, allowed_hosts=("lab.example.org",), body_max=64 << 10)
-    fastapi_app = FastAPI(routes=api_routes(state, keyed=True, max_each=1),
-                          middleware=[Middleware(Guard, config=config)])
+    state.limits = ClientLimits(max_each=1)  # the page's sends and the API's requests count together
+    config = GuardConfig(keys=KEYS, allowed_hosts=("lab.example.org",), allowed_origins=("http://lab.example.org",),
+                         body_max=64 << 10)
+    fastapi_app = FastAPI(routes=api_routes(state, keyed=True), middleware=[Middleware(Guard, config=config)])
     try:
         with TestClient(fastapi_app, base_url=BASE) as http:
             yield http, state
@@ -63,14 +65,43 @@ def served(tiny_target):
 def test_the_app_refuses_to_be_reachable_without_a_key(monkeypatch, capsys):
     monkeypatch.delenv("SPECPLAY_API_KEY", raising=False)
     monkeypatch.delenv("GRADIO_SHARE", raising=False)
-    for argv in (["--host", "0.0.0.0"], ["--share"], ["--host", "192.168.1.5"]):
+    for argv in (["--host", "0.0.0.0"], ["--share"], ["--host", "192.168.1.5"],
+                 ["--host", "127.0.0.1", "--allowed-host", "lab.example.org"]):  # behind a reverse proxy
         with pytest.raises(SystemExit):
             app_module.parse_args(argv)
         assert "without an API key" in capsys.readouterr().err
-    assert app_module.parse_args(["--host", "0.0.0.0", "--api-key", "k"]).api_key == ["k"]
-    monkeypatch.setenv("SPECPLAY_API_KEY", "k1, k2")
-    assert app_module.parse_args(["--host", "0.0.0.0"]).api_key == ["k1", "k2"]
+    key = "k" * 16
+    assert app_module.parse_args(["--host", "0.0.0.0", "--api-key", f" {key} "]).api_key == [key]  # stripped
+    monkeypatch.setenv("SPECPLAY_API_KEY", f"{key}1, {key}2")
+    assert app_module.parse_args(["--host", "0.0.0.0"]).api_key == [f"{key}1", f"{key}2"]
     assert app_module.parse_args([]).host == "127.0.0.1"  # loopback needs none
+
+
+def test_keys_are_long_read_from_a_file_and_never_echoed(monkeypatch, capsys, tmp_path):
+    monkeypatch.delenv("SPECPLAY_API_KEY", raising=False)
+    with pytest.raises(SystemExit):
+        app_module.parse_args(["--host", "0.0.0.0", "--api-key", "short-key"])
+    err = capsys.readouterr().err
+    assert "fewer than 16 characters" in err and "short-key" not in err
+    assert app_module.parse_args(["--host", "0.0.0.0", "--api-key", "short-key", "--weak-key"]).api_key
+    keys = tmp_path / "keys"
+    keys.write_text("# one a line\n  first-key-0123456789  \n\nsecond-key-0123456789\n")
+    args = app_module.parse_args(["--host", "0.0.0.0", "--api-key-file", str(keys)])
+    assert args.api_key == ["first-key-0123456789", "second-key-0123456789"]
+    with pytest.raises(SystemExit):
+        app_module.parse_args(["--api-key-file", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit):  # behind a proxy every visitor arrives from loopback
+        app_module.parse_args(["--allowed-host", "lab.example.org", "--api-key", "k" * 16, "--exempt-loopback"])
+    assert app_module.parse_args(["--exempt-loopback"]).exempt_loopback
+
+
+def test_a_proxys_host_name_on_loopback_counts_as_shared(monkeypatch):
+    from ui.sharing import local_only, model_load_allowed
+
+    monkeypatch.delenv("GRADIO_SHARE", raising=False)
+    args = app_module.parse_args(["--allowed-host", "lab.example.org", "--api-key", "k" * 16])
+    assert not local_only(args) and not model_load_allowed(args)
+    assert local_only(app_module.parse_args([]))
 
 
 def test_each_slot_gets_its_share_of_the_context():
@@ -106,8 +137,9 @@ def test_a_rebinding_host_is_refused(served, host, ok):
 
 
 @pytest.mark.parametrize("origin, ok", [
-    (BASE, True), ("http://lab.example.org", True), ("https://evil.example.com", False), ("null", False),
-    ("http://127.0.0.1:9999", False)])
+    (BASE, True), ("http://lab.example.org", True), ("http://LAB.example.org:80", True),
+    ("https://lab.example.org", False), ("http://lab.example.org:8080", False), ("https://evil.example.com", False),
+    ("null", False), ("http://127.0.0.1:9999", False), ("https://x.gradio.live", False)])
 def test_a_foreign_origin_is_refused(served, origin, ok):
     http, _ = served
     r = http.post("/v1/chat/completions", json=chat(), headers={"Origin": origin, **auth()})
@@ -158,7 +190,7 @@ def test_a_big_body_gets_413_before_it_is_read(served):
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e999}', "max_tokens", "integer"),
     (b'{"messages": [{"role": ["user"], "content": "hi"}]}', "messages", "role must be"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "top_k": 1e30}', "top_k", "magnitude"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "seed": -1}', None, "seed"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "seed": -1}', "seed", "seed"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "cache_salt": 5}', "cache_salt", "cache_salt"),
     (b"[" * 5000 + b"]" * 5000, None, "nests deeper"),
     (b'{"a":' * 40 + b"1" + b"}" * 40, None, "nests deeper"),

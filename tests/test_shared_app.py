@@ -17,11 +17,11 @@ import openai
 import psutil
 import pytest
 
-from loadclient import ROOT, connect, free_port, run_regular, serving
+from loadclient import ROOT, connect, free_port, new_client, run_regular, send_args, serving, view
 from tiny import save_tiny
 
 START_TIMEOUT_S = 180
-KEY = "class-key-1"
+KEY = "class-key-1-abcdefgh"
 COPY = "w10 w11 w12 w13 w10 w11 w12 w13 w10 w11"
 BIG = 200_000_000  # bytes of the body that must not be read
 
@@ -139,6 +139,40 @@ def test_one_client_cannot_take_every_slot_while_a_page_chats(app):
         assert page.finished and not page.error
 
 
+def test_forty_sessions_of_one_visitor_hold_its_share_while_another_starts_at_once(app):
+    """One visitor (this address, no key) opens 40 page sessions, each sending in step mode (a step-mode answer
+    holds its slot until stopped): its share (1 with 2 slots) starts, the rest are told to wait; a second
+    visitor (the API's key) gets its first token within 2 s meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ui.views import TEXT_VIEWS
+
+    url = app[0]
+    api = connect(url)
+    notice = TEXT_VIEWS.index("notice")
+    with ThreadPoolExecutor(8) as pool:
+        clients = list(pool.map(new_client, [url] * 40))
+        try:
+            args = send_args(api, COPY, True, max_new_tokens=8, compare=False)
+            outs = list(pool.map(lambda c: c.submit(*args, api_name="/send").result(timeout=120), clients))
+            notes = [view(out, notice) for out in outs]
+            started = [c for c, n in zip(clients, notes) if "press Step" in n]
+            waiting = sum("Please wait" in n for n in notes)
+            body = {"messages": [{"role": "user", "content": COPY}], "max_tokens": 8, "stream": True}
+            t0 = time.monotonic()
+            with httpx.stream("POST", url + "v1/chat/completions", json=body, timeout=60,
+                              headers={"Authorization": f"Bearer {KEY}"}) as other:
+                first = next(line for line in other.iter_lines() if '"content"' in line and '""' not in line)
+            first_s = time.monotonic() - t0
+            for c in started:
+                c.submit(api_name="/stop").result(timeout=60)
+        finally:
+            list(pool.map(lambda c: c.close(), clients))
+    print(f"40 sessions of one visitor: {len(started)} started, {waiting} told to wait; another visitor's first "
+          f"token after {first_s:.2f} s")
+    assert len(started) == 1 and waiting == 39 and first and first_s < 2.0
+
+
 @pytest.fixture(scope="module")
 def shared(target, tmp_path_factory):
     """The app listening on every address with a key: the page behind Gradio's login (probed on loopback)."""
@@ -158,3 +192,65 @@ def test_a_shared_page_asks_for_the_key_as_its_login(shared):
         assert browser.get("config").status_code == 200
     with client(url, KEY) as c:
         assert c.models.list().data
+
+
+def test_a_shared_pages_gradio_routes_and_sign_ins_are_guarded(shared):
+    """Gradio leaves its heartbeat stream open to anyone: here it asks for the login as every route does; the
+    sign-in form takes a few guesses a minute from one address."""
+    url = shared[0]
+    assert httpx.get(url + "gradio_api/heartbeat/abc", timeout=30).status_code == 401
+    with httpx.Client(base_url=url, timeout=30) as browser:
+        assert browser.post("login", data={"username": "teacher", "password": KEY}).status_code == 200
+        with browser.stream("GET", "gradio_api/heartbeat/abc") as beat:
+            assert beat.status_code == 200
+    with httpx.Client(base_url=url, timeout=30, transport=httpx.HTTPTransport(local_address="127.0.0.3")) as guess:
+        codes = [guess.post("login", data={"username": "x", "password": f"guess-{i}"}).status_code
+                 for i in range(12)]
+    assert codes[:10] == [400] * 10 and codes[10:] == [429, 429], codes
+
+
+async def heartbeats(port: int, n: int) -> tuple[list[str], list]:
+    """`n` connections that each open a heartbeat stream without signing in: (the status each got, writers)."""
+    import asyncio
+
+    statuses, writers = [], []
+
+    async def one(i: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"GET /gradio_api/heartbeat/h{i} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        await writer.drain()
+        line = await reader.readline()
+        statuses.append(line.decode().split()[1] if line else "closed")
+        writers.append(writer)
+
+    for start in range(0, n, 250):  # in waves: the listening socket's backlog holds a few hundred
+        await asyncio.gather(*(one(i) for i in range(start, min(n, start + 250))))
+    return statuses, writers
+
+
+def test_five_thousand_heartbeats_are_refused_past_the_cap_while_the_page_answers(app):
+    import asyncio
+
+    url = app[0]
+    port = int(url.split(":")[2].rstrip("/"))
+
+    async def scenario():
+        statuses, writers = await heartbeats(port, 5000)
+        loop = asyncio.get_running_loop()
+
+        def page_time() -> float:  # another visitor: another loopback address
+            with httpx.Client(timeout=30, transport=httpx.HTTPTransport(local_address="127.0.0.2")) as other:
+                t0 = time.perf_counter()
+                assert other.get(url).status_code == 200
+                return time.perf_counter() - t0
+
+        seconds = await loop.run_in_executor(None, page_time)
+        for w in writers:
+            w.close()
+        return statuses, seconds
+
+    statuses, seconds = asyncio.run(scenario())
+    served = sum(s == "200" for s in statuses)
+    print(f"5000 heartbeats: {served} streaming, {statuses.count('429')} refused (429); the page of another "
+          f"visitor answered in {seconds * 1e3:.0f} ms")
+    assert served <= 64 and statuses.count("429") >= 5000 - 64 - 10 and seconds < 1.0

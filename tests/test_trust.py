@@ -66,11 +66,11 @@ def _args(argv: list[str]) -> Namespace:
 def test_model_loading_is_off_wherever_the_app_is_reachable_from_elsewhere(monkeypatch):
     monkeypatch.delenv("GRADIO_SHARE", raising=False)
     assert app.model_load_allowed(_args([]))
-    assert not app.model_load_allowed(_args(["--host", "0.0.0.0", "--api-key", "k"]))
-    assert not app.model_load_allowed(_args(["--share", "--api-key", "k"]))
-    assert app.model_load_allowed(_args(["--share", "--allow-model-load", "--api-key", "k"]))
+    assert not app.model_load_allowed(_args(["--host", "0.0.0.0", "--api-key", "k" * 16]))
+    assert not app.model_load_allowed(_args(["--share", "--api-key", "k" * 16]))
+    assert app.model_load_allowed(_args(["--share", "--allow-model-load", "--api-key", "k" * 16]))
     monkeypatch.setenv("GRADIO_SHARE", "True")  # Gradio would make a public link of its own accord
-    args = _args(["--api-key", "k"])
+    args = _args(["--api-key", "k" * 16])
     assert args.share and not app.model_load_allowed(args)
 
 
@@ -84,9 +84,9 @@ def test_a_page_load_never_runs_remote_code(monkeypatch):
 
     monkeypatch.setattr("engine.load.models.load_model", fake_load)
     monkeypatch.setattr("ui.loader.make_runtime", lambda target, draft, options, on_event=None: None)
-    state = app.load_state(_args(["--trust-remote-code", "--target", "mine"]))
-    state.loader("a-visitors-model")
-    assert seen == [("mine", True), ("a-visitors-model", False)]
+    state = app.load_state(_args(["--trust-remote-code", "--target", "mine", "--allow-hub-models"]))
+    state.loader("someone/a-visitors-model")
+    assert seen == [("mine", True), ("someone/a-visitors-model", False)]
 
 
 def test_the_worker_threads_outnumber_slots_and_queue():

@@ -13,7 +13,7 @@ from ui.charts import acceptance_figure, plotly_figure, speed_figure
 from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
 from ui.render import legend_html
-from ui.session import release
+from ui.turns import close_turn
 from ui.presets import PRESETS
 from ui.settings import ALL_TYPES, FORMAT_EXAMPLES, FORMATS, Settings, default_chain, format_box, own_p_min_text
 from ui.state import SESSION_TTL_S, AppOptions, AppState, SessionState, session_capacity
@@ -98,10 +98,11 @@ def sidebar_controls(app: AppState) -> tuple[dict, dict]:
         gr.Markdown("### Models")
         rt = app.runtime
         # the packaged models offline, or any name typed in (a hub id, a directory, a .gguf file)
-        c["target"] = gr.Dropdown(choices=list(packaged_names()), value=rt.target.name if rt else "embedded",
+        choices = list(app.options.model_choices or packaged_names())
+        c["target"] = gr.Dropdown(choices=choices, value=rt.target.name if rt else "embedded",
                                   allow_custom_value=True, label="Target model", elem_id="target-box",
-                                  info="embedded (SmolLM2-135M), gemma3-270m, a HF hub id, a local directory or a "
-                                       ".gguf file")
+                                  info="embedded (SmolLM2-135M), gemma3-270m, or a model of the host's model "
+                                       "folder (--model-dir) by its name")
         c["draft"] = gr.Textbox(label="Draft model", value=rt.draft.name if rt and rt.draft else "",
                                 placeholder="none", info="enables draft-simple; another vocabulary: draft-uni",
                                 elem_id="draft-box")
@@ -220,7 +221,10 @@ def detail_tabs(v: dict, app: AppState) -> tuple:
 def build(state: AppState) -> gr.Blocks:
     """The whole page for this app state (models, engine, scheduler shared by every browser session)."""
     with gr.Blocks(title="Speculative decoding playground", fill_width=True, delete_cache=DELETE_CACHE) as demo:
-        session = gr.State(SessionState(), delete_callback=release, time_to_live=SESSION_TTL_S)
+        # every tab's value is a deep copy of this one: what must differ per tab (its prefix-cache salt) is drawn
+        # at its first turn (SessionState.salt)
+        session = gr.State(SessionState(), delete_callback=lambda s: close_turn(state, s),
+                           time_to_live=SESSION_TTL_S)
         c, controls = sidebar_controls(state)
         gr.HTML(header_html())
         v: dict = {}
@@ -242,11 +246,13 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: d
     def wired(values: tuple) -> tuple:
         return wire_values(outputs, values)
 
-    def on_send(s, text, stepping, *values):
+    def on_send(request: gr.Request, s, text, stepping, *values):
+        s.visitor = app.visitor(request)
         for update in handlers.send(app, s, text, stepping, dict(zip(controls, values))):
             yield wired(update)
 
-    def on_open(s, request: gr.Request):
+    def on_open(request: gr.Request, s):
+        s.visitor = app.visitor(request)
         if request is not None and request.session_hash:
             app.opened(request.session_hash, s, time.monotonic())  # so a closed tab's slot can be freed
         return wired(handlers.pack(all_views(app, s, force_charts=True), s))
@@ -254,7 +260,7 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: d
     def on_close(request: gr.Request):
         s = app.closed(getattr(request, "session_hash", None))
         if s is not None:
-            release(s)
+            close_turn(app, s)
 
     inputs = [session, w["msg"], w["step_mode"]] + list(controls.values())
     # the scheduler, not Gradio, limits sessions; the handlers postprocess their views themselves (ui/wire.py)
@@ -266,7 +272,8 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: d
     for btn, ex in w["examples"]:
         btn.click(example_filler(ex), None, [w["msg"], c["format"], c["format_text"]],
                   show_progress="hidden").then(on_send, inputs, outputs, **stream)
-    def on_advice(s, *values):
+    def on_advice(request: gr.Request, s, *values):
+        s.visitor = app.visitor(request)
         for update in handlers.try_advice(app, s, dict(zip(controls, values))):
             yield wired(update)
 

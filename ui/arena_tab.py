@@ -12,6 +12,8 @@ from pathlib import Path
 
 from engine import (ARENA_POSITIONS, ArenaParams, LiveBenchError, arena_leaderboard, run_arena, scheduler_runner,
                     write_arena_csv, write_arena_png)
+from ui.limits import text_bound
+from ui.visitors import ShareExceeded
 
 DEFAULT_PROMPT = ("Repeat the following list exactly, one item a line: red apple, green pear, yellow banana, "
                   "purple plum, orange peach, red cherry, green grape, yellow lemon.")
@@ -41,6 +43,8 @@ def run_arena_tab(app, prompt: str, n_max: int = 8, max_new_tokens: int = 64,
     if not engine.probe.can_speculate:
         return [], f"Speculation is off for this model: {engine.probe.reason}", None, None
     text = (prompt or "").strip() or DEFAULT_PROMPT
+    if len(text) > text_bound(runtime):
+        return [], f"The prompt holds {len(text)} characters: more than the context can hold.", None, None
     ids = runtime.target.encode_chat([{"role": "user", "content": text}])
     capacity = engine.limits.per_seq - 1  # draft rows the shared engine holds per slot
     params = ArenaParams(n_max=max(1, min(int(n_max), capacity)), max_new_tokens=max(1, int(max_new_tokens)),
@@ -87,15 +91,21 @@ def build(app) -> None:
         csv_file = gr.DownloadButton("Download arena.csv", value=None, elem_id="arena-csv")
         png_file = gr.DownloadButton("Download arena.png", value=None, elem_id="arena-png")
 
-    def on_run(text, k, n_new, progress=gr.Progress()):
+    def on_run(request, text, k, n_new, progress=gr.Progress()):
         def tick(done: int, total: int, what: str) -> None:
             progress(done / total, desc=f"run {done + 1}/{total}: {what}")
 
-        rows, message, csv_path, png_path = run_arena_tab(app, text, k, n_new, tick)
+        try:
+            with app.limits.holding(app.visitor(request)):  # counts against the visitor's share, as a turn does
+                rows, message, csv_path, png_path = run_arena_tab(app, text, k, n_new, tick)
+        except ShareExceeded as e:
+            rows, message, csv_path, png_path = [], f"Please wait: {e}.", None, None
         if not rows:
             gr.Warning(message)
         return (note_html(message), table(rows), plotly_figure(arena_figure(rows, ARENA_POSITIONS)),
                 str(csv_path) if csv_path else gr.skip(), str(png_path) if png_path else gr.skip())
 
+    # gradio is imported here, not at the module's top: the annotation that asks for the request is the class
+    on_run.__annotations__ = {"request": gr.Request}
     run.click(on_run, [prompt, n_max, max_new], [note, board, chart, csv_file, png_file],
               concurrency_limit=1, api_name="arena")  # one arena at a time

@@ -13,6 +13,8 @@ import html
 from pathlib import Path
 
 from engine import FIGURES, figures, load_rows, sweep_summary, write_rows
+from ui.limits import text_bound
+from ui.visitors import ShareExceeded
 
 SHIPPED = Path(__file__).resolve().parent.parent / "assets" / "bench" / "traces.csv"
 LIVE_PROMPT = ("Repeat the following list exactly, one item a line: red apple, green pear, yellow banana, "
@@ -66,6 +68,8 @@ def run_live_bench(app, prompt: str, progress=None) -> tuple[list[dict], str, Pa
     if not runtime.engine.probe.can_speculate:
         return [], f"Speculation is off for this model: {runtime.engine.probe.reason}", None
     text = (prompt or "").strip() or LIVE_PROMPT
+    if len(text) > text_bound(runtime):
+        return [], f"The prompt holds {len(text)} characters: more than the context can hold.", None
     ids = runtime.target.encode_chat([{"role": "user", "content": text}])
     plan = LivePlan(concurrency=[n for n in (1, 2) if n <= runtime.engine.ctx.n_seq_max])
     try:
@@ -112,15 +116,21 @@ def build(app) -> None:
         rows, note = read_traces(path)
         return redraw(rows, note, path if rows else None)
 
-    def on_run(text, progress=gr.Progress()):
+    def on_run(request, text, progress=gr.Progress()):
         def tick(done: int, total: int, what: str) -> None:
             progress(done / total, desc=f"run {done + 1}/{total}: {what}")
 
-        rows, note, path = run_live_bench(app, text, tick)
+        try:
+            with app.limits.holding(app.visitor(request)):  # counts against the visitor's share, as a turn does
+                rows, note, path = run_live_bench(app, text, tick)
+        except ShareExceeded as e:
+            rows, note, path = [], f"Please wait: {e}.", None
         if not rows:
             gr.Warning(note)
         return redraw(rows, note, path)
 
     outputs = [summary] + plots + [download]
     upload.upload(on_upload, upload, outputs)
+    # gradio is imported here, not at the module's top: the annotation that asks for the request is the class
+    on_run.__annotations__ = {"request": gr.Request}
     run.click(on_run, prompt, outputs, concurrency_limit=1)  # one live benchmark at a time

@@ -20,6 +20,7 @@ from ui.run import RunRecord
 from ui.conversation import dropped_note, fit_conversation, forget_turns, wait_text
 from ui.settings import Settings
 from ui.state import Active, AppState, SessionState
+from ui.turns import UserError, check_length, close_turn, give_share, open_turn
 
 POLL_S = 0.5  # how long a reader waits for an event before checking that its scheduler still runs
 STOP_WAIT_S = 5.0  # how long Stop waits for the engine thread to deliver a step-mode answer's last event
@@ -33,14 +34,6 @@ COMPARE_GATHER_S = 0.1
 # progress line on the same cores, and that drawing landed in the timed runs (the first one's, plain decoding,
 # flattered the speedup; the second one's, the speculative run, hid a fifth of it on copying answers)
 COMPARE_SETTLE_S = 0.5
-
-
-class UserError(Exception):
-    """A message for the user; `level` is 'warn' (bad input) or 'error' (the engine refused)."""
-
-    def __init__(self, message: str, level: str = "warn"):
-        super().__init__(message)
-        self.level = level
 
 
 def submit(app: AppState, session: SessionState, text: str, settings: Settings, manual: bool = False,
@@ -58,7 +51,8 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
     from engine import QueueFull
 
     # this tab reuses its own earlier turns' cells, never another visitor's (unless the host shares them)
-    params.cache_salt = None if app.options.share_prefix_cache else session.cache_salt
+    params.cache_salt = None if app.options.share_prefix_cache else session.salt()
+    params.client = session.visitor or None  # its grammars compile and are kept in this visitor's partition
 
     if prompt_ids is None:
         limit = getattr(runtime.engine, "prompt_limit", None)
@@ -84,14 +78,12 @@ def start_turn(app: AppState, session: SessionState, text: str, settings: Settin
     text = (text or "").strip()
     if not text:
         raise UserError("Type a message first (the message box is empty).")
-    with app.turn_lock:  # two requests of one session (an example click, two API calls) race for one turn
-        if session.busy:
-            raise UserError("This session is still generating: press Stop (or finish the steps) first.")
-        session.turn_open = True
+    check_length(app, text)
+    open_turn(app, session)
     try:
         active = submit(app, session, text, settings, manual=manual)
     except BaseException:
-        session.turn_open = False
+        close_turn(app, session)
         raise
     session.turn_open = not manual  # a step-mode turn is its generation: busy while that runs
     session.active, session.run, session.plain = active, active.run, None
@@ -276,15 +268,6 @@ def step(session: SessionState) -> None:
     take(session, active, read_events(active, 0))
 
 
-def release(session: SessionState) -> None:
-    """Free the slot of an abandoned generation (closed tab, cancelled stream), or its place in the queue."""
-    active = session.active
-    if active is None or active.finished:
-        return
-    active.scheduler.cancel(active.gen.id)
-    active.finished = True
-
-
 def converse(app: AppState, session: SessionState, text: str, settings: Settings, manual: bool) -> Iterator[None]:
     """A chat turn: the speculative answer round by round, then (optionally) the plain run to compare.
     Yields whenever the views should be refreshed. In step mode it only submits; Step does the rounds."""
@@ -305,8 +288,7 @@ def converse(app: AppState, session: SessionState, text: str, settings: Settings
         if settings.compare and settings.types and run.error is None and run.stop_reason != "stopped":
             yield from compare(app, session, settings)
     finally:  # the page went away mid-answer: do not leave the slot busy
-        release(session)
-        session.turn_open = False
+        close_turn(app, session)
 
 
 def advice_turn(app: AppState, session: SessionState, settings: Settings) -> Iterator[None]:
@@ -315,10 +297,7 @@ def advice_turn(app: AppState, session: SessionState, settings: Settings) -> Ite
     advice, plain = session.advice, session.plain
     if advice is None or advice.drafter is None or plain is None or not plain.tps:
         raise UserError("No advice to try: send a message with 'Compare with plain decoding' on first.")
-    with app.turn_lock:
-        if session.busy:
-            raise UserError("This session is still generating: press Stop (or finish the steps) first.")
-        session.turn_open = True
+    open_turn(app, session)
     try:
         tried = replace(settings, types=[advice.drafter], n_max=advice.n_max, n_min=0, tree_nodes=0,
                         adaptive=False, compare=False)
@@ -327,8 +306,7 @@ def advice_turn(app: AppState, session: SessionState, settings: Settings) -> Ite
         session.compare_html = session.compare_base + advice_html(advice, measured)
         yield
     finally:
-        release(session)
-        session.turn_open = False
+        close_turn(app, session)
 
 
 def step_turn(app: AppState, session: SessionState) -> None:
@@ -337,6 +315,7 @@ def step_turn(app: AppState, session: SessionState) -> None:
     if session.active is not None and session.active.finished:
         end_turn(session)
         check_format(session)
+        give_share(app, session)
 
 
 def stop_turn(app: AppState, session: SessionState) -> None:
@@ -345,3 +324,4 @@ def stop_turn(app: AppState, session: SessionState) -> None:
     if session.active is not None and session.active.manual and session.active.finished:
         end_turn(session)
         check_format(session)
+        give_share(app, session)

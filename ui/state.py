@@ -16,6 +16,7 @@ from engine import SpecCounters
 from ui.run import RunRecord
 from ui.run_folders import RunFolders
 from ui.tokens import Vocab
+from ui.visitors import ClientLimits, visitor_id
 
 
 SESSION_TTL_S = 3600.0  # an opened page not generating is forgotten after this long (AppState.opened)
@@ -48,6 +49,7 @@ class AppOptions:
     # cached prompt prefixes pass between clients (a class's shared system prompt prefilled once); off, each
     # page tab and API client reuses only its own, so nobody can probe another's prompt through cache_n
     share_prefix_cache: bool = False
+    model_choices: tuple[str, ...] = ()  # the page's list of models to load (ui/catalog.py); () the packaged ones
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Runtime:
     vocab: Vocab
     roofline: object = None  # engine.cost.roofline.Roofline: the forward's cost by rows beside the weights' floor
     left_out: dict = field(default_factory=dict)  # model drafters the load's probe found unable to pay here: why
+    text_chars: int = 0  # the most characters a text may hold before it is tokenized (ui/limits.py; 0: not yet)
 
     def lossless_checked(self) -> bool:
         """Whether the target passed the load check (engine/memory/self_check.py): only then may the page call
@@ -106,6 +109,17 @@ class AppState:
     # every generation's rounds counted, page and API alike; kept across model loads so /metrics only grows
     counters: SpecCounters = field(default_factory=SpecCounters)
     run_folders: RunFolders = field(default_factory=RunFolders)  # the Benchmark and Arena tabs' downloads
+    # requests in flight per visitor, page turns and API requests together (ui/visitors.py)
+    limits: ClientLimits = field(default_factory=lambda: ClientLimits(max_each=2))
+    # gr.Request -> the visitor it comes from (app.py sets it from the guard's keys and sign-ins); None: its address
+    identify: Callable | None = None
+
+    def visitor(self, request) -> str:
+        """The visitor a page request comes from, named as the API names its clients (ui/visitors.py)."""
+        if self.identify is not None and request is not None:
+            return self.identify(request)
+        client = getattr(request, "client", None)
+        return visitor_id(None, getattr(client, "host", None))
 
     def opened(self, session_hash: str, session: "SessionState", now: float) -> None:
         """Remember an opened page, and forget those idle past SESSION_TTL_S: an API client that vanished sends
@@ -163,7 +177,16 @@ class SessionState:
     # the HTML each view was last sent (the components start empty): a streaming update re-sends it for the
     # views it leaves as they are, since a gr.skip() makes Gradio build a component and its config per output
     shown: dict[str, str] = field(default_factory=dict)
-    cache_salt: str = field(default_factory=lambda: secrets.token_hex(16))  # GenParams.cache_salt of its turns
+    # GenParams.cache_salt of its turns, drawn at the session's first turn: gr.State deep-copies one initial
+    # value into every tab, so a salt drawn at build time would be every tab's
+    cache_salt: str = ""
+    visitor: str = ""  # who opened it (ui/visitors.py): its turns count against that visitor's share
+    held_by: str = ""  # the visitor whose share this session's turn counts against until it ends ("" none)
+
+    def salt(self) -> str:
+        if not self.cache_salt:
+            self.cache_salt = secrets.token_hex(16)
+        return self.cache_salt
 
     @property
     def busy(self) -> bool:

@@ -23,6 +23,19 @@ import torch
 from torch import nn
 
 
+# a file in each folder the cache writes: the pruning removes only what carries it (engine/load/disk_cache.py),
+# never a folder of the user's own that happens to have a matching name
+CACHE_MARKER = ".specplay-cache-entry"
+
+
+def mark_entry(folder: Path) -> None:
+    """Say that `folder` was written by the cache (a read-only cache stays as it is)."""
+    try:
+        (folder / CACHE_MARKER).touch()
+    except OSError:
+        pass
+
+
 def _storage_dtype(dtype: torch.dtype):
     """numpy has no bfloat16: a bfloat16 table is stored and mapped as uint16 and viewed back."""
     return {torch.float32: np.float32, torch.bfloat16: np.uint16, torch.float16: np.float16}.get(dtype)
@@ -40,6 +53,7 @@ def map_tensor(t: torch.Tensor, folder: Path) -> tuple[torch.Tensor, np.memmap] 
     try:
         if not path.is_file() or path.stat().st_size != len(data):
             folder.mkdir(parents=True, exist_ok=True)
+            mark_entry(folder)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             with open(tmp, "wb") as f:
                 f.write(data)

@@ -5,8 +5,9 @@ A load writes or reuses three kinds of entries there: a GGUF's dequantised copy 
 engine/load/requant.py) and a tied embedding table mapped from a file (`mapped/<hash>-<dtype>-<shape>.bin`,
 engine/forward/mapped.py). An entry's modification time is when a load last used it (a reuse touches it). After
 each load, while the entries add up to more than the cap, the least recently used one is removed, never one this
-load used: the next load that needs it converts or writes it again. Other files in the directory are never
-touched. The cap is SPECPLAY_CACHE_MAX_GB (gigabytes, CACHE_MAX_GB unless set).
+load used: the next load that needs it converts or writes it again. Only folders holding the cache's marker
+file (`CACHE_MARKER`, written with the entry) are entries: other files and folders, a user's own `*-f32` among
+them, are never touched. The cap is SPECPLAY_CACHE_MAX_GB (gigabytes, CACHE_MAX_GB unless set).
 
 Removing a file that another process has mapped or is reading is safe on POSIX systems: the data stays until the
 last handle closes.
@@ -18,6 +19,8 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.forward.mapped import CACHE_MARKER, mark_entry
 
 CACHE_MAX_GB = 8.0  # the embedded model's entries take 0.6 GB, a 270M model's 1.3 GB
 CAP_ENV = "SPECPLAY_CACHE_MAX_GB"
@@ -45,7 +48,8 @@ def cap_bytes() -> int:
 
 
 def touch(path: Path) -> None:
-    """Mark an entry as used now (a read-only cache stays as it is)."""
+    """Mark an entry (a folder the cache wrote) as used now (a read-only cache stays as it is)."""
+    mark_entry(path)
     try:
         os.utime(path)
     except OSError:
@@ -60,8 +64,9 @@ def _size(path: Path) -> int:
 
 def entries(root: Path) -> list[Entry]:
     """The cache's own entries under `root`, least recently used first."""
-    found = [p for p in [*root.glob("*-f32"), *root.glob("*-q8_0")] if p.is_dir()] \
-        + list((root / "mapped").glob("*.bin"))
+    found = [p for p in [*root.glob("*-f32"), *root.glob("*-q8_0")] if (p / CACHE_MARKER).is_file()]
+    if (root / "mapped" / CACHE_MARKER).is_file():
+        found += list((root / "mapped").glob("*.bin"))
     out = []
     for path in found:
         try:

@@ -122,6 +122,7 @@ def _save_converted(model, tok, converted: Path) -> None:
     from safetensors.torch import save_model
 
     converted.mkdir(parents=True, exist_ok=True)
+    touch(converted)
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)
     (converted / "config.json").write_text(json.dumps(cfg))

@@ -38,6 +38,7 @@ def requantised(src: Path, root: Path) -> Path:
         touch(dst.parent)
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
+    touch(dst.parent)
     tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
     try:
         write_q8_0(src, tmp)
