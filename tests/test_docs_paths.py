@@ -156,6 +156,35 @@ def test_docs_name_files_and_headings_that_exist():
     assert not bad, f"stale references in the docs: {bad}"
 
 
+_CODE_REF = re.compile(r"(?<!llama\.cpp's )docs/([\w.-]+\.md)(#[\w-]+)?")
+
+
+def broken_code_pointers(path: Path, text: str | None = None) -> list[str]:
+    """The docs a source file's comments point to that do not resolve; a pointer to measured.md or history.md
+    must name its section, since those pages change by the figure."""
+    bad = []
+    for m in _CODE_REF.finditer(path.read_text() if text is None else text):
+        name, anchor = m.group(1), (m.group(2) or "")[1:]
+        doc = ROOT / "docs" / name
+        if not doc.exists():
+            bad.append(f"{m.group(0)} (no such file)")
+        elif anchor and anchor not in anchors(doc):
+            bad.append(f"{m.group(0)} (no such heading)")
+        elif not anchor and name in ("measured.md", "history.md"):
+            bad.append(f"{m.group(0)} (no section named)")
+    return bad
+
+
+def test_code_comments_point_at_sections_that_exist():
+    sources = [ROOT / "app.py", *(p for d in ("engine", "ui", "training", "scripts", "tests")
+                                  for p in ROOT.joinpath(d).rglob("*.py") if p.name != Path(__file__).name)]
+    bad = {str(p.relative_to(ROOT)): b for p in sources if (b := broken_code_pointers(p))}
+    assert not bad, f"code comments pointing at no section of the docs: {bad}"
+    probe = "# see docs/measured.md, docs/history.md#no-such-heading and docs/history.md#the-kernels"
+    assert broken_code_pointers(ROOT / "app.py", probe) == ["docs/measured.md (no section named)",
+                                                            "docs/history.md#no-such-heading (no such heading)"]
+
+
 def test_measured_md_holds_current_figures_only():
     n = len(ROOT.joinpath("docs", "measured.md").read_text().splitlines())
     assert n <= MEASURED_MAX_LINES, f"docs/measured.md has {n} lines: move what is superseded to docs/history.md"
