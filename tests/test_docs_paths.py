@@ -66,7 +66,11 @@ def slug(heading: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def anchors(path: Path) -> frozenset[str]:
-    prose, _ = _split_fences(path.read_text())
+    return _anchors_in(path.read_text())
+
+
+def _anchors_in(text: str) -> frozenset[str]:
+    prose, _ = _split_fences(text)
     seen: dict[str, int] = {}
     out = set()
     for line in prose:
@@ -132,7 +136,8 @@ def _exists(word: str, doc: Path, tails: frozenset[str], top: frozenset[str]) ->
 def broken_references(doc: Path, text: str | None = None) -> list[str]:
     """Every path or anchor `doc` (or `text`, read as if it were `doc`) names that does not resolve."""
     top, tails = repo_index()
-    prose, fenced = _split_fences(doc.read_text() if text is None else text)
+    text = doc.read_text() if text is None else text
+    prose, fenced = _split_fences(text)
     bad = []
     for word in _code_words(prose, fenced):
         if word in OUTPUTS or word in EXTERNAL or not _looks_like_path(word, top):
@@ -143,10 +148,12 @@ def broken_references(doc: Path, text: str | None = None) -> list[str]:
         if target.startswith(("http://", "https://", "mailto:")):
             continue
         path, _, anchor = target.partition("#")
-        dest = (doc.parent / path).resolve() if path else doc
-        if not dest.exists():
+        dest = (doc.parent / path).resolve()
+        if path and not dest.exists():
             bad.append(f"{target} (no such file)")
-        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+        elif anchor and not path and anchor not in _anchors_in(text):
+            bad.append(f"{target} (no heading #{anchor})")
+        elif anchor and path and dest.suffix == ".md" and anchor not in anchors(dest):
             bad.append(f"{target} (no heading #{anchor})")
     return bad
 
@@ -180,7 +187,7 @@ def test_code_comments_point_at_sections_that_exist():
                                   for p in ROOT.joinpath(d).rglob("*.py") if p.name != Path(__file__).name)]
     bad = {str(p.relative_to(ROOT)): b for p in sources if (b := broken_code_pointers(p))}
     assert not bad, f"code comments pointing at no section of the docs: {bad}"
-    probe = "# see docs/measured.md, docs/history.md#no-such-heading and docs/history.md#the-kernels"
+    probe = "# see docs/measured.md, docs/history.md#no-such-heading and docs/measured.md#measured-figures"
     assert broken_code_pointers(ROOT / "app.py", probe) == ["docs/measured.md (no section named)",
                                                             "docs/history.md#no-such-heading (no such heading)"]
 
@@ -191,12 +198,14 @@ def test_measured_md_holds_current_figures_only():
 
 
 def test_the_check_finds_a_stale_path_and_a_stale_anchor():
-    text = ("See `engine/draft/draft_head.py`, `head_net.py` and [trees](trees.md#no-such-heading); "
-            "`engine/forward/gemm.py`, `gemm.py` and [the budget](trees.md#one-budget-for-the-forward) are fine.\n"
-            "```bash\n.venv/bin/python scripts/no_such_script.py --out traces.csv\n```\n")
+    text = ("# A probe's `page`\n\nSee `engine/draft/draft_head.py`, `head_net.py`, [trees](trees.md#no-such-heading),"
+            " [gone](gone.md) and [here](#nowhere); `engine/forward/gemm.py`, `gemm.py`, [trees](trees.md), [the top]"
+            "(measured.md#measured-figures) and [here](#a-probes-page) are fine.\n"
+            "```bash\n# not a heading\n.venv/bin/python scripts/no_such_script.py --out traces.csv\n```\n")
     bad = broken_references(ROOT / "docs" / "probe.md", text)
     assert bad == ["engine/draft/draft_head.py (no such file)", "head_net.py (no such file)",
-                   "scripts/no_such_script.py (no such file)", "trees.md#no-such-heading (no heading #no-such-heading)"]
+                   "scripts/no_such_script.py (no such file)", "trees.md#no-such-heading (no heading #no-such-heading)",
+                   "gone.md (no such file)", "#nowhere (no heading #nowhere)"]
 
 
 def test_slugs_follow_github():
