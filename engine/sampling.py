@@ -19,7 +19,7 @@ import torch
 def argmax_rows(logits: torch.Tensor) -> list[int]:
     """Each row's first maximum (the last dimension), as torch.argmax gives it, NaN counting as the largest in
     both. numpy's argmax is vectorised and, over a vocabulary's logits, much cheaper than torch's call
-    (docs/measured.md), and a round with four slots takes four of them."""
+    (docs/history.md#a-forwards-and-a-rounds-fixed-costs), and a round with four slots takes four of them."""
     if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64) or logits.requires_grad:
         return logits.argmax(dim=-1).reshape(-1).tolist()
     return logits.numpy().argmax(axis=-1).reshape(-1).tolist()

@@ -27,12 +27,11 @@ STOP_WAIT_S = 5.0  # how long Stop waits for the engine thread to deliver a step
 REFRESH_S = 0.3  # the page is updated at most this often while an answer streams
 WAIT_REFRESH_S = 1.0  # and this often while it waits in line (its place moves)
 COMPARE_REFRESH_S = 1.0  # progress refresh while a run of the comparison runs
-# while a comparison run is timed the web thread wakes at most this often and takes the rounds that came: woken
-# by every round, it took the GIL from the engine thread once a round, more often for the run of more rounds
+# while a comparison run is timed the web thread takes the rounds that came at most this often: each wake takes
+# the GIL from the engine thread (docs/history.md#the-pages-speedup-against-the-benchs)
 COMPARE_GATHER_S = 0.1
-# a pause before each of the comparison's timed runs: the browser draws the answer's final charts and each
-# progress line on the same cores, and that drawing landed in the timed runs (the first one's, plain decoding,
-# flattered the speedup; the second one's, the speculative run, hid a fifth of it on copying answers)
+# a pause before each timed run of the comparison, so the browser's drawing on the same cores stays out of it
+# (docs/history.md#the-pages-speedup-against-the-benchs)
 COMPARE_SETTLE_S = 0.5
 
 

@@ -65,9 +65,9 @@ class DraftBudget:
     def ngrams_draft(self, r: DraftRequest) -> bool:
         """Tree mode under the length policy: whether the slot's n-gram drafters draft this round, weighed as one
         drafter (gate.py). Each is cheap, but all of them together are a noticeable share of a one-row forward of
-        the embedded model read from its Q4_1 blocks (docs/measured.md): on open text, where their nodes are
-        seldom kept, that was a round's cost for nothing. Weighed one by one, two that find the same continuation
-        would each have no gain of its own and both stop."""
+        the embedded model read from its Q4_1 blocks (docs/measured.md#xeon-speculation-by-prompt-set): on open
+        text, where their nodes are seldom kept, that was a round's cost for nothing. Weighed one by one, two that
+        find the same continuation would each have no gain of its own and both stop."""
         if r.tree_max == 0 or not self.budgeted(r.seq) or r.probe:
             return True
         record = self.records.of(r.seq)
@@ -128,10 +128,9 @@ class DraftBudget:
             self.gate.note_rows(seq, name, sum(1 for d in tree.drafters if d == name))
             self.gate.note_gain(seq, name, gains.get(name, 0))
         if any(is_ngram(name) for name in self.records.of(seq).types):  # the n-gram drafters as one
-            # credited in the relay's order: what they found, whether or not a model drafter also found it. Judged
-            # by what only they found, the n-grams stopped wherever the head also read a repeated passage, and
-            # with the head gated off later in it nobody drafted the copy (a poem's refrain: 0.99x of plain
-            # beside the n-gram chain's 1.33x); the head's gain stays what it adds beyond them
+            # credited in the relay's order, whether or not a model drafter also found it: judged by what only
+            # they found, they stopped on passages the head also read (docs/history.md#speculation-by-prompt-set);
+            # the head's gain stays what it adds beyond them
             ngrams = max((m for name, (_, m) in credit.items() if is_ngram(name)), default=0)
             self.gate.note_rows(seq, NGRAMS, sum(1 for d in tree.drafters if is_ngram(d)))
             self.gate.note_gain(seq, NGRAMS, min(ngrams, n_kept))

@@ -77,7 +77,8 @@ def fair_take(trees, ranked, n_base: int, cost: CostModel, balance: dict[int, fl
     A slot that leaves the batch early saves those still generating its share of every later forward (`share`,
     RoundCost.seq_share): each token the slots before it in `before` expect from their kept nodes counts that
     much towards its own share. A copying slot's sure chain then pays the open slot beside it for its rows where
-    a sequence costs more than a row (CostModel.seq_seconds; docs/measured.md)."""
+    a sequence costs more than a row (CostModel.seq_seconds;
+    docs/measured.md#epyc-avx2-the-forwards-cost-curve)."""
     shares = _shares(trees, ranked, balance, bare, before or {}, share)
     credited = share > 0 and any(shares.before.values())
     c_base = cost.c(n_base)

@@ -26,13 +26,10 @@ one-row forward, which on open text, where their nodes are seldom kept, is a rou
 
 A new answer has no rounds of its own yet. Alone, a slot drafts from the start. Beside others, it starts from
 what the drafter gave the answers before it at the same number of slots (the engine's memory, `by_crowd`),
-probing as seldom as their last probes had come to: with four open answers on a CPU, the head's first two
-rounds were dear (most of it reading the prompt) for nodes the budget then refused, every time, while one
-answer alone gains from it from its first round. Where nobody has measured that many slots yet (a fresh
+probing as seldom as their last probes had come to. Where nobody has measured that many slots yet (a fresh
 engine), a model drafter starts on the probe rounds, and its first probe's gain stands alone, without the
-prior: four open answers in a fresh engine drafted with the head for their first 5 to 20 rounds while the
-prior kept their estimates near break-even, and those rounds took clearly longer than plain rounds would have
-for the same tokens (docs/measured.md). The n-gram drafters (`cheap`) keep the prior and draft from the start:
+prior: beside others the head's first rounds are dear (docs/history.md#what-the-budgets-rules-answer), and a
+prior near break-even let it draft at a loss. The n-gram drafters (`cheap`) keep the prior and draft from the start:
 a copying answer gains from its first rounds, and an unlucky first round of theirs costs microseconds.
 """
 

@@ -37,8 +37,7 @@ class SlotBudget:
         round (it rests, replays, or has no room), whose balance cannot pay for one row and which no drafting
         slot will leave before (one that may pay it for its rows), the fair budget keeps no node of anyone's
         tree and no probe (engine/budget/fair_share.py, `fair_take`, `others_afford`), so their drafting would only
-        delay the round. Four answers of which two copy and two write freely spent a measurable part of every
-        round drafting for nodes refused this way (docs/measured.md)."""
+        delay the round (docs/history.md#what-the-budgets-rules-answer)."""
         state = self.state
         if len(slots) < 2 or not state.fair:
             return set(), ""
@@ -105,11 +104,9 @@ class SlotBudget:
         charge, not a kinder one); with `ghosts` more slots in that plain round where slots beside this one left
         ahead of plain decoding (`leave`).
 
-        Charged by the curve, whose calibration moves between runs on a shared machine, four open slots once
-        verified trees whose rounds took far longer than the curve said, and the balances never showed it, nor
-        drafting time spent on nodes the budget then refused. Charged forward and drafting only, the slots
-        beside a copying one stood above plain decoding by their balances and ran below it by the clock: a tree
-        round's walk and bookkeeping cost well more than a plain round's (docs/measured.md)."""
+        The clock, not the curve: the curve moves between runs and leaves out the walk, the bookkeeping and
+        drafting refused, so balances charged by it stood above plain decoding while the slots ran below it
+        (docs/history.md#what-the-budgets-rules-answer)."""
         n_base = budget.n_base if budget is not None else base_rows(in_batch)
         cost = self.owner.policy.cost
         after = cost.after_plain_seconds() or 0.0

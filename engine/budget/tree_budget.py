@@ -98,9 +98,8 @@ class BudgetState:
     # forward, is all a round costs beyond plain decoding. All slots probe on the same rounds: the others are plain
     rest_after: int = 2
     # each probe a resting slot makes that still wins no row on its merit doubles its interval, up to this; a
-    # node kept on its merit ends the rest. Four open slots probing every 4th round still spent a measurable
-    # share of every round on drafts nobody verified, the head's draft alone a sizeable slice of the round
-    # each time (docs/measured.md)
+    # node kept on its merit ends the rest: a fixed interval still spent a share of every round on drafts nobody
+    # verified (docs/history.md#what-the-budgets-rules-answer)
     probe_max: int = 32
     n_rounds: int = 0  # rounds run: probe rounds are those with n_rounds % (the slot's interval) == 0
     waking: set[int] = field(default_factory=set)  # resting slots drafting this round (their probe round)

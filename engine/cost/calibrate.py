@@ -77,10 +77,11 @@ def _cell_seconds(ctx, seq: int, n_prefix: int, sizes: list[int], fastest: list[
 
 
 def _seq_seconds(ctx, limits: OutputLimits, probe: ProbeResult, passes: int, n_short: int = 32) -> float:
-    """What a sequence's row costs beyond a row of a sequence already in the forward: k sequences of one row
-    each against one sequence of k rows, all after n_short cells (k up to 4 slots). On the AVX2 host a fourth
-    sequence added more to a forward of three than a draft row did (docs/measured.md): a slot that leaves early
-    saves the others more than a row. 0 with fewer than 2 sequences or a memory that cannot drop a tail."""
+    """What a sequence's row costs beyond a row of a sequence already in the forward: k sequences of one row each
+    against one sequence of k rows, all after n_short cells (k up to 4 slots). On the AVX2 host a fourth sequence
+    added more to a forward of three than a draft row did (docs/measured.md#epyc-avx2-the-forwards-cost-curve): a
+    slot that leaves early saves the others more than a row. 0 with fewer than 2 sequences or a memory that cannot
+    drop a tail."""
     k = min(4, ctx.n_seq_max, limits.total)
     if k < 2 or probe.kind != PART:
         return 0.0

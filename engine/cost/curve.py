@@ -46,7 +46,8 @@ class CostModel:
     # squares over decayed sums, from a prior of one round that met the curve exactly. Four copying slots on a
     # 2-core Xeon verified rows in rounds far dearer than the curve said (it times one sequence's chain at its
     # fastest of 7, and a round does more than its forward); one open slot's drafted rounds spent more than its
-    # plain ones after the forward (docs/measured.md). RoundCost.c adds both to every round's rows
+    # plain ones after the forward (docs/history.md#what-the-budgets-rules-answer). RoundCost.c adds both to every
+    # round's rows
     step_sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # decayed n, sum x, sum y, sum xx, sum xy
     step_prior: tuple[float, float] = (0.5e-3, 3e-3)  # x of the prior's two rounds (y = x), seconds
     step_decay: float = 0.97  # per observed round, the weight left to the rounds before it
@@ -147,12 +148,12 @@ class CostModel:
 
 @dataclass
 class RoundCost:
-    """c(n) for one round: rows beyond the round's base rows cost the curve's step less the attention they do
-    not do (at most half the step), where the slots' contexts are shorter than the calibration's prefix, times
-    what draft rows were measured to cost in service against that, plus a drafted round's fixed cost
-    (CostModel.step_fit). A forward of 4 slots with short contexts timed its 5th to 8th rows well below what
-    the curve of one sequence after 256 cells said (docs/measured.md): the budget refused rows that paid. Only
-    the step is corrected: the base rows' cost is what the forwards in service measured."""
+    """c(n) for one round: rows beyond the round's base rows cost the curve's step less the attention they do not do
+    (at most half the step), where the slots' contexts are shorter than the calibration's prefix, times what draft
+    rows were measured to cost in service against that, plus a drafted round's fixed cost (CostModel.step_fit). A
+    forward of 4 slots with short contexts timed its 5th to 8th rows well below what the curve of one sequence after
+    256 cells said (docs/history.md#the-calibration): the budget refused rows that paid. Only the step is corrected:
+    the base rows' cost is what the forwards in service measured."""
 
     curve: CostModel
     n_base: int  # rows the forward has anyway
@@ -196,12 +197,12 @@ def smooth_small(sizes: list[int], seconds: list[float], upto: int = 16) -> list
     """The timings of sizes up to `upto` replaced by the least-squares quadratic a + b n + c n^2 through them.
 
     A few rows cost nearly what one does, so the ratios that decide a draft (c(8) / c(4) beside four slots) are
-    small differences between timings that each move more than that on a shared machine: calibrations of the
-    fastest timings alone scattered c(8) / c(4) from no step at all to a large one, and a budget that believes
-    no step gives every slot rows that slow them all. The fit pools every size's timing into three numbers,
-    which held c(8) / c(4) within a narrow range over repeated calibrations, near what a forward of 4 slots
-    with 1 draft row each timed (docs/measured.md). Larger sizes keep their own timing: there the rows cost
-    enough to be measured."""
+    small differences between timings that each move more than that on a shared machine: calibrations of the fastest
+    timings alone scattered c(8) / c(4) from no step at all to a large one, and a budget that believes no step gives
+    every slot rows that slow them all. The fit pools every size's timing into three numbers, which held c(8) / c(4)
+    within a narrow range over repeated calibrations, near what a forward of 4 slots with 1 draft row each timed
+    (docs/history.md#the-calibration). Larger sizes keep their own timing: there the rows cost enough to be
+    measured."""
     import torch
 
     small = [i for i, n in enumerate(sizes) if n <= upto]

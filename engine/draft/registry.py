@@ -41,7 +41,8 @@ def default_params() -> dict:
     """Our defaults where they differ from llama.cpp's. Its 12-token keys (24 for ngram-mod, with 48-token
     minimum drafts) suit long code-editing sessions; a chat answer that copies a paragraph realigns with its
     source after every small change, and a 3-token key finds the source again within a few tokens; ngram-simple
-    then tries 2- and 1-token keys, which find it one token after the change (both measured: docs/measured.md).
+    then tries 2- and 1-token keys, which find it one token after the change (both measured:
+    docs/history.md#the-n-gram-keys).
     Drafts that do not pay are cut by the length policy, not by long keys."""
     from engine.draft.ngram import NgramMapParams, NgramSimpleParams
     from engine.draft.ngram_mod import NgramModParams
@@ -81,9 +82,9 @@ def make_drafter(name: str, **kwargs) -> Drafter:
 
 def starting_chain(target) -> list[str]:
     """The chain a page and the arena start with: the n-gram drafters, then the trained head where it fits the
-    target. The head pays on open prompts, where the n-grams find nothing to copy, and after the n-grams it was
-    the fastest chain on open and copy prompts alike (docs/measured.md, the draft head). A target that carries
-    its own MTP layers drafts with them last (draft-mtp): they were trained with it."""
+    target. The head pays on open prompts, where the n-grams find nothing to copy, and after the n-grams it was the
+    fastest chain on open and copy prompts alike (docs/measured.md#speed-of-the-head-in-chains). A target that
+    carries its own MTP layers drafts with them last (draft-mtp): they were trained with it."""
     from engine.draft.head.drafter import head_fits  # torch and the head's config: only when asked
     from engine.load.mtp import mtp_reason
 

@@ -191,7 +191,8 @@ def sub_batch(batch, result, rows: list[int]):
     """The rows of a forward that stayed in the cache, as a batch and result of their own, for the drafters that
     mirror the target's forwards (Drafter.process: the draft head reads hidden states by position). The result
     carries no logits: no drafter reads them there, and copying the kept rows' logits (a vocabulary's floats
-    each) was a measurable part of a round of four copying slots (docs/measured.md)."""
+    each) was a measurable part of a round of four copying slots
+    (docs/history.md#a-forwards-and-a-rounds-fixed-costs)."""
     from engine.batch import Batch
     from engine.memory.context import DecodeResult
 

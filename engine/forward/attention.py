@@ -107,7 +107,7 @@ def batch_layout(cell_pos: torch.Tensor, cell_seq: torch.Tensor, n_live: int, ba
     its own (and within `window`); a tree row sees those its forward did not write, and its ancestors' cells and
     its own. cells: the cell of each batch row. Each row is then one slice of its sequence's cells in position
     order, with no [T, n_live] step: the mask and its reading were a measurable share of a forward of four
-    slots (docs/measured.md)."""
+    slots (docs/history.md#a-forwards-and-a-rounds-fixed-costs)."""
     pos_all = cell_pos[:n_live].numpy()
     cells_np = cells.numpy()
     written = np.zeros(n_live, dtype=bool)

@@ -11,7 +11,7 @@ in a batch.
 
 - bfloat16 (`small_gemm.c`, vdpbf16ps, 16 rows per pass). On the embedded model's 210 layer linears it is
   faster than oneDNN at a few rows and as fast from 12 rows on, where both are bound by the multiplications
-  (`scripts/gemm_speed.py`; docs/measured.md).
+  (`scripts/gemm_speed.py`; docs/history.md#the-kernels).
 - float32 (`small_gemm_f32.c`, vfmadd231ps, up to 12 rows a pass over a block of 8 outputs, two blocks at a
   time up to 6 rows, weights prefetched 16 KB ahead; 16 outputs and 24 rows with AVX512F). On AVX2 this layout
   beat the one it replaced (3 rows a pass over blocks of 32 outputs) at 4 to 12 rows and matched it at 1 and
@@ -19,7 +19,7 @@ in a batch.
   the blocks hold 16 outputs (zmm) and a pass 24 rows: the broadcast loads that bound the 8-wide passes feed
   twice the sums, so the 16-wide passes gain the more rows they hold, and the embedded model's whole forward at
   16 and 24 rows costs far fewer single-row forwards: the tree verifications the round's budget buys
-  (docs/measured.md).
+  (docs/history.md#the-kernels).
 
 `SmallGemm.pack` returns None where no kernel applies (no such CPU feature, no C compiler, another dtype, a
 bias, a width the kernel's blocks do not divide): the caller keeps oneDNN for that weight.

@@ -7,7 +7,8 @@ model of the same config (every layer, weights zero, no values read from disk) i
 verification batch of four, and keeps the faster; an explicit dtype is taken as asked. The whole forward, not the
 linears alone: the lean forward runs float32 layers as one C call each and bfloat16 layers through torch
 (engine/forward/lean.py). On an Intel CPU with AVX512-BF16 a layer's linears alone were faster in bfloat16 while
-the embedded model's whole forwards were faster in float32 (docs/measured.md). Where the config cannot be built
+the embedded model's whole forwards were faster in float32
+(docs/history.md#the-forwards-layers-precision-and-packed-weights). Where the config cannot be built
 (a model of remote code) or its float32 weights would take over 2 GiB, one layer's linears are timed instead.
 
 A GGUF whose Q4_1 / Q8_0 blocks are its weights exactly (engine/forward/quant.py) is read from its blocks, in one of

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-# the decoder layer's tensors: reference name inside the layer -> the draft head's name (engine/draft/head_net.py)
+# the decoder layer's tensors: reference name inside the layer -> the draft head's name (engine/draft/head/net.py)
 LAYER_KEYS = {
     "self_attn.q_proj.weight": "q_proj.weight",
     "self_attn.k_proj.weight": "k_proj.weight",

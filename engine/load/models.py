@@ -237,9 +237,9 @@ def _prepack(model, gguf_path: Path | None, choice) -> None:
 
 
 def _return_freed_memory() -> None:
-    """Give the heap pages of the weights that packing replaced back to the system (glibc keeps freed blocks
-    of a few MB for reuse, and packing frees many of them; docs/measured.md). A no-op where the C library is not
-    glibc."""
+    """Give the heap pages of the weights that packing replaced back to the system (glibc keeps freed blocks of a few
+    MB for reuse, and packing frees many of them; docs/measured.md#memory-one-off-costs-a-row-on-two-vcpus). A no-op
+    where the C library is not glibc."""
     import ctypes
     import ctypes.util
 

@@ -1,9 +1,10 @@
 """How many threads a forward runs on: all the cores, unless another process has taken some of them.
 
-A forward's parallel loops (torch's and our kernels', one OpenMP pool) end at a barrier: every thread waits for
-the slowest. When another busy process holds one of two cores, the thread that shares that core runs half the
-time and every loop waits for it, so two threads decode far below their quiet speed, below what one thread
-alone keeps (docs/measured.md, a busy machine). llama.cpp slows the same way; its answer is `--threads`.
+A forward's parallel loops (torch's and our kernels', one OpenMP pool) end at a barrier: every thread waits for the
+slowest. When another busy process holds one of two cores, the thread that shares that core runs half the time and
+every loop waits for it, so two threads decode far below their quiet speed, below what one thread alone keeps
+(docs/measured.md#epyc-vnni-long-prompts-load-and-a-busy-core). llama.cpp slows the same way; its answer is
+`--threads`.
 
 `ThreadGovernor` watches each decode forward against the calibrated cost curve (seconds / the quiet machine's
 seconds for that many rows). When the mean of two windows of forwards in a row runs `slow_factor` over the

@@ -225,7 +225,7 @@ class DraftHead(nn.Module):
         catching up on a prompt makes every position's KV entry, but a query only where drafting starts, and q
         is 60% of the three projections. In our kernel each output is its own sum, so k and v carry the bits
         that `qkv` gives them. Below 12 rows without a query the second call costs more than it saves, and
-        the saving grows with the rows (docs/measured.md)."""
+        the saving grows with the rows (docs/history.md#the-heads-own-costs)."""
         if "kv" not in self.fused or feat.shape[0] - len(q_rows) < 12:
             q, k, v = self.qkv(feat, tokens, pos)
             return q[q_rows], k, v

@@ -1,11 +1,11 @@
 """The draft head's dense pieces in C (engine/forward/kernels/head_step.c): fuse, q-k-v with its rotary embedding, the
 attention output with the MLP, and the logits, one call each, over float16 weights or Q8_0 groups.
 
-In torch each piece was a dozen small calls around its linears (at a few rows, several times the linears' own
-time; docs/measured.md), and a draft call makes five to ten of them. `HeadStep.build` returns one where the
-head's linears are our float16-weight kernel (beside a float32 target on a CPU with F16C, engine/forward/gemm.py);
-elsewhere (a bfloat16 target, oneDNN's linears, training) the head keeps its torch pieces. Both give a row the
-same bits in any batch, so a sequence's tree is the one grown alone.
+In torch each piece was a dozen small calls around its linears (at a few rows, several times the linears' own time;
+docs/history.md#the-heads-own-costs), and a draft call makes five to ten of them. `HeadStep.build` returns one where
+the head's linears are our float16-weight kernel (beside a float32 target on a CPU with F16C,
+engine/forward/gemm.py); elsewhere (a bfloat16 target, oneDNN's linears, training) the head keeps its torch pieces.
+Both give a row the same bits in any batch, so a sequence's tree is the one grown alone.
 """
 
 from __future__ import annotations

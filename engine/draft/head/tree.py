@@ -14,7 +14,7 @@ is grown only when it is expected to pay for it: its frontier's scores S (summed
 call) times rho, the share of a frontier's score its children brought above the budget's threshold in earlier
 steps, must beat the step's time in tokens, t_step / (the batch's seconds per emitted token): alone, a step is
 a small share of a token's time; beside three other slots a step over the four frontiers costs more while a
-token costs less, so fewer of the deep, unlikely depths pay (docs/measured.md).
+token costs less, so fewer of the deep, unlikely depths pay (docs/history.md#the-heads-own-costs).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class HeadTreeParams:
     width: int = 4  # nodes expanded per depth (the best-scored of the newest depth)
     # a node scored below this is not expanded. Each depth costs a head step whether or not the budget keeps
     # what it adds; on open prompts trees cut at 0.02, 0.2 and 0.45 took the same number of target forwards,
-    # and 0.2 the least time (docs/measured.md, the head in trees)
+    # and 0.2 the least time (docs/history.md#the-head-in-trees)
     min_score: float = 0.2
 
 
