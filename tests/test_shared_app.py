@@ -139,6 +139,21 @@ def test_one_client_cannot_take_every_slot_while_a_page_chats(app):
         assert page.finished and not page.error
 
 
+def test_a_forwarded_address_from_an_untrusted_peer_names_no_new_visitor(app):
+    """Without --trusted-proxy, X-Forwarded-For is not believed: a client on this machine cannot pose as
+    another address to get a second share."""
+    url = app[0]
+    body = {"messages": [{"role": "user", "content": COPY}], "max_tokens": 600, "ignore_eos": True,
+            "speculative": False, "stream": True}
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", url + "v1/chat/completions", json=body, timeout=60,
+                      headers={**auth, "X-Forwarded-For": "198.51.100.1"}) as first:
+        assert first.status_code == 200
+        second = httpx.post(url + "v1/chat/completions", json={**body, "stream": False}, timeout=60,
+                            headers={**auth, "X-Forwarded-For": "198.51.100.2"})
+        assert second.status_code == 429
+
+
 def test_forty_sessions_of_one_visitor_hold_its_share_while_another_starts_at_once(app):
     """One visitor (this address, no key) opens 40 page sessions, each sending in step mode (a step-mode answer
     holds its slot until stopped): its share (1 with 2 slots) starts, the rest are told to wait; a second

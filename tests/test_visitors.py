@@ -10,6 +10,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.serve.engine import Engine
 from engine.serve.scheduler import Scheduler
@@ -274,3 +276,28 @@ def test_limits_are_safe_under_threads():
     for t in threads:
         t.join()
     assert len(taken) == 3 and limits.in_flight() == 3
+
+
+HEADER_NAMES = ("Authorization", "authorization", "Host", "Origin", "Cookie", "X-Forwarded-For", "Content-Type")
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(headers=st.lists(st.tuples(st.sampled_from(HEADER_NAMES), st.text(max_size=30)), max_size=8),
+       path=st.sampled_from(["/v1/chat/completions", "/metrics", "/gradio_api/heartbeat/x", "/", "/login"]))
+def test_fuzzed_headers_get_a_verdict_and_one_identity(headers, path):
+    """Any header list: the guard answers (never raises), refuses a duplicated identity header with 400, and
+    names the visitor from the one key it checked."""
+    config = GuardConfig(keys=(KEY_A,), page_login=True)
+    ascii_headers = [(k, v.encode("latin-1", "replace").decode("latin-1")) for k, v in headers]
+    refused = check(config, scope(ascii_headers, path, "POST"))
+    counts = {}
+    for k, _ in ascii_headers:
+        counts[k.lower()] = counts.get(k.lower(), 0) + 1
+    twice = any(counts.get(n, 0) > 1 for n in ("authorization", "host", "origin", "cookie"))
+    assert (refused is not None and refused[0] == 400) == twice
+    if refused is None:
+        from ui.api.guard import identity
+
+        given = {k.lower(): v for k, v in ascii_headers}
+        who = identity(config, "10.0.0.5", given, None)
+        assert who.endswith("@10.0.0.5") or who == "addr:10.0.0.5"

@@ -26,6 +26,7 @@ def text_bound(runtime) -> int | None:
     if known:
         return known
     limit = getattr(runtime.engine, "prompt_limit", None)
-    bound = UNBOUNDED_CHARS if limit is None else limit * longest_token(runtime.target.tokenizer)
+    tokenizer = getattr(runtime.target, "tokenizer", None)  # a stand-in target of a test may have none
+    bound = UNBOUNDED_CHARS if limit is None or tokenizer is None else limit * longest_token(tokenizer)
     runtime.text_chars = bound
     return bound

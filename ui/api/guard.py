@@ -30,8 +30,10 @@ LOOPBACK_NAMES = ("localhost",)
 API_PREFIXES = ("/v1/", "/metrics")  # what the key guards (the page is guarded by Gradio's login when shared)
 UPLOAD_SUFFIX = "/upload"  # Gradio's upload route (its own max_file_size applies as well)
 GRADIO_PREFIX = "/gradio_api/"
-# Gradio routes a page that is not signed in needs to show its login form
-LOGIN_FREE = ("/gradio_api/login_check", "/gradio_api/app_id", "/gradio_api/user", "/gradio_api/token")
+# Gradio routes a page that is not signed in needs to show its login form, and the one launch() itself calls
+# (it runs the app's startup events once; later calls do nothing)
+LOGIN_FREE = ("/gradio_api/login_check", "/gradio_api/app_id", "/gradio_api/user", "/gradio_api/token",
+              "/gradio_api/startup-events")
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
