@@ -3,7 +3,7 @@
 This package's face: what the page, the bench and the scripts use, each name imported from where it lives on
 first use (PEP 562), so `import engine` loads nothing heavy. The layers, lowest first: the vocabulary in this
 folder (params, events, batch, sampling, grammar, prefix), `forward/`, `memory/`, `load/`, `cost/`, `draft/`,
-`round/`, `serve/`, and the bench (`bench/`) on top.
+`round/`, `serve/`, `remote/` (another server seen over HTTP), and the bench (`bench/`) on top.
 """
 
 from __future__ import annotations
