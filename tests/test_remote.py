@@ -11,6 +11,7 @@ import pytest
 from engine.remote.client import RemoteAnswer, RemoteClient, RemoteConfig, RemoteError
 from engine.remote.counters import SpecCounts, delta, parse_samples, read_counts
 from engine.remote.observe import judge, observe_whole, read_server_info
+from engine.remote.reading import read_remote
 from fake_servers import ROUNDS, WORDS, FakeServer, serve_asgi
 from loadclient import free_port
 
@@ -184,3 +185,22 @@ def test_a_second_playground_is_read_through_its_own_names(tiny_target):
     assert seen.spec.accepted == seen.answer.draft_n_accepted
     assert sum(seen.spec.accepted_per_pos) == seen.spec.accepted
     assert seen.spec.per_position[0] <= 1.0 and seen.spec.mean_acceptance_length >= 1.0
+
+
+def test_the_reading_says_whether_it_pays_and_which_n_max():
+    spec = delta(SpecCounts("llamacpp:", 0, 0, 0, (0, 0, 0, 0), 0),
+                 SpecCounts("llamacpp:", 4, 16, 9, (3, 3, 2, 1), 10))
+    reading = read_remote(180.0, 100.0, spec)
+    assert reading.speedup == pytest.approx(1.8) and reading.pays
+    # L = 3.25 tokens a round at 1.8x: a round costs 3.25 / 1.8 steps; its 4 draft positions share the rest
+    c = 3.25 / 1.8 - 1
+    assert reading.round_cost == pytest.approx(c) and reading.mean_draft_length == 4
+    assert reading.falls_off_at == 4  # 0.75, 0.75, 0.5, then 0.25
+    expected = [(1 + sum(PER_POSITION[:m])) / (1 + m * c / 4) for m in range(1, 5)]
+    assert reading.predicted == pytest.approx(expected)
+    assert reading.suggested_n_max == 1 + max(range(4), key=expected.__getitem__)
+    assert any("pays on this prompt: 1.80x" in line for line in reading.lines())
+    slow = read_remote(90.0, 100.0, spec)
+    assert slow.pays is False and "does not pay" in slow.lines()[0]
+    blind = read_remote(180.0, None, None)
+    assert blind.speedup is None and blind.suggested_n_max is None and blind.lines() == []
