@@ -72,6 +72,14 @@ _FACE = {  # public name -> (module, its name there)
     "arena_leaderboard": ("engine.bench.leaderboard", "leaderboard"),
     "write_arena_csv": ("engine.bench.leaderboard", "write_csv"),
     "write_arena_png": ("engine.bench.leaderboard", "write_png"),
+    # another server seen over HTTP: its answer, its counters' change, what it runs (engine/remote/)
+    "RemoteClient": ("engine.remote.client", "RemoteClient"),
+    "RemoteConfig": ("engine.remote.client", "RemoteConfig"),
+    "RemoteError": ("engine.remote.client", "RemoteError"),
+    "read_server_info": ("engine.remote.observe", "read_server_info"),
+    "observe": ("engine.remote.observe", "observe"),
+    "NOT_SHOWN": ("engine.remote.observe", "NOT_SHOWN"),  # what a server keeps to itself, in words
+    "read_remote": ("engine.remote.reading", "read_remote"),
     # the colours, axes and layout the bench's plots and the page's charts share (the module itself)
     "plotstyle": ("engine.plotstyle", None),
 }

@@ -63,6 +63,21 @@ def send(app: AppState, s: SessionState, text: str, stepping: bool, values: dict
         yield warn(app, s, e)
 
 
+def remote_send(page, s: SessionState, text: str, values: dict) -> object:
+    """Stream a chat turn from the --remote server (ui/remote_page.py); the message box empties at once."""
+    from ui.remote_page import remote_turn
+
+    first = True
+    try:
+        for views in remote_turn(page, s, text, settings_from(values)):
+            yield pack(views, s, "" if first else None, stream=True)
+            first = False
+    except UserError as e:
+        gr.Warning(str(e))
+        s.notice = (str(e), e.level)
+        yield pack({"notice": notice_html(*s.notice)}, s)
+
+
 def try_advice(app: AppState, s: SessionState, values: dict) -> object:
     """Run the last prompt again with the advised chain; the comparison's line then shows the result."""
     try:
