@@ -36,6 +36,7 @@ class FakeServer:
     stall_s: float = 0.0  # wait this long before answering a chat request
     stall_mid_s: float = 0.0  # wait this long after the first text chunk
     metrics: bool = True  # llama-server without --metrics answers 501
+    words: list = field(default_factory=lambda: list(WORDS))  # the answer's text, a piece a chunk
     requests: list = field(default_factory=list)  # each chat request's (headers, body)
     drafts: int = 0
     draft_tokens: int = 0
@@ -50,7 +51,7 @@ class FakeServer:
             self.accepted += kept
             for i in range(kept):
                 self.per_pos[i] += 1
-        self.generated += len(WORDS)
+        self.generated += len(self.words)
 
     def exposition(self) -> str:
         if self.kind == "vllm":
@@ -81,7 +82,7 @@ class FakeServer:
 
     async def answer(self, plain: bool):
         yield self.chunk({"role": "assistant", "content": None})
-        for i, word in enumerate(WORDS):
+        for i, word in enumerate(self.words):
             if self.vanish_after is not None and i == self.vanish_after:
                 raise ConnectionResetError("the fake server vanishes")  # uvicorn drops the connection
             yield self.chunk({"content": word})
@@ -90,8 +91,8 @@ class FakeServer:
         if not plain:
             self.count_answer()
         else:
-            self.generated += len(WORDS)
-        usage = {"prompt_tokens": 7, "completion_tokens": len(WORDS), "total_tokens": 7 + len(WORDS)}
+            self.generated += len(self.words)
+        usage = {"prompt_tokens": 7, "completion_tokens": len(self.words), "total_tokens": 7 + len(self.words)}
         drafted = 0 if plain else sum(n for n, _ in ROUNDS)
         kept = 0 if plain else sum(k for _, k in ROUNDS)
         if self.kind == "vllm":
@@ -99,7 +100,7 @@ class FakeServer:
             yield f"data: {json.dumps({'id': 'chatcmpl-1', 'choices': [], 'usage': usage})}\n\n"
         else:
             timings = {"prompt_n": 7, "prompt_ms": 3.5, "prompt_per_token_ms": 0.5, "prompt_per_second": 2000.0,
-                       "predicted_n": len(WORDS), "predicted_ms": 50.0, "predicted_per_token_ms": 5.0,
+                       "predicted_n": len(self.words), "predicted_ms": 50.0, "predicted_per_token_ms": 5.0,
                        "predicted_per_second": 100.0 if plain else 180.0, "draft_n": drafted,
                        "draft_n_accepted": kept}
             yield self.chunk({}, "stop", usage=usage, timings=timings)
