@@ -63,6 +63,8 @@ def test_our_engine_and_a_llama_server_side_by_side(tiny_dirs, bench_prompts, tm
     assert [b.get("speculative.n_max") for _, b in fake.requests] == [None, 0, None, 0]
     printed = capsys.readouterr().out
     assert "side by side with" in printed and "llama-server serving fake/model" in printed and "FLAG" not in printed
+    assert "llama-server: speculation pays on these prompts: 1.80x" in printed
+    assert "llama-server: n_max 3 is predicted best" in printed
     figure = position_figure(rows)
     assert [t["name"] for t in figure["data"]] == ["ours", "llama-server"]
     assert write_png(rows, tmp_path / "remote.png").stat().st_size > 1000

@@ -120,11 +120,31 @@ class Server:
                     seen.spec if seen.alone is not False else None, same, "; ".join(notes))
 
 
-def run_side_by_side(cfg: BenchConfig, engine, prompts: list[dict], server: Server) -> list[dict]:
-    rows = []
+def run_side_by_side(cfg: BenchConfig, engine, prompts: list[dict], server: Server) -> list[Side]:
+    sides = []
     for p in prompts:
-        rows += [ours(cfg, engine, p).row(), server.side(cfg, p).row()]
-    return rows
+        sides += [ours(cfg, engine, p), server.side(cfg, p)]
+    return sides
+
+
+def overall(sides: list[Side]) -> list[str]:
+    """Each side's reading over all prompts: its counters summed, its tokens/s averaged."""
+    out = []
+    for name in dict.fromkeys(s.side for s in sides):
+        mine = [s for s in sides if s.side == name]
+        counted = [s.spec for s in mine if s.spec is not None]
+        total = None
+        if counted:
+            n = max(len(c.accepted_per_pos) for c in counted)
+            per_pos = tuple(sum(c.accepted_per_pos[i] for c in counted if i < len(c.accepted_per_pos))
+                            for i in range(n))
+            total = SpecDelta(counted[0].family, *(sum(getattr(c, f) for c in counted)
+                                                   for f in ("drafts", "draft_tokens", "accepted")), per_pos, None)
+        tps = [s.tps for s in mine if s.tps]
+        plain = [s.plain_tps for s in mine if s.plain_tps]
+        reading = read_remote(sum(tps) / len(tps) if tps else None, sum(plain) / len(plain) if plain else None, total)
+        out += [f"{name}: {line}" for line in reading.lines("these prompts")]
+    return out
 
 
 def _fmt(v, spec: str) -> str:
@@ -180,9 +200,11 @@ def write_png(rows: list[dict], path: str | Path) -> Path:
 
 def report(cfg: BenchConfig, engine, prompts: list[dict], server: Server, out: str, plots: str | None) -> list[str]:
     """Run the side by side, write its CSV beside --out (and its PNG into --plots), and return the lines to print."""
-    rows = run_side_by_side(cfg, engine, prompts, server)
+    sides = run_side_by_side(cfg, engine, prompts, server)
+    rows = [s.row() for s in sides]
     path = write_csv(rows, Path(out).with_name(Path(out).stem + "-remote.csv"))
-    lines = [f"side by side with {server.client.config.base}: {server.info.describe()}", *format_table(rows)]
+    lines = [f"side by side with {server.client.config.base}: {server.info.describe()}", *format_table(rows),
+             *overall(sides)]
     differs = [r["prompt_id"] for r in rows if r["side"] != "ours" and r["text_vs_plain"] == "DIFFERS"]
     if differs:
         lines.append(f"FLAG: the server's text differs from its own plain run on {', '.join(differs)}")

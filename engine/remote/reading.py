@@ -36,12 +36,12 @@ class RemoteReading:
     def pays(self) -> bool | None:
         return None if self.speedup is None else self.speedup >= PAYS
 
-    def lines(self) -> list[str]:
-        """The reading in sentences, for the page and the bench."""
+    def lines(self, scope: str = "this prompt") -> list[str]:
+        """The reading in sentences, for the page and the bench; `scope` names what was measured."""
         out = []
         if self.speedup is not None:
             verdict = "pays" if self.pays else "does not pay"
-            out.append(f"speculation {verdict} on this prompt: {self.speedup:.2f}x the server's own plain tokens/s"
+            out.append(f"speculation {verdict} on {scope}: {self.speedup:.2f}x the plain tokens/s of the same server"
                        + (f"; a drafted round costs {self.round_cost + 1:.2f} plain steps"
                           if self.round_cost is not None else ""))
         if self.falls_off_at is not None:
