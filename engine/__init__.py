@@ -78,6 +78,9 @@ _FACE = {  # public name -> (module, its name there)
     "RemoteError": ("engine.remote.client", "RemoteError"),
     "read_server_info": ("engine.remote.observe", "read_server_info"),
     "observe": ("engine.remote.observe", "observe"),
+    "plain_answer": ("engine.remote.observe", "plain_answer"),
+    "Observation": ("engine.remote.observe", "Observation"),
+    "RemoteAnswer": ("engine.remote.client", "RemoteAnswer"),
     "NOT_SHOWN": ("engine.remote.observe", "NOT_SHOWN"),  # what a server keeps to itself, in words
     "read_remote": ("engine.remote.reading", "read_remote"),
     # the colours, axes and layout the bench's plots and the page's charts share (the module itself)

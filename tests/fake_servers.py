@@ -36,6 +36,7 @@ class FakeServer:
     stall_s: float = 0.0  # wait this long before answering a chat request
     stall_mid_s: float = 0.0  # wait this long after the first text chunk
     metrics: bool = True  # llama-server without --metrics answers 501
+    honours_plain: bool = True  # False: a build that ignores a request's speculative.n_max (drafts anyway)
     words: list = field(default_factory=lambda: list(WORDS))  # the answer's text, a piece a chunk
     requests: list = field(default_factory=list)  # each chat request's (headers, body)
     drafts: int = 0
@@ -115,7 +116,7 @@ class FakeServer:
             self.refuse_first -= 1
             return JSONResponse({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
                                 status_code=503)
-        plain = body.get("speculative.n_max") == 0
+        plain = body.get("speculative.n_max") == 0 and self.honours_plain
         return StreamingResponse(self.answer(plain), media_type="text/event-stream")
 
     async def metrics_page(self, request: Request):

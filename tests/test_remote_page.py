@@ -123,3 +123,29 @@ def test_the_page_names_the_server_and_its_send_streams_from_it(server):
     assert updates[0][-1] == "" and "".join(WORDS) in updates[-1][chat]
     refused = list(handlers.remote_send(page, session, "", {}))
     assert "Type a message" in refused[-1][handlers.VIEWS.index("notice")]
+
+
+def test_stop_ends_a_streaming_answer_at_its_next_piece(server):
+    from ui.session import stop_turn
+
+    fake, url = server
+    fake.stall_mid_s = 0.5  # the first piece, then a pause in which the reader presses Stop
+    session = SessionState()
+    turn_views = remote_turn(page_for(url), session, "Say it.", Settings(max_new_tokens=32))
+    next(turn_views)
+    assert session.busy
+    stop_turn(None, session)
+    final = list(turn_views)[-1]
+    assert WORDS[0] in final["chat"] and "".join(WORDS) not in final["chat"] and not session.busy
+    assert "stopped" in final["chat"] and len(fake.requests) == 1  # no plain run of a stopped answer
+
+
+def test_a_server_that_drafts_when_asked_not_to_gives_no_speedup_and_a_twin_does():
+    """A llama-server build that ignores a request's speculative.n_max drafts in the 'plain' run too: no speedup
+    is claimed from it. A twin served without speculation (--remote-plain) gives the plain run instead."""
+    fake, twin = FakeServer(honours_plain=False), FakeServer(kind="vllm")
+    with serve_asgi(fake.app()) as url, serve_asgi(twin.app()) as twin_url:
+        ignored = turn(page_for(url), SessionState())[-1]["summary"]
+        paired = turn(page_for(url, "--remote-plain", twin_url), SessionState())[-1]["summary"]
+    assert "drafted 16 tokens when asked not to" in ignored and "pays" not in ignored
+    assert "without speculation</span>" in paired and len(twin.requests) == 1

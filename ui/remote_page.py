@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import html
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Iterator
 
 from ui.render import answer_bubble, notice_html, transcript_html, user_bubble
@@ -38,6 +40,9 @@ def add_remote_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remote-key-file", default=None, metavar="FILE",
                    help=f"a file holding the server's API key (or set {KEY_ENV}); the key is never taken on the "
                         "command line, never shown and never logged")
+    p.add_argument("--remote-plain", default=None, metavar="URL",
+                   help="the same model served without speculation (vLLM, SGLang, llama-server builds that ignore "
+                        "a request's speculative.n_max): each answer is asked there too, for the speedup")
     p.add_argument("--remote-shared", action="store_true",
                    help="the server also serves others: its /metrics change over an answer is then not read as "
                         "that answer's (only its own timings are)")
@@ -56,6 +61,7 @@ class RemotePage:
     client: object  # engine.RemoteClient
     info: object  # engine.ServerInfo, read when the app started
     shared: bool = False  # --remote-shared: the counters' change is never one answer's
+    twin: object = None  # engine.RemoteClient of --remote-plain, the same model without speculation
 
 
 def open_remote(args: argparse.Namespace) -> RemotePage | None:
@@ -65,8 +71,10 @@ def open_remote(args: argparse.Namespace) -> RemotePage | None:
         return None
     from engine import RemoteClient, RemoteConfig, read_server_info
 
-    client = RemoteClient(RemoteConfig(args.remote, key=remote_key(args)))
-    return RemotePage(client=client, info=read_server_info(client), shared=args.remote_shared)
+    key = remote_key(args)
+    client = RemoteClient(RemoteConfig(args.remote, key=key))
+    twin = RemoteClient(RemoteConfig(args.remote_plain, key=key)) if args.remote_plain else None
+    return RemotePage(client=client, info=read_server_info(client), shared=args.remote_shared, twin=twin)
 
 
 def header_html(page: RemotePage) -> str:
@@ -81,45 +89,75 @@ def request_body(session: SessionState, text: str, settings: Settings) -> dict:
     return body
 
 
+class RemoteLine:
+    """The part of a scheduler a session's Active asks for (stop, cancel), for an answer streaming from the server:
+    Stop, or a tab that closes, ends it at its next piece."""
+
+    def __init__(self):
+        self.ended = threading.Event()
+
+    def stop(self, _gen_id) -> None:
+        self.ended.set()
+
+    cancel = stop
+
+
 def remote_turn(page: RemotePage, session: SessionState, text: str, settings: Settings) -> Iterator[dict]:
     """A chat turn on the server: yields the views to show (chat, summary, notice) as the answer streams, then
     once more with its report. Raises ui.session.UserError when the server cannot answer at all."""
-    from engine import RemoteError, observe
+    from engine import RemoteError, plain_answer
     from ui.session import UserError
+    from ui.state import Active
 
     text = (text or "").strip()
     if not text:
         raise UserError("Type a message first.")
     if session.busy:
         raise UserError("An answer is still coming: wait for it, then send.")
+    line = RemoteLine()
+    session.active = Active(scheduler=line, gen=SimpleNamespace(id=0, stats={}), run=None)
     session.turn_open, session.pending_user, session.notice = True, text, ("", "info")
     body = request_body(session, text, settings)
     try:
-        stream, shown, due = observe(page.client, body), "", 0.0
-        while True:
-            try:
-                shown += next(stream)
-            except StopIteration as done:
-                seen = done.value
-                break
-            if time.perf_counter() >= due:
-                due = time.perf_counter() + REFRESH_S
-                yield {"chat": live_chat(session, shown)}
-        plain = None
-        if page.info.plain_request is not None and seen.answer.error is None and settings.compare:
+        seen = yield from stream_answer(page, session, body, line)
+        plain, why = None, ""
+        can_ask = page.twin is not None or page.info.plain_request is not None
+        if seen.answer.error is None and settings.compare and not line.ended.is_set() and can_ask:
             session.notice = ("Asking the server once more without speculation, for the speedup...", "info")
-            yield {"chat": live_chat(session, shown), "notice": notice_html(*session.notice)}
-            plain = page.client.chat({**body, **page.info.plain_request})
+            yield {"chat": live_chat(session, seen.answer.text), "notice": notice_html(*session.notice)}
+            plain, why = plain_answer(page.client, body, page.info, page.twin)
+        elif not can_ask:
+            why = f"no plain run: {page.info.kind} takes no per-request switch; give --remote-plain URL"
     except RemoteError as e:
         session.pending_user = ""
         raise UserError(f"The server did not answer: {e}", "error") from e
     finally:
-        session.turn_open = False
+        session.turn_open, session.active.finished = False, True
     session.notice = (seen.answer.error, "warn") if seen.answer.error else ("", "info")
     finish_turn(session, seen)
-    session.compare_html = report_html(page, seen, plain, settings)
+    session.compare_html = report_html(page, seen, plain, settings, why)
     yield {"chat": transcript_html(session.turns_html, EMPTY_HINT, session.show_rejected),
            "summary": f'<div class="summary">{session.compare_html}</div>', "notice": notice_html(*session.notice)}
+
+
+def stream_answer(page: RemotePage, session: SessionState, body: dict, line: RemoteLine) -> Iterator[dict]:
+    """The answer's pieces into the chat, at most every REFRESH_S; returns its engine.Observation (a stopped
+    answer's without counters: the server ends it on its own and counts on)."""
+    from engine import Observation, RemoteAnswer, observe
+
+    stream, shown, due = observe(page.client, body), "", 0.0
+    while True:
+        try:
+            shown += next(stream)
+        except StopIteration as done:
+            return done.value
+        if line.ended.is_set():
+            stream.close()  # closes the response: the server sees the client leave
+            return Observation(RemoteAnswer(text=shown, finish_reason="stopped"), None, None,
+                               "stopped before its end: the counters are not read")
+        if time.perf_counter() >= due:
+            due = time.perf_counter() + REFRESH_S
+            yield {"chat": live_chat(session, shown)}
 
 
 def live_chat(session: SessionState, shown: str) -> str:
@@ -139,7 +177,7 @@ def finish_turn(session: SessionState, seen) -> None:
     session.pending_user = ""
 
 
-def report_html(page: RemotePage, seen, plain, settings: Settings) -> str:
+def report_html(page: RemotePage, seen, plain, settings: Settings, why_no_plain: str = "") -> str:
     """What the server reports about one answer, what that makes of its speculation, and what it cannot show."""
     from engine import NOT_SHOWN, read_remote
 
@@ -164,7 +202,7 @@ def report_html(page: RemotePage, seen, plain, settings: Settings) -> str:
                      + ("the same" if same else "DIFFERENT" + ("" if settings.temp <= 0 else " (sampled)"))))
     reading = read_remote(answer.tokens_per_second, plain.tokens_per_second if plain is not None else None,
                           spec if alone else None)
-    notes = reading.lines() + ([seen.note] if seen.note else [])
+    notes = reading.lines() + [n for n in (seen.note, why_no_plain) if n]
     if page.shared and spec is not None:
         notes.append("--remote-shared: the /metrics change counts everyone's answers, so only the server's own "
                      "timings are shown")

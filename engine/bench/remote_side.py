@@ -20,7 +20,7 @@ from pathlib import Path
 from engine.bench.run import BenchConfig, reach_and_kept, run_ours
 from engine.remote.client import RemoteClient, RemoteConfig
 from engine.remote.counters import SpecDelta
-from engine.remote.observe import observe_whole, read_server_info
+from engine.remote.observe import observe_whole, plain_answer, read_server_info
 from engine.remote.reading import read_remote
 
 KEY_ENV = "SPECPLAY_REMOTE_KEY"
@@ -105,14 +105,8 @@ class Server:
     def side(self, cfg: BenchConfig, p: dict) -> Side:
         body = body_of(cfg, p)
         seen = observe_whole(self.client, body)
-        if self.plain is not None:
-            plain = self.plain.chat(body)
-        elif self.info.plain_request is not None:
-            plain = self.client.chat({**body, **self.info.plain_request})
-        else:
-            plain = None
-        notes = [x for x in (seen.answer.error, seen.note, None if plain is not None else
-                             "no plain run: this server takes no per-request switch; add remote-plain:URL") if x]
+        plain, why = plain_answer(self.client, body, self.info, self.plain)
+        notes = [x for x in (seen.answer.error, seen.note, why and why + " (remote-plain:URL)") if x]
         same = "n/a" if plain is None or plain.error or seen.answer.error else (
             "same" if plain.text == seen.answer.text else "DIFFERS")
         return Side(p["id"], self.info.kind, seen.answer.tokens_per_second,

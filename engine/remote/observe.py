@@ -20,7 +20,8 @@ from engine.remote.counters import SpecDelta, delta, read_counts
 
 OWNERS = {"llamacpp": "llama-server", "vllm": "vllm", "sglang": "sglang", "spec-playground": "playground"}
 # body fields that turn speculation off for one request, where the server takes them: llama-server drafts only
-# while its request's speculative.n_max is above 0; this playground takes "speculative": false
+# while its request's speculative.n_max is above 0 (builds whose server-schema.cpp leaves the speculative.*
+# fields out ignore it; plain_answer sees that in the answer's timings); this playground takes "speculative": false
 PLAIN_REQUEST = {"llama-server": {"speculative.n_max": 0}, "playground": {"speculative": False}}
 
 
@@ -136,3 +137,18 @@ def judge(answer: RemoteAnswer, before, after) -> Observation:
 def _counts(client: RemoteClient):
     text = client.metrics_text()
     return read_counts(text) if text is not None else None
+
+
+def plain_answer(client: RemoteClient, body: dict, info: ServerInfo,
+                 twin: RemoteClient | None = None) -> tuple[RemoteAnswer | None, str]:
+    """(the same request answered without speculation, "") from `twin` (the same model served without it) or
+    through the server's per-request switch; (None, why) where neither gives one or the server drafted anyway."""
+    if twin is not None:
+        return twin.chat(body), ""
+    if info.plain_request is None:
+        return None, f"no plain run: {info.kind} takes no per-request switch; name a twin served without speculation"
+    plain = client.chat({**body, **info.plain_request})
+    if plain.draft_n:
+        return None, (f"no plain run: the server drafted {plain.draft_n} tokens when asked not to (this build "
+                      "ignores per-request speculative fields); name a twin served without speculation")
+    return plain, ""
