@@ -36,6 +36,7 @@ class FakeServer:
     stall_s: float = 0.0  # wait this long before answering a chat request
     stall_mid_s: float = 0.0  # wait this long after the first text chunk
     metrics: bool = True  # llama-server without --metrics answers 501
+    key: str | None = None  # every page wants "Authorization: Bearer KEY" when set (401 otherwise)
     honours_plain: bool = True  # False: a build that ignores a request's speculative.n_max (drafts anyway)
     words: list = field(default_factory=lambda: list(WORDS))  # the answer's text, a piece a chunk
     requests: list = field(default_factory=list)  # each chat request's (headers, body)
@@ -138,10 +139,19 @@ class FakeServer:
             "speculative.p_min": 0.75}}, "total_slots": 1, "model_path": "/models/fake.gguf",
             "build_info": "b0000-fake"})
 
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"]),
-                                 Route("/metrics", self.metrics_page), Route("/v1/models", self.models),
-                                 Route("/props", self.props)])
+    def app(self):
+        routes = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                                   Route("/metrics", self.metrics_page), Route("/v1/models", self.models),
+                                   Route("/props", self.props)])
+
+        async def keyed(scope, receive, send):  # plain ASGI: a stream that raises is dropped, not closed cleanly
+            auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode()
+            if scope["type"] == "http" and self.key and auth != f"Bearer {self.key}":
+                refusal = JSONResponse({"error": {"code": 401, "message": "Invalid API Key"}}, status_code=401)
+                return await refusal(scope, receive, send)
+            await routes(scope, receive, send)
+
+        return keyed
 
 
 @contextmanager

@@ -118,6 +118,17 @@ def test_the_key_is_sent_and_never_shown(fake):
     assert "key=set" in repr(client)
 
 
+def test_a_wrong_key_is_said_at_once_and_not_tried_again(fake):
+    server, url = fake
+    server.key = "sk-right"
+    with pytest.raises(RemoteError, match="refused the key: HTTP 401"):
+        read_server_info(RemoteClient(RemoteConfig(url, key="sk-wrong", **FAST)))
+    with pytest.raises(RemoteError, match="refused the key: HTTP 401"):
+        RemoteClient(RemoteConfig(url, **FAST)).chat(ASK)
+    assert len(server.requests) == 0  # the key is checked before the chat route, and no retry followed
+    assert read_server_info(RemoteClient(RemoteConfig(url, key="sk-right", **FAST))).kind == "llama-server"
+
+
 def test_without_metrics_the_answer_still_comes_and_the_page_says_why(fake):
     server, url = fake
     server.metrics = False

@@ -213,6 +213,10 @@ class RemoteClient:
                 reason = f"HTTP {response.status_code}: {_error_text(response)}"
                 response.close()
                 continue
+            if response.status_code in (401, 403):  # a wrong or missing key: no page of the server will answer
+                response.close()
+                raise RemoteError(f"{cfg.base} refused the key: HTTP {response.status_code} (give it in "
+                                  "SPECPLAY_REMOTE_KEY or a key file)")
             if response.status_code >= 400 and response.request.method == "POST":
                 text = _error_text(response)
                 response.close()
