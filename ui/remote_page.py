@@ -84,9 +84,9 @@ def header_html(page: RemotePage) -> str:
 
 
 def request_body(session: SessionState, text: str, settings: Settings) -> dict:
-    body = {"messages": session.history + [{"role": "user", "content": text}], "max_tokens": settings.max_new_tokens,
+    """The conversation so far and the sidebar's sampling, as an OpenAI chat request."""
+    return {"messages": session.history + [{"role": "user", "content": text}], "max_tokens": settings.max_new_tokens,
             "temperature": settings.temp, "top_p": settings.top_p, "seed": settings.seed}
-    return body
 
 
 class RemoteLine:
@@ -189,8 +189,8 @@ def report_html(page: RemotePage, seen, plain, settings: Settings, why_no_plain:
     if drafted is not None:
         rate = f" ({accepted / drafted:.0%})" if drafted else ""
         rows.append(("drafted / accepted", f"{drafted:.0f} / {accepted:.0f}{rate}"))
-    if spec is not None and alone:
-        rows.append(("mean acceptance length", f"{spec.mean_acceptance_length or 1:.2f} tokens a drafted round "
+    if spec is not None and alone and spec.drafts:
+        rows.append(("mean acceptance length", f"{spec.mean_acceptance_length:.2f} tokens a drafted round "
                                                "(1 + accepted / drafts)"))
         rows.append(("acceptance by position", " ".join(f"d{i + 1} {r:.0%}" for i, r in enumerate(spec.per_position))
                      + " (rounds keeping position i / drafted rounds)"))
