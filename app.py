@@ -12,12 +12,12 @@ import argparse
 import os
 import sys
 
+from ui.remote_page import add_remote_args, open_remote  # stdlib and ui.render only: --help stays fast
 from ui.sharing import add_sharing_args, model_load_allowed, settle_sharing_args
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from engine import DEVICE_HELP
-    from engine import DTYPE_CHOICES as CHOICES
+    from engine import DEVICE_HELP, DTYPE_CHOICES as CHOICES
 
     p = argparse.ArgumentParser(description="Watch speculative decoding happen, round by round, in a browser.")
     p.add_argument("--target", default="embedded",
@@ -65,6 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "not loopback, --share or --allowed-host; always on loopback alone): the packaged models, a "
                         "--model-dir's and, with --allow-hub-models, hub ids")
     add_sharing_args(p)
+    add_remote_args(p)
     p.add_argument("--no-api", action="store_true",
                    help="serve the page only: no OpenAI-compatible /v1/chat/completions and no /metrics (both are "
                         "on by default, on the page's host and port, through the same slots and line)")
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine import ModelLoadError
 
     try:
+        remote = open_remote(args)  # before the models load: a server that cannot be reached is said at once
         state = load_state(args)
     except (ModelLoadError, ValueError, RuntimeError, OSError) as e:
         print(f"app.py: cannot start: {e}", file=sys.stderr)
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from ui.gradio_state import use_lazy_sessions
 
     print(f"ready: {state.runtime.describe()}", flush=True)
-    demo = build(state)
+    demo = build(state, remote)
     demo.queue(default_concurrency_limit=None)
     options = launch_options(state.options, args.max_upload)
     door, guard_config = front_door(args, state)

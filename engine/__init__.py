@@ -3,7 +3,7 @@
 This package's face: what the page, the bench and the scripts use, each name imported from where it lives on
 first use (PEP 562), so `import engine` loads nothing heavy. The layers, lowest first: the vocabulary in this
 folder (params, events, batch, sampling, grammar, prefix), `forward/`, `memory/`, `load/`, `cost/`, `draft/`,
-`round/`, `serve/`, and the bench (`bench/`) on top.
+`round/`, `serve/`, `remote/` (another server seen over HTTP), and the bench (`bench/`) on top.
 """
 
 from __future__ import annotations
@@ -72,6 +72,17 @@ _FACE = {  # public name -> (module, its name there)
     "arena_leaderboard": ("engine.bench.leaderboard", "leaderboard"),
     "write_arena_csv": ("engine.bench.leaderboard", "write_csv"),
     "write_arena_png": ("engine.bench.leaderboard", "write_png"),
+    # another server seen over HTTP: its answer, its counters' change, what it runs (engine/remote/)
+    "RemoteClient": ("engine.remote.client", "RemoteClient"),
+    "RemoteConfig": ("engine.remote.client", "RemoteConfig"),
+    "RemoteError": ("engine.remote.client", "RemoteError"),
+    "read_server_info": ("engine.remote.observe", "read_server_info"),
+    "observe": ("engine.remote.observe", "observe"),
+    "plain_answer": ("engine.remote.observe", "plain_answer"),
+    "Observation": ("engine.remote.observe", "Observation"),
+    "RemoteAnswer": ("engine.remote.client", "RemoteAnswer"),
+    "NOT_SHOWN": ("engine.remote.observe", "NOT_SHOWN"),  # what a server keeps to itself, in words
+    "read_remote": ("engine.remote.reading", "read_remote"),
     # the colours, axes and layout the bench's plots and the page's charts share (the module itself)
     "plotstyle": ("engine.plotstyle", None),
 }

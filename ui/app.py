@@ -12,6 +12,7 @@ from ui import arena_tab, bench_tab, handlers, lesson
 from ui.charts import acceptance_figure, plotly_figure, speed_figure
 from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
+from ui.remote_page import header_html as remote_header_html
 from ui.render import legend_html
 from ui.turns import close_turn
 from ui.presets import PRESETS
@@ -218,15 +219,16 @@ def detail_tabs(v: dict, app: AppState) -> tuple:
     return plot, words
 
 
-def build(state: AppState) -> gr.Blocks:
-    """The whole page for this app state (models, engine, scheduler shared by every browser session)."""
+def build(state: AppState, remote=None) -> gr.Blocks:
+    """The whole page for this app state (models, engine, scheduler shared by every browser session); with
+    `remote` (ui/remote_page.py RemotePage) the chat talks to that server instead."""
     with gr.Blocks(title="Speculative decoding playground", fill_width=True, delete_cache=DELETE_CACHE) as demo:
         # every tab's value is a deep copy of this one: what must differ per tab (its prefix-cache salt) is drawn
         # at its first turn (SessionState.salt)
         session = gr.State(SessionState(), delete_callback=lambda s: close_turn(state, s),
                            time_to_live=SESSION_TTL_S)
         c, controls = sidebar_controls(state)
-        gr.HTML(header_html())
+        gr.HTML(header_html() + (remote_header_html(remote) if remote is not None else ""))
         v: dict = {}
         with gr.Row(equal_height=False):
             with gr.Column(scale=6, min_width=480):
@@ -234,12 +236,13 @@ def build(state: AppState) -> gr.Blocks:
             with gr.Column(scale=5, min_width=420):
                 stats_column(v)
         lesson_outputs = detail_tabs(v, state)
-        wire(state, demo, session, c, controls, v, w)
+        wire(state, demo, session, c, controls, v, w, remote)
         demo.load(lambda: lesson_views(state), None, list(lesson_outputs), show_progress="hidden")
     return demo
 
 
-def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: dict, v: dict, w: dict) -> None:
+def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: dict, v: dict, w: dict,
+         remote=None) -> None:
     """Event handlers. Each is a thin closure over the app state around ui.handlers."""
     outputs = [v[name] for name in VIEWS] + [w["msg"]]
 
@@ -248,7 +251,10 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: d
 
     def on_send(request: gr.Request, s, text, stepping, *values):
         s.visitor = app.visitor(request)
-        for update in handlers.send(app, s, text, stepping, dict(zip(controls, values))):
+        values = dict(zip(controls, values))
+        turn = (handlers.send(app, s, text, stepping, values) if remote is None
+                else handlers.remote_send(app, remote, s, text, values))
+        for update in turn:
             yield wired(update)
 
     def on_open(request: gr.Request, s):

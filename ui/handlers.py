@@ -16,6 +16,7 @@ from ui.session import UserError, advice_turn, converse, step_turn, stop_turn
 from ui.presets import preset
 from ui.settings import DRAFT_MODEL_TYPE, chain_for_target, full_chain, settings_from, with_draft_type
 from ui.state import AppState, SessionState
+from ui.visitors import ShareExceeded
 from ui.views import CHART_VIEWS, TEXT_VIEWS, all_views, chat_view, waiting_views
 
 VIEWS = TEXT_VIEWS + CHART_VIEWS
@@ -61,6 +62,25 @@ def send(app: AppState, s: SessionState, text: str, stepping: bool, values: dict
             first = False
     except UserError as e:
         yield warn(app, s, e)
+
+
+def remote_send(app: AppState, page, s: SessionState, text: str, values: dict) -> object:
+    """Stream a chat turn from the --remote server (ui/remote_page.py); the message box empties at once. The
+    turn counts against the visitor's share as a local one does: the server is shared too."""
+    from ui.remote_page import remote_turn
+
+    first = True
+    try:
+        with app.limits.holding(s.visitor):
+            for views in remote_turn(page, s, text, settings_from(values)):
+                yield pack(views, s, "" if first else None, stream=True)
+                first = False
+    except ShareExceeded as e:
+        yield warn(app, s, UserError(f"Please wait: {e}."))
+    except UserError as e:
+        gr.Warning(str(e))
+        s.notice = (str(e), e.level)
+        yield pack({"notice": notice_html(*s.notice)}, s)
 
 
 def try_advice(app: AppState, s: SessionState, values: dict) -> object:

@@ -9,7 +9,8 @@ but draws differently from plain sampling, so the same seed gives other tokens: 
 another vocabulary, drafting through text) at --temp > 0 are verified by sample-and-match and are still compared
 token for token. `--compare hf,llama.cpp` adds other implementations
 on the same prompt ids (engine.bench.compare): transformers' generate and prompt lookup on a stock float32
-copy, and llama.cpp on the same GGUF; `--dtype` picks our weights' dtype (engine.load.dtype). `--n-max`, `--parallel`, `--ctx-len` and
+copy, and llama.cpp on the same GGUF; `--compare remote:URL` runs the prompts on another server too, side by side
+(engine.bench.remote_side); `--dtype` picks our weights' dtype (engine.load.dtype). `--n-max`, `--parallel`, `--ctx-len` and
 `--synthetic-accept` take comma-separated lists and the bench runs their cross product (engine.bench.sweep);
 synthetic-acceptance rows keep tokens the target did not choose, so they are not lossless by design: their
 `lossless_ok` is "n/a" and never fails the run. `--plots DIR` writes the speedup curves (engine.bench.plot).
@@ -26,6 +27,8 @@ from pathlib import Path
 
 from engine.bench.compare import Comparators, parse_compare
 from engine.bench.lossless import WHY_NA, why_na
+from engine.bench.remote_side import Server, split_remote
+from engine.bench.remote_side import report as report_side_by_side
 from engine.bench.rows import write_rows
 from engine.bench.inputs import prompt_grammar
 from engine.bench.run import BenchConfig
@@ -90,7 +93,9 @@ def _add_run_args(ap: argparse.ArgumentParser) -> None:
                     help="also run other implementations on the same prompt ids: hf (transformers' generate and "
                          "prompt lookup on a stock float32 copy), llama.cpp (the same GGUF through llama-cpp-python, "
                          "optional: ./scripts/setup.sh --llamacpp); their rows' lossless_ok is n/a, match_plain "
-                         "counts their leading tokens equal to ours")
+                         "counts their leading tokens equal to ours. remote:URL: the prompts on that server too, "
+                         "side by side (remote-plain:URL: the same model served without speculation; key: "
+                         "SPECPLAY_REMOTE_KEY)")
     ap.add_argument("--threads", type=int, default=None, help="forwards on this many threads; default: all cores, "
                     "fewer while another process holds some (engine/serve/threads.py)")
     ap.add_argument("--dtype", choices=list(CHOICES), default="auto",
@@ -214,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prompts = load_prompts(args.prompts)
         sweep = sweep_from_args(args)
+        args.compare, remote = split_remote(args.compare)
         kinds = parse_compare(args.compare, args.target)
         cfg = BenchConfig.from_args(args, n_max=min(sweep.n_max), parallel=sweep.parallel[0], ctx_len=sweep.ctx_len[0])
         target, draft = cfg.load()
@@ -221,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = cfg.build(target, draft, n_seq_max=max(sweep.parallel), n_draft=max(sweep.n_max))
         setup_grammar(cfg, engine, prompts, args)
         compare = Comparators.load(kinds, cfg, cfg.n_ctx) if kinds else None
-    except (ValueError, RuntimeError, OSError) as e:
+        server = Server(remote) if remote else None  # asked what it runs: an unreachable server stops us here
+    except (ValueError, RuntimeError, OSError) as e:  # engine.remote's RemoteError is a RuntimeError
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"dtype: {cfg.dtype_used} ({cfg.dtype_reason}); forward: "
@@ -237,5 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for line in write_plots(rows, args.plots):
             print(line)
+    if server is not None:
+        print("\n".join(report_side_by_side(cfg, engine, prompts, server, args.out, args.plots)))
     return 1 if any(r["lossless_ok"] is False for r in rows) else 0
 
