@@ -19,7 +19,7 @@ EXTENSIONS = (".py", ".md", ".jsonl", ".json", ".csv", ".txt", ".toml", ".sh", "
               ".css", ".ini", ".safetensors", ".gguf", ".yaml", ".yml", ".cfg")
 # Files a run writes where the user asks it to, or that a reader makes for a command (a prompts file of their own).
 OUTPUTS = {"traces.csv", "arena.csv", "arena.png", "plain.csv", "ctx.csv", "heldout4.jsonl", "two.jsonl", "p.jsonl",
-           "p8.jsonl"}
+           "p8.jsonl", "traces-remote.csv", "remote_acceptance.png"}
 # Files of other projects, named as their reference code or a checkpoint's layout.
 EXTERNAL = {"eagle/model/cnets.py", "vllm/model_executor/models/llama_eagle3.py", "config.json", "model.safetensors",
             "dflash/model.py", "convert_hf_to_gguf.py", "conversion/qwen.py", "common.h"}
