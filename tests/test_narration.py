@@ -117,6 +117,16 @@ def test_the_relay_names_the_winner_after_those_that_had_nothing(chain_events):
     assert "The draft verified is draft-simple's." in narration_html(ev, None)
 
 
+def test_a_draft_the_budget_dropped_names_no_verified_draft():
+    from engine.events import RoundEvent
+
+    dropped = RoundEvent(seq=0, round=2, kind="plain", drafter="ngram-simple", pos_sampled=5, p0=6, emitted=[3],
+                         relay=[("ngram-simple", 3, 0, "the rest were in the tree already, or the node limit or "
+                                                      "budget left them out")])
+    told = narration_html(dropped, None)
+    assert "ngram-simple: proposed 3" in told and "verified is" not in told and "Plain step." in told
+
+
 def test_the_relay_says_what_cut_an_offer():
     step = RelayStep("ngram-mod", offered=6, allowed=6, n_max=6, n_min=2, limit="", source="ngram")
     assert why_short(step, 0, tree=False) == "the length policy cut it"

@@ -89,8 +89,9 @@ def relay_words(ev) -> tuple[str, str]:
         told_zh.append(f"未起草:{html.escape(line)}")
     if not told_en:
         return "", ""
-    won = f" The draft verified is {html.escape(ev.drafter)}'s." if ev.drafter and ev.verify_mode != "tree" else ""
-    won_zh = f"验证的是 {html.escape(ev.drafter)} 的草稿。" if ev.drafter and ev.verify_mode != "tree" else ""
+    chain = ev.drafter and ev.drafted and ev.verify_mode != "tree"  # a tree names its drafters node by node
+    won = f" The draft verified is {html.escape(ev.drafter)}'s." if chain else ""
+    won_zh = f"验证的是 {html.escape(ev.drafter)} 的草稿。" if chain else ""
     return (f"<b>Relay.</b> Asked in order: {'; '.join(told_en)}.{won}",
             f"<b>接力。</b>依次询问:{';'.join(told_zh)}。{won_zh}")
 
@@ -215,9 +216,15 @@ def other_steps(ev) -> list[tuple[str, str]]:
                  f"重新写回(上一轮采样的 token、保留的草稿和目标自己的 token),目标模型再采样一个新 token,"
                  f"就像从未起草过。")]
     relay = relay_words(ev)
-    why = ("Nobody had a draft, so this is a plain decoding step" if relay[0]
-           else "No drafter is in the chain, so this is a plain decoding step")
-    why_zh = "没有草稿,所以这是一次普通解码" if relay[0] else "链中没有草稿器,所以这是一次普通解码"
+    if any(offered for _, offered, _, _ in ev.relay):
+        why, why_zh = "What was offered did not reach the forward (why: above)", "提出的草稿没有进入前向(原因见上)"
+    elif ev.relay:
+        why, why_zh = "Nobody had a draft", "没有草稿"
+    elif ev.not_drafted:
+        why, why_zh = "Nobody drafted (why: above)", "没有起草(原因见上)"
+    else:
+        why, why_zh = "Nobody was asked to draft", "没有询问任何草稿器"
+    why, why_zh = why + ", so this is a plain decoding step", why_zh + ",所以这是一次普通解码"
     return [step for step in (relay, (
         f"<b>Plain step.</b> {why}: one row, one token, and nothing to cut.",
         f"<b>普通一步。</b>{why_zh}:一行,一个 token,无需回滚。")) if step[0]]

@@ -69,7 +69,8 @@ def verify_chain(v: Verifying, slot: Slot, r: DraftRequest, logits, ckpt, drafte
         target_top=top, verify_mode=mode, rollback=rollback, rm_range=rm_range,
         rm_cells=rm_range[1] - rm_range[0] if rm_range else 0,
         rs_undone=k - m if rollback == "seq_rm" and v.probe_kind == RS else 0,
-        relay=take_relay(v.chain.records.of(slot.seq), r, {drafter: k} if drafter and k else {}, tree=False))
+        relay=take_relay(v.chain.records.of(slot.seq), r, {drafter: k} if drafter and k else {},
+                         tree=r.tree_max > 0))  # a tree the budget left empty is verified as a plain round
     slot.round += 1
     out = v.emit(slot, verdict.tokens)
     if slot.state == "done":
