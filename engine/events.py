@@ -25,8 +25,14 @@ class RoundEvent:
     target_top: list[int] = field(default_factory=list)  # the target's most likely token at each batch row
     q_draft: list[float] | None = None  # draft q of each drafted token, when the drafter has a distribution
     verify_mode: str = "match"  # "match" (sample-and-match, argmax at temp 0) | "rejection" | "synthetic" | "tree"
-    rollback: str = "none"  # "none" | "seq_rm" | "tree" (the branches not taken, by cell) | "checkpoint"
-    rm_range: tuple[int, int] | None = None  # [p0 + m, p0 + k) removed from the cache
+    # how the rejected cells left: "none" | "seq_rm" (a range cut, rm_range) | "tree" (the branches not taken,
+    # freed cell by cell: rm_positions) | "checkpoint" (the state before drafting restored, the kept tokens replayed
+    # next round: rm_range spans the whole batch)
+    rollback: str = "none"
+    rm_range: tuple[int, int] | None = None  # seq_rm: [p0 + m, p0 + k); checkpoint: [pos_sampled, p0 + k)
+    rm_cells: int = 0  # cells of this sequence the rollback took out of the cache
+    rm_positions: list[int] = field(default_factory=list)  # "tree": each freed node's position (siblings share)
+    rs_undone: int = 0  # steps of recurrent state a seq_rm undid (a memory with RS layers); 0 elsewhere
     t_draft_ms: float = 0.0  # time in the drafters
     t_verify_ms: float = 0.0  # the target forward (shared with the other slots in the batch) + verification
     t_forward_ms: float = 0.0  # of t_verify_ms, the forward alone: the arena splits a round's cost with it
@@ -55,6 +61,9 @@ class RoundEvent:
     # text became (what was verified, before any cut); empty for every other drafter
     draft_pieces: list[str] = field(default_factory=list)
     target_pieces: list[str] = field(default_factory=list)
+    # each drafter the chain asked this round, in relay order: (name, tokens or nodes offered, of those verified,
+    # why not more: "no match", "nothing above p_min", "under n_min", "the length policy cut it", ...; "" if all)
+    relay: list[tuple[str, int, int, str]] = field(default_factory=list)
     # tokens this generation got beyond what plain decoding would have given it in the same forward time, after
     # this round (BudgetState.balance); None where no budget ran
     balance: float | None = None

@@ -124,7 +124,7 @@ def test_a_round_is_told_in_the_lessons_order_in_two_languages():
     assert "correction" in text and "seq_rm(seq 1, 42, -1)" in text and "[42, 44)" in text
     assert "中文" in text and "起草" in text and "裁剪缓存" in text
     plain = RoundEvent(seq=1, round=4, kind="plain", drafter=None, pos_sampled=44, p0=45, emitted=[3])
-    assert narration_html(plain, roof) == ""
+    assert "Plain step." in narration_html(plain, roof) and "Draft." not in narration_html(plain, roof)
 
 
 def test_the_advisor_weighs_each_drafter_and_length():

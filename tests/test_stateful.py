@@ -138,6 +138,7 @@ def test_reversible_state_undoes_short_tails_and_checkpoints_the_rest(arch_dirs,
             if e.kind == "spec" and e.n_accepted < len(e.drafted) and not e.done:
                 tail = len(e.drafted) - e.n_accepted
                 assert e.rollback == ("seq_rm" if tail <= 5 else "checkpoint")
+                assert e.rs_undone == (tail if e.rollback == "seq_rm" else 0)  # the state's steps, said apart
                 paths[e.rollback] += 1
     assert paths["seq_rm"] > 0 and paths["checkpoint"] > 0, paths
 

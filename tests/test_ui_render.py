@@ -744,7 +744,8 @@ def tree_event(**kw) -> RoundEvent:
     ' mat'."""
     base = dict(seq=0, round=4, kind="spec", drafter="ngram-simple", pos_sampled=10, p0=11, drafted=[5, 6, 11],
                 n_accepted=2, bonus=12, emitted=[5, 6, 12], p_target=[1.0, 1.0, 1.0], target_top=[5, 6, 12, 4, 4, 4],
-                verify_mode="tree", rollback="tree", rm_range=(13, 14), tree_tokens=[5, 6, 11, 8, 7],
+                verify_mode="tree", rollback="tree", rm_range=(13, 14), rm_cells=3, rm_positions=[11, 12, 13],
+                tree_tokens=[5, 6, 11, 8, 7],
                 tree_parents=[-1, 0, 1, 0, -1], tree_drafters=["ngram-simple", "ngram-simple", "ngram-simple",
                                                               "draft-head", "draft-head"],
                 tree_path=[0, 1], tree_offered=9,

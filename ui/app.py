@@ -84,8 +84,10 @@ def speculation_controls(app: AppState, c: dict, d: Settings) -> dict:
                            info="every drafter proposes, the draft head branches, and one forward checks the "
                                 "whole tree; with adaptive length one budget keeps the nodes that pay")
     rollback = gr.Radio(["auto", "checkpoint"], value="auto", label="Rollback", elem_id="rollback",
-                        info="auto: seq_rm cuts the rejected tail. checkpoint: restore the state saved "
-                             "before drafting, then replay the accepted tokens (llama.cpp's FULL path)")
+                        info="auto: seq_rm cuts a chain's rejected tail, a tree's branches are freed cell by "
+                             "cell, and a memory that can do neither restores a checkpoint. checkpoint: always "
+                             "restore the state saved before drafting, then replay the accepted tokens "
+                             "(llama.cpp's FULL path)")
     return dict(types=types, n_max=n_max, n_min=n_min, p_min=p_min, adaptive=adaptive, rollback=rollback,
                 p_min_own=p_min_own, tree_nodes=tree_nodes)
 

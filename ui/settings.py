@@ -119,7 +119,9 @@ class Settings:
     seed: int = 0
     max_new_tokens: int = 128
     compare: bool = True  # run plain decoding after the speculative run, for speedup and the lossless check
-    rollback: str = "auto"  # "auto": seq_rm; "checkpoint": checkpoint, restore and replay on every rejection
+    # "auto": seq_rm for a chain's tail, cell by cell for a tree's branches, a checkpoint only where the memory needs
+    # one; "checkpoint": checkpoint, restore and replay on every rejection
+    rollback: str = "auto"
     p_min_own: bool = True  # each model drafter uses its own p_min (own_p_min_text), not the p_min above
     output_format: str = "free"  # "free" (no grammar) or a GrammarSpec kind: json | json_schema | regex | lark | gbnf
     format_text: str = ""  # the JSON schema, regex or Lark grammar of that format (unused for free and json)

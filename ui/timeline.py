@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from ui.narration import narration_html
+from ui.narration import narration_html, relay_line
 from ui.tokens import Vocab, tip, visible
 from ui.treeview import tree_html, tree_summary
 
@@ -28,14 +28,17 @@ def chips(ids: list[int], pieces: list[str], n_kept: int, p0: int) -> str:
 
 
 def rollback_text(ev) -> str:
-    """What the cache lost this round, in llama.cpp terms."""
-    if ev.rm_range is not None:
-        a, b = ev.rm_range
-        if ev.rollback == "tree":
-            kept = f"path kept [{ev.p0}, {a})" if a > ev.p0 else "no node kept"
-            return f"branches freed by cell; {kept}"
-        verb = "restore + replay" if ev.rollback == "checkpoint" else "seq_rm"
-        return f"{verb} [{a}, {b})"
+    """What the cache lost this round, in llama.cpp terms, by the engine's own word for it (RoundEvent.rollback)."""
+    if ev.rollback == "tree":
+        kept = f"path kept [{ev.p0}, {ev.p0 + ev.n_accepted})" if ev.n_accepted else "no node kept"
+        return f"branches freed by cell; {kept} ({ev.rm_cells} cell(s) freed one by one)"
+    if ev.rollback == "checkpoint" and ev.kind == "replay":
+        return f"replay from {ev.pos_sampled}"
+    if ev.rollback == "checkpoint":
+        return f"restore + replay: {ev.rm_cells} cell(s) [{ev.rm_range[0]}, {ev.rm_range[1]})"
+    if ev.rollback == "seq_rm" and ev.rm_range is not None:
+        rs = f" + {ev.rs_undone} recurrent step(s) undone" if ev.rs_undone else ""
+        return f"seq_rm [{ev.rm_range[0]}, {ev.rm_range[1]}){rs}"
     return "–"
 
 
@@ -57,7 +60,8 @@ def timeline_row(ev, vocab: Vocab, context: list[int]) -> str:
         ratio = ""
     elif k == 0:
         drafter = '<span class="muted">–</span>'
-        drafted = '<span class="muted">no draft</span>'
+        relay = relay_line(ev)
+        drafted = f'<span class="muted">no draft{": " + html.escape(relay) if relay else ""}</span>'
         ratio = ""
     else:
         drafter = html.escape(ev.drafter or "?")
@@ -121,45 +125,59 @@ def step_html(ev, vocab: Vocab, context: list[int], sampled: int | None, roof=No
         return ('<div class="step muted">Tick <b>Step mode</b>, send a message, then press <b>Step</b>: '
                 'each press runs one round and shows its batch here.</div>')
     if ev.tree_tokens:
-        return tree_step_html(ev, vocab, context)
+        return tree_step_html(ev, vocab, context, roof)
     if ev.kind == "prefill":
         return (f'<div class="step"><p><b>Round 0: prefill.</b> {ev.batch_rows} prompt tokens went through the '
                 f'target in one batch; it sampled the first token at position {ev.p0}. Press Step for the first '
-                f'draft round.</p></div>')
+                f'draft round.</p>{narration_html(ev, roof)}</div>')
     head = ("<tr><th>pos</th><th>batch input</th><th>target's top choice next</th><th>draft token judged</th>"
             "<th>verdict</th></tr>")
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
                    for row in step_rows(ev, vocab, context, sampled))
     k, m = len(ev.drafted), ev.n_accepted
-    if ev.rm_range is not None:
-        a, b = ev.rm_range
-        removed = (f'<p class="v-rej">Rollback: <code>seq_rm(seq {ev.seq}, {a}, -1)</code> frees cells '
-                   f'[{a}, {b}): the {b - a} rejected draft token(s).</p>')
-    elif k:
-        removed = '<p class="v-acc">Nothing to remove: every drafted token was accepted.</p>'
-    else:
-        removed = '<p class="muted">No draft this round: a plain decoding step.</p>'
-    who = f" by {html.escape(ev.drafter)}" if ev.drafter else ""
+    removed = f'<p class="{"v-rej" if ev.rollback != "none" else "v-acc" if k else "muted"}">{removed_text(ev)}</p>'
     mode = ("rejection sampling min(1, p/q)" if ev.verify_mode == "rejection"
             else "sample-and-match (argmax at temperature 0)")
-    intro = (f'<p><b>Round {ev.round}</b>: {k} token(s) drafted{who}, batch of {k + 1} rows at positions '
-             f'{ev.pos_sampled}..{ev.pos_sampled + k}, verified by {mode}: {m} accepted.</p>')
+    if k:
+        intro = (f'<p><b>Round {ev.round}</b>: {k} token(s) drafted by {html.escape(ev.drafter or "?")}, batch of '
+                 f'{k + 1} rows at positions {ev.pos_sampled}..{ev.pos_sampled + k}, verified by {mode}: {m} '
+                 f'accepted.</p>')
+    else:
+        what = "a replay of the decided tokens" if ev.kind == "replay" else "no draft, one row"
+        intro = f'<p><b>Round {ev.round}</b>: {what}.</p>'
     done = f'<p class="muted">Finished: {html.escape(ev.stop_reason or "")}.</p>' if ev.done else ""
     return f'<div class="step">{intro}<table>{head}{body}</table>{removed}{done}{narration_html(ev, roof)}</div>'
 
 
-def tree_step_html(ev, vocab: Vocab, context: list[int]) -> str:
-    """Step mode for a tree round: the tree, the walk of the target, and what left the cache."""
+def removed_text(ev) -> str:
+    """Step mode's line on what left the cache, by the engine's word for how (RoundEvent.rollback)."""
+    if ev.rollback == "seq_rm" and ev.rm_range is not None:
+        a, b = ev.rm_range
+        rs = f"; the recurrent layers undo {ev.rs_undone} step(s) of state with it" if ev.rs_undone else ""
+        return (f"Rollback: <code>seq_rm(seq {ev.seq}, {a}, -1)</code> frees cells [{a}, {b}): the {b - a} "
+                f"rejected draft token(s){rs}.")
+    if ev.rollback == "tree":
+        return (f"Rollback: {ev.rm_cells} node cell(s) freed one by one (siblings share positions, so no position "
+                f"range names them); the kept path moves to its sequence's run of cells.")
+    if ev.rollback == "checkpoint" and ev.kind == "replay":
+        return "Replay: the decided tokens are written back after last round's restore; nothing to remove."
+    if ev.rollback == "checkpoint":
+        return (f"Rollback: checkpoint restored, the batch's {ev.rm_cells} cell(s) gone with it; the sampled "
+                f"token, the {ev.n_accepted} kept and the target's own token are replayed next round.")
+    if ev.drafted:
+        return "Nothing to remove: every drafted token was accepted."
+    return "No draft this round: a plain decoding step."
+
+
+def tree_step_html(ev, vocab: Vocab, context: list[int], roof=None) -> str:
+    """Step mode for a tree round: the tree, the walk of the target, what left the cache, and the round told in
+    the lesson's order (ui/narration.py)."""
     m = ev.n_accepted
     intro = (f'<p><b>Round {ev.round}</b>: {len(ev.tree_tokens)} draft nodes from '
              f'{", ".join(sorted(set(ev.tree_drafters)))} in one batch of {len(ev.tree_tokens) + 1} rows '
              f'(each node sees the committed text and its own ancestors only). The target walked from its sampled '
              f'token: {m} node(s) matched its own tokens, then it gave its own.</p>')
-    removed = ""
-    if ev.rm_range is not None:
-        removed = (f'<p class="v-rej">Rollback: {len(ev.tree_tokens) - m} node cell(s) freed one by one '
-                   f'(siblings share positions, so no position range names them); the kept path moves to its '
-                   f'sequence\'s run of cells.</p>') if ev.rollback == "tree" else (
-            '<p class="v-rej">Rollback: checkpoint restored; the kept path is replayed next round.</p>')
+    removed = f'<p class="v-rej">{removed_text(ev)}</p>' if ev.rollback != "none" else ""
     done = f'<p class="muted">Finished: {html.escape(ev.stop_reason or "")}.</p>' if ev.done else ""
-    return f'<div class="step">{intro}{tree_html(ev, vocab, context)}{removed}{done}</div>'
+    return (f'<div class="step">{intro}{tree_html(ev, vocab, context)}{removed}{done}'
+            f'{narration_html(ev, roof)}</div>')

@@ -16,7 +16,7 @@ import time
 
 from engine.batch import Batch
 from engine.draft.base import Drafter, DraftRequest
-from engine.draft.record import SeqRecords
+from engine.draft.record import SeqRecords, offer
 from engine.draft.registry import NGRAMS, is_ngram
 from engine.draft.stats import DrafterStats, timed
 
@@ -136,6 +136,7 @@ class DrafterChain:
         (engine/round/chain_verify.py, judge), which is exact too. And a drafter of another vocabulary's two
         tokenisations of its draft, for the round's event."""
         impl = self.pool[name]
+        offer(self.records.of(r.seq), name, r, impl.needs_model)  # the relay as the event tells it, before any cut
         if not impl.gives_q:
             r.result_q = None
         record = impl.retokenized(r.seq)

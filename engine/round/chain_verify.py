@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.draft.base import DraftRequest
+from engine.draft.record import take_relay
 from engine.memory import checkpoint
+from engine.memory.probe import RS
 from engine.round import verify
 from engine.round.event_builder import Decision, Emission, SlotRound, Timing
 from engine.round.slot import Slot
@@ -64,7 +66,11 @@ def verify_chain(v: Verifying, slot: Slot, r: DraftRequest, logits, ckpt, drafte
         seq=slot.seq, round=slot.round, kind="spec" if k > 0 else "plain", drafter=drafter,
         pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
         p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=draft_probs(r),
-        target_top=top, verify_mode=mode, rollback=rollback, rm_range=rm_range)
+        target_top=top, verify_mode=mode, rollback=rollback, rm_range=rm_range,
+        rm_cells=rm_range[1] - rm_range[0] if rm_range else 0,
+        rs_undone=k - m if rollback == "seq_rm" and v.probe_kind == RS else 0,
+        relay=take_relay(v.chain.records.of(slot.seq), r, {drafter: k} if drafter and k else {},
+                         tree=r.tree_max > 0))  # a tree the budget left empty is verified as a plain round
     slot.round += 1
     out = v.emit(slot, verdict.tokens)
     if slot.state == "done":

@@ -46,6 +46,10 @@ class Decision:
     verify_mode: str = "match"
     rollback: str = "none"
     rm_range: tuple[int, int] | None = None
+    rm_cells: int = 0
+    rm_positions: list[int] = field(default_factory=list)
+    rs_undone: int = 0
+    relay: list[tuple[str, int, int, str]] = field(default_factory=list)
     tree: TreeShown | None = None  # verify_mode "tree" only
     notes: list[str] = field(default_factory=list)  # the slot's notes on its settings (prefill only)
 
@@ -116,7 +120,8 @@ def build(part: SlotRound, t_end: float = 0.0, n_cells_used: int = 0, seq_cells:
         tree_parents=tree.parents, tree_drafters=tree.drafters, tree_path=tree.path,
         tree_offered=note.tree_offered, budget_why=note.budget_why, not_drafted=note.not_drafted,
         draft_pieces=note.draft_pieces, target_pieces=note.target_pieces, balance=note.balance,
-        format_complete=out.format_complete)
+        format_complete=out.format_complete, rm_cells=v.rm_cells, rm_positions=v.rm_positions,
+        rs_undone=v.rs_undone, relay=v.relay)
 
 
 def assemble(parts: list[SlotRound | ErrorEvent], t_end: float, n_cells_used: int,

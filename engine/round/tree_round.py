@@ -10,8 +10,10 @@ restore and the kept path is replayed, as for a chain.
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from engine.memory import checkpoint
+from engine.draft.record import take_relay
 from engine.round import verify
 from engine.draft.base import DraftRequest
 from engine.round.event_builder import Decision, SlotRound, TreeShown
@@ -57,6 +59,9 @@ def verify_tree(v: Verifying, slot: Slot, r: DraftRequest, logits, cells, ckpt,
         seq=slot.seq, round=slot.round, kind="spec", drafter=drafter, pos_sampled=p_sampled, p0=p0,
         drafted=display_chain(tree, path), n_accepted=m, bonus=verdict.tokens[-1], p_target=verdict.p_target,
         target_top=top, verify_mode="tree", rollback=rollback, rm_range=rm_range,
+        rm_cells=0 if rollback == "none" else k - m if rollback == "tree" else 1 + k,
+        rm_positions=freed_positions(tree, path, p0) if rollback == "tree" else [],
+        relay=take_relay(v.chain.records.of(slot.seq), r, Counter(tree.drafters), tree=True),
         tree=TreeShown(tokens=list(tree.tokens), parents=list(tree.parents), drafters=list(tree.drafters),
                        path=list(path)))
     slot.round += 1
@@ -64,6 +69,12 @@ def verify_tree(v: Verifying, slot: Slot, r: DraftRequest, logits, cells, ckpt,
     if slot.state == "done":
         slot.replay = None
     return SlotRound(decided, out, v.timing(t_verify, t_rollback)), kept
+
+
+def freed_positions(tree, path: list[int], p0: int) -> list[int]:
+    """The position of each node off the kept path, the cells rm_cells freed (siblings repeat a position)."""
+    on_path = set(path)
+    return sorted(p0 + tree.depth(n) - 1 for n in range(len(tree)) if n not in on_path)
 
 
 def display_chain(tree, path: list[int]) -> list[int]:
