@@ -111,21 +111,20 @@ class GrammarSpec:
                 "lark": "Lark grammar", "gbnf": "GBNF grammar"}.get(self.kind, "grammar")
 
     def validate(self, tokenizer=None) -> None:
-        """Compile the grammar; with the target's LLTokenizer also build its starting matcher (kept) and check
-        some token can start it. Raises ValueError with a one-line message."""
+        """Check the grammar's text (kind, size, nesting, JSON); with the target's LLTokenizer also compile it
+        into its starting matcher (kept) and check some token can start it. Raises ValueError with a one-line
+        message. llguidance's compile takes time without bound, so it runs only with a tokenizer: a server
+        has it run first in a child process it can kill (engine/serve/grammars.py)."""
         from llguidance import LLMatcher
 
         if self.template is not None and (tokenizer is None or self.tokenizer_id == id(tokenizer)):
             return  # prepared: compiled, matched against a tokenizer (this one) and checked once already
         grammar = self.compile()
-        msg = LLMatcher.validate_grammar(grammar, tokenizer)
-        if msg and not msg.startswith("WARNING"):
-            raise ValueError(f"invalid {self.label}: {_one_line(msg)}")
         if tokenizer is None:
             return
         matcher = LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise ValueError(f"invalid {self.label}: {_one_line(matcher.get_error())}")
+            self.refuse(matcher.get_error())
         g = Grammar(matcher.deep_copy(), tokenizer.vocab_size, frozenset(int(t) for t in tokenizer.eos_tokens))
         try:
             g.allowed(tokenizer.vocab_size)  # the matcher finds a grammar that matches nothing only here
@@ -133,6 +132,12 @@ class GrammarSpec:
             raise ValueError(f"invalid {self.label}: no token of this model can start it (it matches nothing)") \
                 from None
         self.template, self.tokenizer_id = matcher, id(tokenizer)
+
+    def refuse(self, verdict: str) -> None:
+        """Raise the one-line ValueError for llguidance's verdict on this grammar where it is an error (not
+        empty, not a warning): LLMatcher.validate_grammar's message or a matcher's error."""
+        if verdict and not verdict.startswith("WARNING"):
+            raise ValueError(f"invalid {self.label}: {_one_line(verdict)}")
 
     def share_from(self, other: "GrammarSpec") -> None:
         """Take what `other`, the same grammar, compiled (its template is only ever copied, never advanced)."""

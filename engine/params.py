@@ -56,6 +56,9 @@ class GenParams:
     # who may reuse this generation's cached prefix and whose it may reuse (vLLM's cache_salt): cells pass only
     # between generations of equal salt, so one client's prompt cannot be probed through another's cache_n
     cache_salt: str | None = None
+    # who asked: the partition of per-client caches and limits (compiled grammars, compilations running at
+    # once: engine/serve/grammars.py); None: the operator / tests
+    client: str | None = None
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:

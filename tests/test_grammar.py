@@ -175,8 +175,10 @@ def test_grammar_state_follows_kept_tokens_through_rejections_and_replays(engine
     ("yaml", "a: 1", "grammar kind"),
 ])
 def test_bad_grammars_raise_one_line_value_errors(kind, text, words):
+    """The text's own checks (kind, JSON) in GrammarSpec.validate, llguidance's in its compile (a child
+    process of the cache)."""
     with pytest.raises(ValueError, match=words) as e:
-        GrammarSpec(kind, text).validate()
+        GrammarCache(lambda: None).prepare(GrammarSpec(kind, text))
     assert "\n" not in str(e.value)
 
 
@@ -386,6 +388,13 @@ def test_a_grammar_compiles_once_per_message_on_the_callers_thread(embedded, mon
             while not gen.events.get(timeout=60).done:
                 pass
         assert compiled == ["(red|green|blue)"] and threads == ["grammar-compile"]
+        # another client's request: its own compilation (GenParams.client, the cache's partition)
+        p = GenParams(max_new_tokens=6, grammar=GrammarSpec("regex", "(red|green|blue)"), client="another")
+        gen = sched.submit(ids, p)
+        while not gen.events.get(timeout=60).done:
+            pass
+        assert compiled == ["(red|green|blue)"] * 2
+        assert ("another", "regex", "(red|green|blue)") in sched.grammars.compiled
 
         def slow(self, tokenizer=None):
             time.sleep(2)
@@ -421,91 +430,3 @@ def test_greedy_rows_under_a_grammar_equal_the_masked_argmax_and_mask_only_forbi
     assert got == want and got[0] == allowed_top[0] and got[1] != forbidden_top
     assert len(computed) < len(draft) + 1  # at least row 0 needed no mask
     assert g.n_consumed == reference.n_consumed == len(draft)
-
-
-# ---- compilations: bounded, shared, and kept when abandoned (engine/serve/grammars.py) ---------------------
-
-
-class HeldCompiler:
-    """GrammarSpec.validate replaced: each call records its grammar and waits for `release`, then gives the
-    spec a template of its own (what a real compilation leaves)."""
-
-    def __init__(self, monkeypatch):
-        import threading
-
-        self.calls, self.release = [], threading.Event()
-        held = self
-
-        def validate(spec, tokenizer=None):
-            held.calls.append(spec.text)
-            assert held.release.wait(30)
-            if spec.text.startswith("bad"):
-                raise ValueError(f"invalid regex: {spec.text}")
-            spec.template = object()
-
-        monkeypatch.setattr(GrammarSpec, "validate", validate)
-
-
-def prepare_in_threads(cache, specs, timeout_s=30.0):
-    """cache.prepare(spec) for every spec at once; each one's exception or None, in order."""
-    import threading
-
-    out = [None] * len(specs)
-
-    def one(i):
-        try:
-            cache.prepare(specs[i], timeout_s=timeout_s)
-        except Exception as e:  # recorded and checked by the caller
-            out[i] = e
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(specs))]
-    for t in threads:
-        t.start()
-    return threads, out
-
-
-def test_identical_grammars_arriving_together_are_compiled_once(monkeypatch):
-    held = HeldCompiler(monkeypatch)
-    cache = GrammarCache(lambda: None)
-    specs = [GrammarSpec("regex", "(red|blue)") for _ in range(5)]
-    threads, out = prepare_in_threads(cache, specs)
-    deadline = time.time() + 10
-    while not held.calls and time.time() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)  # the others have arrived and wait on the same compilation
-    held.release.set()
-    for t in threads:
-        t.join(30)
-    assert out == [None] * 5 and held.calls == ["(red|blue)"]
-    assert len({id(s.template) for s in specs}) == 1 and specs[0].template is not None
-    bad = [GrammarSpec("regex", "bad(") for _ in range(2)]
-    threads, out = prepare_in_threads(cache, bad)
-    for t in threads:
-        t.join(30)
-    assert all(isinstance(e, ValueError) and "invalid regex: bad(" in str(e) for e in out)
-
-
-def test_compilations_are_bounded_and_an_abandoned_one_is_kept(monkeypatch):
-    held = HeldCompiler(monkeypatch)
-    cache = GrammarCache(lambda: None, compiles_max=2)
-    for text in ("a+", "b+"):  # both callers give up; both compilations go on
-        with pytest.raises(ValueError, match="took over 0 s to compile"):
-            cache.prepare(GrammarSpec("regex", text), timeout_s=0.1)
-    with pytest.raises(ValueError, match="grammar compiler is busy: 2 grammars are compiling"):
-        cache.prepare(GrammarSpec("regex", "c+"), timeout_s=5)
-    assert held.calls == ["a+", "b+"]
-    again = GrammarSpec("regex", "a+")  # the abandoned grammar again: it waits on the running compilation
-    threads, out = prepare_in_threads(cache, [again])
-    time.sleep(0.2)
-    assert held.calls == ["a+", "b+"], "a second thread started for a grammar already compiling"
-    held.release.set()
-    threads[0].join(30)
-    assert out == [None] and again.template is not None
-    deadline = time.time() + 10
-    while cache.running and time.time() < deadline:
-        time.sleep(0.01)
-    assert set(cache.compiled) == {("regex", "a+"), ("regex", "b+")}  # the abandoned one was filed too
-    late = GrammarSpec("regex", "b+")
-    cache.prepare(late, timeout_s=5)
-    cache.prepare(GrammarSpec("regex", "c+"), timeout_s=5)  # the compiler has room again
-    assert held.calls == ["a+", "b+", "c+"] and late.template is cache.compiled[("regex", "b+")].template

@@ -291,6 +291,7 @@ def test_settings_validation_messages():
 
 
 def test_output_format_sets_the_grammar_and_leads_the_chain_with_its_drafter():
+    from engine.serve.grammars import GrammarCache
     from ui.settings import EXAMPLE_SCHEMA
 
     s = settings_from(dict(types=["ngram-simple"], n_max=8.0, n_min=None, p_min=0.5, adaptive=True, temp=0.0,
@@ -304,8 +305,10 @@ def test_output_format_sets_the_grammar_and_leads_the_chain_with_its_drafter():
     assert Settings(types=["grammar", "ngram-simple"], output_format="json").chain(True) == ["grammar", "ngram-simple"]
     with pytest.raises(ValueError, match="JSON schema is not valid JSON"):
         Settings(output_format="json_schema", format_text="{oops").gen_params()
+    # the text's own checks run here; llguidance's verdict comes from the compile at submit (a child process)
+    bad = Settings(output_format="lark", format_text="start: nowhere").gen_params()
     with pytest.raises(ValueError, match="Lark"):
-        Settings(output_format="lark", format_text="start: nowhere").gen_params()
+        GrammarCache(lambda: None).prepare(bad.grammar)
 
 
 def test_format_box_fills_an_example_and_keeps_the_users_text():

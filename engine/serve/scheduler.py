@@ -88,7 +88,7 @@ class Scheduler:
         check_purpose(purpose)
         for _, params in requests:
             if params.grammar is not None:
-                self.grammars.prepare(params.grammar)
+                self.grammars.prepare(params.grammar, client=params.client)
         gens = [Generation(id=next(self.ids), manual=manual, purpose=purpose) for _ in requests]
         batch = [Request(g, list(p), params) for g, (p, params) in zip(gens, requests)]
         for r in batch:
