@@ -6,7 +6,9 @@ no tokenizer) in this process for a few n, with its default limits and with tigh
 of a 1,500-pattern schema with a short wait (refused at the child's deadline, the child killed), and of small
 grammars (the child's own cost).
 
-    .venv/bin/python scripts/grammar_compile_time.py [--sizes 100,150,200] [--wait 4]   # docs/measured.md
+    .venv/bin/python scripts/grammar_compile_time.py [--sizes 100,150,200] [--wait 4]
+
+Figures: docs/engine.md#a-grammars-compile-time.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from engine.serve.grammars import GrammarCache
 
 def slow_schema(n: int = 1500) -> str:
     """patternProperties with additionalProperties false: llguidance's compile of 200 takes seconds whatever
-    its limits, of 1,500 minutes (docs/measured.md)."""
+    its limits, of 1,500 minutes (docs/engine.md#a-grammars-compile-time)."""
     patterns = {f"^p{i}[a-z]{{1,{i % 30 + 2}}}$": {"type": "integer"} for i in range(n)}
     return json.dumps({"type": "object", "patternProperties": patterns, "additionalProperties": False})
 

@@ -2,8 +2,8 @@
 
 llguidance bounds each mask it computes with fuel (LLParserLimits), but not the building of a grammar's lexer: a
 JSON schema of 200 patternProperties with additionalProperties false takes seconds whatever the limits, 1,500 of
-them minutes (docs/measured.md), and a thread running that cannot be stopped. So a grammar is compiled first in
-a child process that is killed at its deadline (engine/serve/grammars.py); only a grammar that compiled there in
+them minutes (docs/engine.md#a-grammars-compile-time), and a thread running that cannot be stopped. So a grammar
+is compiled first in a child process that is killed at its deadline (engine/serve/grammars.py); only a grammar that compiled there in
 time is compiled again in this process, into its matcher (about the same time again).
 
 The child is a fresh interpreter (`python -I -c`) that imports llguidance alone: multiprocessing's spawn would
