@@ -3,8 +3,8 @@
 llguidance bounds each mask it computes with fuel (LLParserLimits), but not the building of a grammar's lexer: a
 JSON schema of 200 patternProperties with additionalProperties false takes seconds whatever the limits, 1,500 of
 them minutes (docs/engine.md#a-grammars-compile-time), and a thread running that cannot be stopped. So a grammar
-is compiled first in a child process that is killed at its deadline (engine/serve/grammars.py); only a grammar that compiled there in
-time is compiled again in this process, into its matcher (about the same time again).
+is compiled first in a child process that is killed at its deadline (engine/serve/grammars.py); only a grammar
+that compiled there in time is compiled again in this process, into its matcher (about the same time again).
 
 The child is a fresh interpreter (`python -I -c`) that imports llguidance alone: multiprocessing's spawn would
 import this process's main module again (torch, in the scripts: 6 s on a shared 2-core host), and a fork would
