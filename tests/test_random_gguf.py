@@ -2,6 +2,8 @@
 read back through gguf-py as written, llama.cpp's type mix, and a tiny file of each type loading through the engine's
 GGUF path and decoding."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -82,6 +84,7 @@ def test_a_file_is_cached_by_model_type_layers_and_seed(tmp_path):
 def test_a_tiny_file_loads_through_the_gguf_path_and_decodes(ftype, cache):
     from gguf import GGUFReader
 
+    from engine.forward.prepack import linear_paths
     from engine.load.models import load_model
 
     path = cache / f"tiny.{ftype}.gguf"
@@ -91,6 +94,11 @@ def test_a_tiny_file_loads_through_the_gguf_path_and_decodes(ftype, cache):
     assert written["token_embd.weight"] == {"Q8_0": "Q8_0", "Q4_0": "Q6_K", "Q4_K_M": "Q6_K"}[ftype]
 
     loaded = load_model(str(path), dtype="float32")
+    # the 14 layer linears read as stored where their blocks are Q8_0 or Q4_0 (the latter on the Q4_1 kernel);
+    # K-quant blocks and the Q6_K head as float32 copies
+    paths = linear_paths(loaded.model)
+    assert paths == {"Q8_0": "our q8_0 kernel 15", "Q4_0": "our float32 kernel 1, our q4_1 kernel 14",
+                     "Q4_K_M": "our float32 kernel 15"}[ftype], paths
     config = loaded.model.config
     assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads) == (256, 2, 2)
     assert config.vocab_size == 49152 and loaded.encode("hello world")
@@ -98,3 +106,25 @@ def test_a_tiny_file_loads_through_the_gguf_path_and_decodes(ftype, cache):
     out = [t for ev in engine.generate(loaded.encode("The sea is"), GenParams(max_new_tokens=4, ignore_eos=True))
            for t in ev.emitted]
     assert len(out) == 4 and all(0 <= t < 49152 for t in out)
+
+
+def test_q4_0_and_q5_0_blocks_stay_quantised_on_the_integer_path(cache):
+    from engine.forward.prepack import linear_paths
+    from engine.forward.quant_dot import dot_reason
+    from engine.load.models import load_model
+
+    if dot_reason():
+        pytest.skip(f"no integer kernel here: {dot_reason()}")
+    q4_0 = cache / "tiny-int8.Q4_0.gguf"
+    rg.write(q4_0, TINY, "Q4_0", seed=4)
+    # 320 wide: Q4_K_M's rows of 320 fall back to Q5_0 (and Q6_K's to Q8_0), its 512-wide ffn_down stays Q4_K / Q6_K
+    q5_0 = cache / "tiny-320.Q4_K_M.gguf"
+    rg.write(q5_0, replace(TINY, hidden=320), "Q4_K_M", seed=5)
+    for path, expected in ((q4_0, "our float32 kernel 1, our q4_0_dot kernel 14"),
+                           (q5_0, "our float32 kernel 2, our q5_0_dot kernel 11, our q8_0_dot kernel 2")):
+        loaded = load_model(str(path), dtype="int8")
+        assert loaded.dtype == "int8" and linear_paths(loaded.model) == expected, linear_paths(loaded.model)
+        engine = Engine(loaded, n_ctx=64, n_seq_max=1, calibrate=False)
+        params = GenParams(max_new_tokens=4, ignore_eos=True)
+        out = [t for ev in engine.generate(loaded.encode("The sea is"), params) for t in ev.emitted]
+        assert len(out) == 4
