@@ -66,6 +66,21 @@ def test_blocks_are_read_as_gguf_py_reads_them(kind):
     assert np.array_equal(mine.dequantize(), dequantize(raw, qtype).reshape(8, 96))
 
 
+def test_q4_k_blocks_are_read_as_q4_1_groups_with_gguf_pys_bits():
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from engine.load.kquants import quantize_q4_k
+
+    rng = np.random.default_rng(5)
+    values = rng.normal(0, 0.05, (6, 512)).astype(np.float32)
+    values[1, 256:] += 0.3  # a block whose minimum is above 0: its offsets are 0
+    raw = quantize_q4_k(values)
+    mine = quant._unpack("q4_k", raw, 6, 512)
+    assert mine.kind == "q4_1" and mine.d.shape == (6, 16)
+    assert np.array_equal(mine.dequantize(), dequantize(raw, GGMLQuantizationType.Q4_K).reshape(6, 512))
+
+
 def test_the_embedded_models_linears_are_taken_only_where_their_blocks_are_exact():
     from engine.load.models import embedded_gguf_path, load_model
 

@@ -94,11 +94,11 @@ def test_a_tiny_file_loads_through_the_gguf_path_and_decodes(ftype, cache):
     assert written["token_embd.weight"] == {"Q8_0": "Q8_0", "Q4_0": "Q6_K", "Q4_K_M": "Q6_K"}[ftype]
 
     loaded = load_model(str(path), dtype="float32")
-    # the 14 layer linears read as stored where their blocks are Q8_0 or Q4_0 (the latter on the Q4_1 kernel);
-    # K-quant blocks and the Q6_K head as float32 copies
+    # the 14 layer linears read as stored where their blocks are Q8_0, Q4_0 or Q4_K (those two on the Q4_1
+    # kernel); Q6_K blocks (the head, layer 1's attn_v and ffn_down in Q4_K_M) as float32 copies
     paths = linear_paths(loaded.model)
     assert paths == {"Q8_0": "our q8_0 kernel 15", "Q4_0": "our float32 kernel 1, our q4_1 kernel 14",
-                     "Q4_K_M": "our float32 kernel 15"}[ftype], paths
+                     "Q4_K_M": "our float32 kernel 3, our q4_1 kernel 12"}[ftype], paths
     config = loaded.model.config
     assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads) == (256, 2, 2)
     assert config.vocab_size == 49152 and loaded.encode("hello world")
@@ -117,11 +117,12 @@ def test_q4_0_and_q5_0_blocks_stay_quantised_on_the_integer_path(cache):
         pytest.skip(f"no integer kernel here: {dot_reason()}")
     q4_0 = cache / "tiny-int8.Q4_0.gguf"
     rg.write(q4_0, TINY, "Q4_0", seed=4)
-    # 320 wide: Q4_K_M's rows of 320 fall back to Q5_0 (and Q6_K's to Q8_0), its 512-wide ffn_down stays Q4_K / Q6_K
+    # 320 wide: Q4_K_M's rows of 320 fall back to Q5_0 (and Q6_K's to Q8_0), its 512-wide ffn_down stays Q4_K
+    # (read as Q4_1 groups) / Q6_K (float32)
     q5_0 = cache / "tiny-320.Q4_K_M.gguf"
     rg.write(q5_0, replace(TINY, hidden=320), "Q4_K_M", seed=5)
     for path, expected in ((q4_0, "our float32 kernel 1, our q4_0_dot kernel 14"),
-                           (q5_0, "our float32 kernel 2, our q5_0_dot kernel 11, our q8_0_dot kernel 2")):
+                           (q5_0, "our float32 kernel 1, our q4_1_dot kernel 1, our q5_0_dot kernel 11, our q8_0_dot kernel 2")):
         loaded = load_model(str(path), dtype="int8")
         assert loaded.dtype == "int8" and linear_paths(loaded.model) == expected, linear_paths(loaded.model)
         engine = Engine(loaded, n_ctx=64, n_seq_max=1, calibrate=False)
