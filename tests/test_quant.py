@@ -1,4 +1,4 @@
-"""A GGUF's Q4_1 / Q8_0 blocks read as stored (engine/forward/quant.py, engine/forward/kernels/small_gemm_q.c): the kernel gives
+"""A GGUF's Q4_1 / Q4_0 / Q5_0 / Q8_0 blocks read as stored (engine/forward/quant.py, engine/forward/kernels/small_gemm_q.c): the kernel gives
 the float32 kernel's bits over the dequantised weights, in any batch; the blocks are parsed as gguf-py parses
 them; and a linear is taken only where its blocks are its weight exactly."""
 
@@ -19,6 +19,8 @@ def _weight(kind: str, n: int, k: int, seed: int) -> quant.QuantWeight:
     if kind == "q4_1":
         m = (-8 * d + rng.uniform(-0.01, 0.01, groups)).astype(np.float16).astype(np.float32)
         return quant.QuantWeight(kind, rng.integers(0, 16, (n, k), dtype=np.uint8), d, m)
+    if kind in ("q4_0", "q5_0"):
+        return quant.QuantWeight(kind, rng.integers(0, 2 * quant._OFFSET[kind], (n, k), dtype=np.uint8), d, None)
     return quant.QuantWeight(kind, rng.integers(-128, 128, (n, k), dtype=np.int8), d, None)
 
 
@@ -27,14 +29,17 @@ LAYOUTS = [()] + ([("BLOCK8",)] if NB == 16 else [])
 
 
 @pytest.mark.parametrize("defines", LAYOUTS)
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0", "q4_0", "q5_0"])
 def test_blocks_give_the_float32_kernels_bits_in_any_batch(kind, defines):
     fns, nb, _ = quant.load_kernels(defines)
     f32 = gemm.load((torch.float32,), defines=defines)
     # 13 blocks of outputs: the passes take 4, 2 or 1 blocks at a time and the last ones are left over
     w = _weight(kind, 13 * nb, 320, seed=1)
     n, k = w.q.shape
-    ours = gemm.SmallGemm(fns[kind], quant.pack(w, nb), k, n, torch.float32, torch.float32, kind=kind)
+    as_read = w.as_float_kernels()  # Q4_0 through the Q4_1 kernel, Q5_0 through Q8_0's: the same weights exactly
+    assert np.array_equal(as_read.dequantize(), w.dequantize())
+    ours = gemm.SmallGemm(fns[as_read.kind], quant.pack(as_read, nb), k, n, torch.float32, torch.float32,
+                          kind=as_read.kind)
     plain = gemm.SmallGemm.pack(f32, torch.from_numpy(w.dequantize()), None)
     g = torch.Generator().manual_seed(2)
     x, other = torch.randn(40, k, generator=g), torch.randn(40, n, generator=g)
@@ -48,17 +53,32 @@ def test_blocks_give_the_float32_kernels_bits_in_any_batch(kind, defines):
                            plain(x[:6], post, None if extra is None else extra[:6])), post
 
 
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0", "q4_0", "q5_0"])
 def test_blocks_are_read_as_gguf_py_reads_them(kind):
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
     rng = np.random.default_rng(3)
     values = rng.normal(0, 0.05, (8, 96)).astype(np.float32)
-    qtype = GGMLQuantizationType.Q4_1 if kind == "q4_1" else GGMLQuantizationType.Q8_0
+    qtype = GGMLQuantizationType[kind.upper()]
     raw = quantize(values, qtype)
     mine = quant._unpack(kind, raw, 8, 96)
     assert np.array_equal(mine.dequantize(), dequantize(raw, qtype).reshape(8, 96))
+
+
+def test_q4_k_blocks_are_read_as_q4_1_groups_with_gguf_pys_bits():
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from engine.load.kquants import quantize_q4_k
+
+    rng = np.random.default_rng(5)
+    values = rng.normal(0, 0.05, (6, 512)).astype(np.float32)
+    values[1, 256:] += 0.3  # a block whose minimum is above 0: its offsets are 0
+    raw = quantize_q4_k(values)
+    mine = quant._unpack("q4_k", raw, 6, 512)
+    assert mine.kind == "q4_1" and mine.d.shape == (6, 16)
+    assert np.array_equal(mine.dequantize(), dequantize(raw, GGMLQuantizationType.Q4_K).reshape(6, 512))
 
 
 def test_the_embedded_models_linears_are_taken_only_where_their_blocks_are_exact():

@@ -1,4 +1,4 @@
-"""A GGUF's Q4_1 / Q8_0 blocks times 8-bit inputs, summed in integers (engine/forward/kernels/small_gemm_qdot.c,
+"""A GGUF's Q4_1 / Q4_0 / Q5_0 / Q8_0 blocks times 8-bit inputs, summed in integers (engine/forward/kernels/small_gemm_qdot.c,
 engine/forward/quant_dot.py): llama.cpp's arithmetic to the rounding of its float32 steps, a row's bits the same in any
 batch and either vector width, the embedded model lossless on it, and the dtype choice that takes it."""
 
@@ -21,7 +21,12 @@ def _weight(kind: str, n: int, k: int, seed: int) -> quant.QuantWeight:
     if kind == "q4_1":
         m = (-8 * d + rng.uniform(-0.01, 0.01, groups)).astype(np.float16).astype(np.float32)
         return quant.QuantWeight(kind, rng.integers(0, 16, (n, k), dtype=np.uint8), d, m)
+    if kind in ("q4_0", "q5_0"):
+        return quant.QuantWeight(kind, rng.integers(0, 2 * quant._OFFSET[kind], (n, k), dtype=np.uint8), d, None)
     return quant.QuantWeight(kind, rng.integers(-128, 128, (n, k), dtype=np.int8), d, None)
+
+
+KINDS = ["q4_1", "q8_0", "q4_0", "q5_0"]
 
 
 def _llama_cpp(w: quant.QuantWeight, x: np.ndarray) -> np.ndarray:
@@ -32,7 +37,7 @@ def _llama_cpp(w: quant.QuantWeight, x: np.ndarray) -> np.ndarray:
     d = np.abs(xg).max(-1) / np.float32(127)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
     q = np.rint(xg * inv[..., None]).astype(np.int64)
-    wq = w.q.reshape(w.q.shape[0], k // 32, 32).astype(np.int64)
+    wq = w.q.reshape(w.q.shape[0], k // 32, 32).astype(np.int64) - quant._OFFSET.get(w.kind, 0)
     dots = np.einsum("mgk,ngk->mng", q, wq).astype(np.float64)
     y = (dots * (w.d[None].astype(np.float64) * d[:, None, :])).sum(-1)
     if w.m is not None:
@@ -54,7 +59,7 @@ def _inputs(rows: int, k: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_integer_kernel_computes_llama_cpps_sums(kind):
     w = _weight(kind, 5 * NB, 320, seed=1)
     x = _inputs(9, 320)
@@ -65,7 +70,7 @@ def test_the_integer_kernel_computes_llama_cpps_sums(kind):
     assert np.abs(ours - exact).max() > 1e-4 * np.abs(exact).max()
 
 
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_integer_sums_hold_at_the_extreme_quants(kind):
     # every weight and input at the end of its range: a group's products are as large as they get, which is
     # where 16-bit partial sums (AVX2's byte pairs) would saturate or wrap
@@ -73,6 +78,10 @@ def test_the_integer_sums_hold_at_the_extreme_quants(kind):
     d = np.full((n, k // quant.GROUP), 0.01, np.float32)
     if kind == "q4_1":
         w = quant.QuantWeight(kind, np.full((n, k), 15, np.uint8), d, -8 * d)
+    elif kind in ("q4_0", "q5_0"):  # the largest stored quants, then the smallest (most negative once offset)
+        q = np.full((n, k), 2 * quant._OFFSET[kind] - 1, np.uint8)
+        q[NB:] = 0
+        w = quant.QuantWeight(kind, q, d, None)
     else:
         q = np.full((n, k), -128, np.int8)
         q[NB:] = 127
@@ -88,7 +97,7 @@ def test_the_integer_sums_hold_at_the_extreme_quants(kind):
 
 
 @pytest.mark.parametrize("defines", LAYOUTS)
-@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_integer_kernel_gives_a_row_its_bits_in_any_batch_and_width(kind, defines):
     # 13 blocks of outputs: tasks take 4, 2 or 1 blocks and the last ones are left over
     w = _weight(kind, 13 * NB, 320, seed=3)

@@ -4,7 +4,7 @@ Between its linears the lean forward makes about 40 small torch calls a layer (n
 writes, reshapes); at a few rows each costs its dispatch, and on the embedded model they added up to a large
 share of a one-row forward. The C loop does the same layers with the same linear and attention kernels. It
 applies when the model is float32, every layer linear is our float32 kernel without a bias
-(engine/forward/gemm.py; its weights as float32 or as a GGUF's Q4_1 / Q8_0 blocks, engine/forward/quant.py), the
+(engine/forward/gemm.py; its weights as float32 or as a GGUF's Q4_1 / Q4_0 / Q5_0 / Q8_0 blocks, engine/forward/quant.py), the
 model has no per-head norms (Qwen3 keeps the torch path), and the context attends with the C kernel; anything
 else runs the torch layers of engine/forward/lean.py.
 """
@@ -20,7 +20,7 @@ from engine.forward.kernels import registry
 
 _NAMES = ("q", "k", "v", "o", "gate", "up", "down")
 # how lean_layers.c reads a weight: float32, GGUF blocks as float32, or GGUF blocks by integer dot products
-_KINDS = {"": 0, "q4_1": 1, "q8_0": 2, "q4_1_dot": 3, "q8_0_dot": 4}
+_KINDS = {"": 0, "q4_1": 1, "q8_0": 2, "q4_1_dot": 3, "q8_0_dot": 4, "q4_0_dot": 5, "q5_0_dot": 6}
 
 
 def _pointers(tensors) -> ctypes.Array:

@@ -1,4 +1,4 @@
-"""A GGUF model's linears read from their Q4_1 / Q8_0 blocks instead of their float32 copies.
+"""A GGUF model's linears read from their Q4_1 / Q4_0 / Q5_0 / Q8_0 blocks instead of their float32 copies.
 
 transformers loads a GGUF by dequantising every weight to float32 (gguf-py's `dequantize`): the embedded model's
 linears, stored at 0.625 bytes a weight (Q4_1) and its LM head at 1.06 (Q8_0), become 4 bytes each, and a
@@ -7,10 +7,14 @@ whose GGUF blocks reproduce its float32 weight exactly keeps the blocks instead 
 widens them block by block as a pass needs them): the same weights, the same sums in the same order, so the
 same bits as the float32 kernel, at a seventh of the bytes.
 
-Exactness is checked, not assumed: a linear is taken only if d q + m (Q4_1) or d q (Q8_0), computed as gguf-py
-computes it, equals every element of the loaded weight; llama.cpp's Llama converter stores q and k with rows
+Exactness is checked, not assumed: a linear is taken only if d q + m (Q4_1), d (q - 8) (Q4_0), d (q - 16) (Q5_0)
+or d q (Q8_0), computed as gguf-py computes it, equals every element of the loaded weight; llama.cpp's Llama converter stores q and k with rows
 permuted for its rotary layout, so those are also compared after transformers' reverse permutation. A GGUF of
 another family or quantisation, a linear with a bias, or a weight that differs keeps the float32 kernel.
+
+Read as float32, Q4_0 and Q5_0 go through the Q4_1 and Q8_0 kernels (m = -8 d; q - 16 as int8): every product of a
+float16 scale and a quant of 5 bits or fewer is exact in float32, so the weights keep their bits. Times 8-bit inputs
+each has its own kernel, at its stored size (small_gemm_qdot.c).
 """
 
 from __future__ import annotations
@@ -35,24 +39,58 @@ _LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
 
 @dataclass
 class QuantWeight:
-    kind: str  # "q4_1" or "q8_0"
-    q: np.ndarray  # [N, K] uint8 (0..15) for q4_1, int8 for q8_0
+    kind: str  # "q4_1", "q4_0", "q5_0" or "q8_0"
+    q: np.ndarray  # [N, K] uint8 as stored (0..15, or 0..31 for q5_0), int8 for q8_0
     d: np.ndarray  # [N, K / 32] float32, each block's scale
     m: np.ndarray | None  # [N, K / 32] float32, each block's minimum (q4_1)
 
     def dequantize(self) -> np.ndarray:
-        """[N, K] float32 as gguf-py computes it: (d * q) + m, or q * d."""
+        """[N, K] float32 as gguf-py computes it: (d * q) + m, or d * (q - offset)."""
         n, k = self.q.shape
-        q = self.q.reshape(n, k // GROUP, GROUP).astype(np.float32)
+        q = self.q.reshape(n, k // GROUP, GROUP).astype(np.float32) - _OFFSET.get(self.kind, 0)
         w = self.d[:, :, None] * q if self.m is None else (self.d[:, :, None] * q) + self.m[:, :, None]
         return w.reshape(n, k)
 
     def rows(self, order: np.ndarray) -> "QuantWeight":
         return QuantWeight(self.kind, self.q[order], self.d[order], None if self.m is None else self.m[order])
 
+    def as_float_kernels(self) -> "QuantWeight":
+        """The same weights in a type the float32-arithmetic kernels read: Q4_0 as Q4_1, Q5_0 as Q8_0."""
+        if self.kind == "q4_0":
+            return QuantWeight("q4_1", self.q, self.d, -8 * self.d)
+        if self.kind == "q5_0":
+            return QuantWeight("q8_0", (self.q.astype(np.int16) - 16).astype(np.int8), self.d, None)
+        return self
+
+
+_OFFSET = {"q4_0": 8, "q5_0": 16}  # what the stored quants carry above the signed ones
+# the types read as stored; Q4_K as Q4_1 groups (below)
+_GGML_KINDS = {"Q4_1": "q4_1", "Q4_0": "q4_0", "Q5_0": "q5_0", "Q8_0": "q8_0", "Q4_K": "q4_k"}
+QK_K = 256  # weights per K-quant super-block
+
+
+def _unpack_q4_k(raw: np.ndarray, n: int, k: int) -> QuantWeight:
+    """Q4_K blocks [N, K / 256 * 144] -> Q4_1 groups of the same weights: each sub-block of 32 is d * ls * q -
+    dmin * lm, so d' = d * ls and m' = -(dmin * lm), exact in float32 (a float16 times six bits), and d' q + m'
+    rounds once, as gguf-py's (d * ls) q - dmin * lm does: the same bits. Stored at 24 bytes a group of 32 here
+    against Q4_K's 18, a fifth of float32's."""
+    blocks = raw.reshape(n, k // QK_K, -1)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    sc = blocks[..., 4:16]  # ggml's get_scale_min_k4: sub-blocks 0..3 in six bits, 4..7 split over nibbles
+    ls = np.concatenate([sc[..., 0:4] & 63, (sc[..., 8:12] & 0x0F) | ((sc[..., 0:4] >> 6) << 4)], axis=-1)
+    lm = np.concatenate([sc[..., 4:8] & 63, (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)], axis=-1)
+    qs = blocks[..., 16:].reshape(n, k // QK_K, 4, 1, 32)  # chunk c: sub-block 2c low nibbles, 2c + 1 high
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=3).reshape(n, k)
+    scale = (d[..., None] * ls.astype(np.float32)).reshape(n, k // GROUP)
+    offset = (dmin[..., None] * lm.astype(np.float32)).reshape(n, k // GROUP)
+    return QuantWeight("q4_1", q, scale, -offset)
+
 
 def _unpack(kind: str, raw: np.ndarray, n: int, k: int) -> QuantWeight:
-    """GGUF blocks [N, K / 32 * block bytes] -> q, d, m."""
+    """GGUF blocks [N, K / 32 * block bytes] (Q4_K: [N, K / 256 * 144]) -> q, d, m."""
+    if kind == "q4_k":
+        return _unpack_q4_k(raw, n, k)
     blocks = raw.reshape(n, k // GROUP, -1)
     d = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
     if kind == "q4_1":  # d, m (float16), then 16 bytes: element i in byte i's low nibble, i + 16 in its high one
@@ -60,6 +98,13 @@ def _unpack(kind: str, raw: np.ndarray, n: int, k: int) -> QuantWeight:
         qs = blocks[:, :, 4:20]
         q = np.concatenate([qs & 0x0F, qs >> 4], axis=2)
         return QuantWeight(kind, q.reshape(n, k), d, m)
+    if kind in ("q4_0", "q5_0"):  # d, (q5_0: 32 fifth bits, bit i for element i), then q4_1's 16 bytes
+        qs = blocks[:, :, -16:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=2)
+        if kind == "q5_0":
+            qh = blocks[:, :, 2:6].copy().view(np.uint32)  # [n, g, 1]
+            q |= (((qh >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
+        return QuantWeight(kind, q.reshape(n, k), d, None)
     q = blocks[:, :, 2:34].copy().view(np.int8)  # q8_0: d (float16), then 32 int8
     return QuantWeight(kind, q.reshape(n, k), d, None)
 
@@ -88,16 +133,21 @@ def pack(w: QuantWeight, nb: int) -> torch.Tensor:
 
 def pack_dot(w: QuantWeight, nb: int) -> torch.Tensor:
     """The integer kernel's layout (small_gemm_qdot.c): per block of nb outputs, per group of 32 inputs, d [nb]
-    (and m [nb]) as float32, then the quants in fours, output-major within a vector: q4_1's inputs 4p..4p + 3 in
-    the low nibbles and 16 + 4p.. in the high ones of vector p; q8_0's plus 128 as unsigned bytes."""
+    (and m [nb]) as float32, then the quants in fours, output-major within a vector: q4_1's (q4_0's, q5_0's low
+    4 bits, after a vector of their fifth bits) inputs 4p..4p + 3 in the low nibbles and 16 + 4p.. in the high ones
+    of vector p; q8_0's plus 128 as unsigned bytes."""
     n, k = w.q.shape
     g = k // GROUP
 
     q = w.q.reshape(n // nb, nb, g, GROUP)
-    if w.kind == "q4_1":
+    if w.kind in ("q4_1", "q4_0", "q5_0"):
         lo, hi = q[..., :16].reshape(n // nb, nb, g, 4, 4), q[..., 16:].reshape(n // nb, nb, g, 4, 4)
-        quads = (lo | (hi << 4)).astype(np.uint8)  # [blocks, nb, g, p, i]
-        parts = [by_block(w.d, nb), by_block(w.m, nb), quads.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
+        quads = ((lo & 0x0F) | ((hi & 0x0F) << 4)).astype(np.uint8)  # [blocks, nb, g, p, i]
+        parts = [by_block(w.d, nb)] + ([by_block(w.m, nb)] if w.kind == "q4_1" else [])
+        if w.kind == "q5_0":  # byte 4 j + i: bit 2p the fifth bit of q[4p + i][j], bit 2p + 1 of q[16 + 4p + i][j]
+            fifth = sum(((lo[..., p, :] >> 4) << (2 * p)) | ((hi[..., p, :] >> 4) << (2 * p + 1)) for p in range(4))
+            parts.append(fifth.astype(np.uint8).transpose(0, 2, 1, 3).reshape(n // nb, g, -1))
+        parts.append(quads.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1))
     else:
         biased = (q.astype(np.int16) + 128).astype(np.uint8).reshape(n // nb, nb, g, 8, 4)
         parts = [by_block(w.d, nb), biased.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
@@ -112,16 +162,15 @@ def _llama_reverse_permute(n_rows: int, n_heads: int) -> np.ndarray:
 
 
 def blocks_read(path: Path, device: str, model_type: str) -> str:
-    """"Q4_1, Q8_0": the quantisations of this GGUF's matrices the float32 path on `device` would read as
-    stored; "" where none, where the kernel does not run here, or for a family whose names are not mapped (its
+    """"Q4_1, Q8_0" (of Q4_1, Q4_0, Q5_0, Q8_0, Q4_K): the quantisations of this GGUF's matrices the float32 path on
+    `device` would read as stored; "" where none, where the kernel does not run here, or for a family whose names are not mapped (its
     file is then not parsed: gguf-py reads a 262k-token vocabulary's strings one by one, a minute and more)."""
     if device != "cpu" or model_type not in MAPPED_FAMILIES or load_kernels()[2]:
         return ""
     from gguf import GGMLQuantizationType, GGUFReader
 
     found = {t.tensor_type for t in GGUFReader(str(path)).tensors if len(t.shape) == 2}
-    return ", ".join(n for t, n in ((GGMLQuantizationType.Q4_1, "Q4_1"), (GGMLQuantizationType.Q8_0, "Q8_0"))
-                     if t in found)
+    return ", ".join(n for n in _GGML_KINDS if GGMLQuantizationType[n] in found)
 
 
 def _matching(w: QuantWeight, weight: np.ndarray, heads: int) -> QuantWeight | None:
@@ -136,17 +185,17 @@ def _matching(w: QuantWeight, weight: np.ndarray, heads: int) -> QuantWeight | N
 
 
 def read_gguf(path: Path) -> dict[str, QuantWeight]:
-    """The Q4_1 and Q8_0 tensors of a GGUF by llama.cpp name, unpacked."""
+    """The Q4_1, Q4_0, Q5_0, Q8_0 and Q4_K (as Q4_1) tensors of a GGUF by llama.cpp name, unpacked."""
     from gguf import GGMLQuantizationType, GGUFReader
 
-    kinds = {GGMLQuantizationType.Q4_1: "q4_1", GGMLQuantizationType.Q8_0: "q8_0"}
+    kinds = {GGMLQuantizationType[name]: kind for name, kind in _GGML_KINDS.items()}
     out = {}
     for t in GGUFReader(str(path)).tensors:
         kind = kinds.get(t.tensor_type)
         if kind is None or len(t.shape) != 2:
             continue
         k, n = (int(s) for s in t.shape)  # GGUF lists the fastest-moving axis first
-        if k % GROUP == 0:
+        if k % (QK_K if kind == "q4_k" else GROUP) == 0:
             out[t.name] = _unpack(kind, np.asarray(t.data), n, k)
     return out
 
@@ -170,13 +219,14 @@ def _targets(model: nn.Module) -> dict[str, tuple[nn.Linear, int]]:
 
 def load_kernels(defines: tuple[str, ...] = ()) -> tuple[dict[str, object], int, str]:
     """({kind: multiply}, outputs per block, "") from the built library, or ({}, 0, why not). Kinds "q4_1" and
-    "q8_0" read the blocks as float32 (small_gemm_q.c); "q4_1_dot" and "q8_0_dot" (VNNI, or AVX2's byte pairs)
-    multiply them by 8-bit inputs in integers (small_gemm_qdot.c). defines: -D options of the build
+    "q8_0" read the blocks as float32 (small_gemm_q.c); "q4_1_dot", "q8_0_dot", "q4_0_dot" and "q5_0_dot" (VNNI,
+    or AVX2's byte pairs) multiply them by 8-bit inputs in integers (small_gemm_qdot.c). defines: -D options of the build
     (("BLOCK8",): AVX2's 8-wide layout on an AVX512 CPU)."""
     lib, where = registry.load("small_gemm_q", defines)
     if lib is None:
         return {}, 0, where
-    kinds = ("q4_1", "q8_0") + (("q4_1_dot", "q8_0_dot") if lib.small_gemm_qdot_ok() else ())
+    dots = ("q4_1_dot", "q8_0_dot", "q4_0_dot", "q5_0_dot")
+    kinds = ("q4_1", "q8_0") + (dots if lib.small_gemm_qdot_ok() else ())
     return {kind: getattr(lib, f"small_gemm_{kind}") for kind in kinds}, lib.small_gemm_f32_block(), ""
 
 
@@ -207,8 +257,8 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool =
                 differ.append(name)
                 continue
             n, k = weight.shape
-            kind = w.kind + "_dot" if dot else w.kind
-            packed = (pack_dot if dot else pack)(w, nb)
+            kind = w.kind + "_dot" if dot else w.as_float_kernels().kind
+            packed = pack_dot(w, nb) if dot else pack(w.as_float_kernels(), nb)
             install(module, SmallGemm(fns[kind], packed, k, n, torch.float32, torch.float32, kind=kind),
                     drop_weight=id(weight) not in tied and not keep_weights)
             taken += 1

@@ -11,7 +11,7 @@ the embedded model's whole forwards were faster in float32
 (docs/history.md#the-forwards-layers-precision-and-packed-weights). Where the config cannot be built
 (a model of remote code) or its float32 weights would take over 2 GiB, one layer's linears are timed instead.
 
-A GGUF whose Q4_1 / Q8_0 blocks are its weights exactly (engine/forward/quant.py) is read from its blocks, in one of
+A GGUF whose Q4_1 / Q4_0 / Q5_0 / Q8_0 blocks are its weights exactly (engine/forward/quant.py) is read from its blocks, in one of
 two arithmetics: "float32" widens each weight to the float32 value the loader made of it (the float32 model's
 bits), "int8" rounds each row's inputs to 8 bits per group of 32 and sums the products in integers on VNNI or
 in AVX2's byte pairs (llama.cpp's CPU arithmetic: different bits, fewer instructions for a verification batch). "auto"
@@ -206,7 +206,7 @@ def _blocks_choice(requested: str, config, device: str, blocks: str) -> DtypeCho
     from engine.forward.quant_dot import dot_reason, time_kernels
 
     exact = f"float32 (its {blocks} blocks read as stored)" if blocks else "float32"
-    why = ("no GGUF with Q4_1 / Q8_0 blocks" if not blocks else f"on {device}" if device != "cpu"
+    why = ("no GGUF with Q4_1 / Q4_0 / Q5_0 / Q8_0 blocks" if not blocks else f"on {device}" if device != "cpu"
            else dot_reason())
     if why:
         needs = ", ".join(f.upper() for f in registry.LIBRARIES["small_gemm_q"].cpu_flags)

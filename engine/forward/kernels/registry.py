@@ -50,7 +50,8 @@ class Library:
     defines: tuple[str, ...] = ()  # -D options every build of it has; a caller may add others (BLOCK8, ...)
 
 
-_Q_KINDS = ("q4_1", "q8_0")
+_Q_KINDS = ("q4_1", "q8_0")  # read as float32 (Q4_0 and Q5_0 go as Q4_1 and Q8_0: engine/forward/quant.py)
+_QDOT_KINDS = ("q4_1", "q8_0", "q4_0", "q5_0")  # times 8-bit inputs
 
 LIBRARIES = {lib.name: lib for lib in (
     Library("small_gemm", ("small_gemm.c",), ("avx512_bf16",),
@@ -69,9 +70,9 @@ LIBRARIES = {lib.name: lib for lib in (
     # small_gemm_qdot_ok() says the build has byte dot products); the float32 kernel's block width sizes both
     Library("small_gemm_q", ("small_gemm_q.c", "small_gemm_qdot.c", "small_gemm_f32.c"), ("avx2", "fma"),
             (*(Function(f"small_gemm_{k}", _LINEAR, label=k) for k in _Q_KINDS),
-             *(Function(f"small_gemm_{k}_dot", _LINEAR, _C, label=f"{k}_dot") for k in _Q_KINDS),
+             *(Function(f"small_gemm_{k}_dot", _LINEAR, _C, label=f"{k}_dot") for k in _QDOT_KINDS),
              Function("small_gemm_qdot_ok", (), _C), Function("small_gemm_f32_block", (), _C)),
-            "our Q4_1 / Q8_0 kernels", f"the GGUF's weights as float32 (our float32 kernel or {_ONEDNN})"),
+            "our Q4_1 / Q4_0 / Q5_0 / Q8_0 kernels", f"the GGUF's weights as float32 (our float32 kernel or {_ONEDNN})"),
     Library("cell_attention", ("cell_attention.c",), (),
             (Function("cell_attention", (_P, _P, _P, _I, _P, _P, _P, _I, _C, _C, _C, _F), _C),),
             "C kernel per row", "torch per row"),

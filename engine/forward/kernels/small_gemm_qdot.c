@@ -1,4 +1,4 @@
-/* y = x W^T for weights stored as GGUF's Q4_1 or Q8_0 blocks, in llama.cpp's CPU arithmetic: each row of x is
+/* y = x W^T for weights stored as GGUF's Q4_1, Q4_0, Q5_0 or Q8_0 blocks, in llama.cpp's CPU arithmetic: each row of x is
  * quantised to 8 bits per group of 32 inputs (Q8_1: a scale d and the group's sum), and each group's dot
  * product is summed in integers by VNNI's vpdpbusd (64 byte products a zmm instruction, four times the
  * multiply-adds of a float32 fused multiply-add), then scaled once in float32 (ggml_vec_dot_q4_1_q8_1 and
@@ -14,16 +14,21 @@
  * exact in any order, and each output's float32 steps run group by group in k order (per group g, with d_w,
  * m_w the block's scale and minimum, d_x the row's scale, s_x = d_x * sum of its quants, i the integer dot):
  *     Q4_1: acc = fma(float(i), d_w * d_x, acc); acc = fma(m_w, s_x, acc)
- *     Q8_0: acc = fma(float(i), d_w * d_x, acc)
+ *     Q8_0, Q4_0, Q5_0: acc = fma(float(i), d_w * d_x, acc)
  * so plain decoding and verification agree, and the 16-wide and 8-wide builds give the same bits.
  *
  * vpdpbusd multiplies unsigned by signed bytes. Q4_1's quants are unsigned (0..15); Q8_0's are signed, so they
- * are stored plus 128 and 128 times the row's quant sum is taken off each group's integer dot.
+ * are stored plus 128 and 128 times the row's quant sum is taken off each group's integer dot. Q4_0 and Q5_0
+ * store q + 8 and q + 16 (0..15, 0..31): 8 or 16 times the quant sum is taken off, so i is llama.cpp's
+ * sum of (q - 8) x or (q - 16) x (ggml_vec_dot_q4_0_q8_0, ggml_vec_dot_q5_0_q8_0), exact in integers.
  *
  * Packed layout, per block of NB outputs, its K/32 groups in k order (d, m widened to float32 when packed):
  *   Q4_1 group: d [NB] f32, m [NB] f32, then 4 vectors of 4 NB bytes: vector p, byte 4 j + i holds q[4p + i][j]
  *               in its low nibble and q[16 + 4p + i][j] in its high one (24 NB bytes for 32 NB weights)
  *   Q8_0 group: d [NB] f32, then 8 vectors of 4 NB bytes: vector p, byte 4 j + i holds q[4p + i][j] + 128
+ *   Q4_0 group: d [NB] f32, then Q4_1's 4 vectors of nibbles (20 NB bytes for 32 NB weights)
+ *   Q5_0 group: d [NB] f32, one vector of 4 NB bytes of fifth bits (byte 4 j + i: bit 2p that of q[4p + i][j],
+ *               bit 2p + 1 that of q[16 + 4p + i][j]), then Q4_1's 4 vectors of low nibbles (24 NB bytes)
  * Built where the CPU has AVX512-VNNI (16 outputs a vector), AVX-VNNI (8) or AVX2 alone (8, in byte pairs, see
  * QDOT_PAIRS); small_gemm_qdot_ok() says so.
  */
@@ -42,6 +47,9 @@ typedef __m512i bvec;
 #define BZERO _mm512_setzero_si512()
 #define BAND _mm512_and_si512
 #define BSRL4(a) _mm512_srli_epi16(a, 4)
+#define BSLL16 _mm512_slli_epi16
+#define BSRL16 _mm512_srli_epi16
+#define BOR _mm512_or_si512
 #define BSUB _mm512_sub_epi32
 #define DPBUSD _mm512_dpbusd_epi32
 #define BTOF _mm512_cvtepi32_ps
@@ -54,6 +62,9 @@ typedef __m256i bvec;
 #define BZERO _mm256_setzero_si256()
 #define BAND _mm256_and_si256
 #define BSRL4(a) _mm256_srli_epi16(a, 4)
+#define BSLL16 _mm256_slli_epi16
+#define BSRL16 _mm256_srli_epi16
+#define BOR _mm256_or_si256
 #define BSUB _mm256_sub_epi32
 #define BTOF _mm256_cvtepi32_ps
 #if defined(__AVXVNNI__)
@@ -66,6 +77,7 @@ typedef __m256i bvec;
  * mul_sum_us8_pairs does the same). Q4_1: a pair is at most 15 * 127 * 2 = 3810, so a group's 8 vectors add
  * up in 16 bits (at most 30480) before one vpmaddwd widens them. Q8_0: the stored bytes minus 128 are the
  * signed quants w; |w| times x with w's sign (vpsignb) is at most 128 * 127 * 2 = 32512 a pair, widened at once.
+ * Q5_0's pairs reach 31 * 127 * 2 = 7874, so its 16-bit sums are widened every 4 products (31496).
  * The integer dot of a group is the VNNI build's, so the outputs keep their bits. */
 #define QDOT_PAIRS 1
 #define PAIRS16(acc, u, s) _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s))
@@ -80,8 +92,15 @@ typedef __m256i bvec;
 
 int small_gemm_qdot_ok(void) { return QDOT_OK; }
 
+/* the block types, as the kernel's compile-time switch */
+#define QK_Q8_0 0
+#define QK_Q4_1 1
+#define QK_Q4_0 2
+#define QK_Q5_0 3
 #define QD41_GROUP (2 * NB * 4 + 16 * NB)
 #define QD80_GROUP (NB * 4 + 32 * NB)
+#define QD40_GROUP (NB * 4 + 16 * NB)
+#define QD50_GROUP (NB * 4 + 4 * NB + 16 * NB)
 
 #if QDOT_OK
 #if NB == 16
@@ -158,18 +177,105 @@ typedef struct {
     int64_t groups;
 } qrows;
 
-static inline __attribute__((always_inline)) void qd_pass(const int q4, const qrows *xr, int64_t m0, const int m,
+/* bit b of each byte of hb moved to bit 4 (the fifth bit of a Q5_0 quant); 16-bit shifts keep it in its byte */
+static inline bvec fifth_bit(bvec hb, const int b) {
+    const bvec at4 = b <= 4 ? BSLL16(hb, 4 - b) : BSRL16(hb, b - 4);
+    return BAND(at4, BSET1_I8(0x10));
+}
+
+static inline int64_t group_bytes(const int kind) {
+    return kind == QK_Q4_1 ? QD41_GROUP : kind == QK_Q4_0 ? QD40_GROUP : kind == QK_Q5_0 ? QD50_GROUP : QD80_GROUP;
+}
+
+/* one group's integer dots of B blocks by m rows for the nibble kinds (Q4_1, Q4_0, Q5_0): isum [B][m] */
+static inline __attribute__((always_inline)) void nibble_dots(const int kind, const uint8_t *const *g, const int B,
+                                                              const int8_t *xq, int64_t k, int64_t k0, const int m,
+                                                              bvec isum[4][QDMB]) {
+    const bvec low = BSET1_I8(0x0F);
+    const int64_t quants = kind == QK_Q4_1 ? 2 * NB * 4 : kind == QK_Q4_0 ? NB * 4 : 2 * NB * 4;
+    bvec hb[4];
+    if (kind == QK_Q5_0)
+        for (int bb = 0; bb < B; bb++) hb[bb] = BLOAD(g[bb] + NB * 4);
+#if QDOT_PAIRS
+    bvec s16[4][QDMB];
+    for (int bb = 0; bb < B; bb++)
+        for (int r = 0; r < m; r++) s16[bb][r] = BZERO;
+#endif
+    for (int p = 0; p < 4; p++) {
+        bvec lo[4], hi[4];
+        for (int bb = 0; bb < B; bb++) {
+            const bvec both = BLOAD(g[bb] + quants + p * 4 * NB);
+            lo[bb] = BAND(both, low);
+            hi[bb] = BAND(BSRL4(both), low);
+            if (kind == QK_Q5_0) {
+                lo[bb] = BOR(lo[bb], fifth_bit(hb[bb], 2 * p));
+                hi[bb] = BOR(hi[bb], fifth_bit(hb[bb], 2 * p + 1));
+            }
+        }
+        for (int r = 0; r < m; r++) {
+            const bvec xl = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
+            const bvec xh = BSET1_I32(quad(xq + r * k + k0 + 16 + 4 * p));
+#if QDOT_PAIRS
+            for (int bb = 0; bb < B; bb++) s16[bb][r] = PAIRS16(PAIRS16(s16[bb][r], lo[bb], xl), hi[bb], xh);
+#else
+            for (int bb = 0; bb < B; bb++) isum[bb][r] = DPBUSD(DPBUSD(isum[bb][r], lo[bb], xl), hi[bb], xh);
+#endif
+        }
+#if QDOT_PAIRS
+        if (p == 3 || (kind == QK_Q5_0 && p == 1))
+            for (int bb = 0; bb < B; bb++)
+                for (int r = 0; r < m; r++) {
+                    isum[bb][r] = _mm256_add_epi32(isum[bb][r], WIDEN16(s16[bb][r]));
+                    s16[bb][r] = BZERO;
+                }
+#endif
+    }
+}
+
+/* one group's integer dots of B blocks by m rows for Q8_0: isum [B][m] */
+static inline __attribute__((always_inline)) void byte_dots(const uint8_t *const *g, const int B, const int8_t *xq,
+                                                            int64_t k, int64_t k0, const int m, bvec isum[4][QDMB]) {
+    for (int p = 0; p < 8; p++) {
+        bvec w[4];
+#if QDOT_PAIRS
+        bvec aw[4];
+        for (int bb = 0; bb < B; bb++) {
+            w[bb] = _mm256_xor_si256(BLOAD(g[bb] + NB * 4 + p * 4 * NB), BSET1_I8((char)0x80));
+            aw[bb] = _mm256_abs_epi8(w[bb]);
+        }
+        for (int r = 0; r < m; r++) {
+            const bvec xp = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
+            for (int bb = 0; bb < B; bb++)
+                isum[bb][r] = _mm256_add_epi32(
+                    isum[bb][r], WIDEN16(_mm256_maddubs_epi16(aw[bb], _mm256_sign_epi8(xp, w[bb]))));
+        }
+#else
+        for (int bb = 0; bb < B; bb++) w[bb] = BLOAD(g[bb] + NB * 4 + p * 4 * NB);
+        for (int r = 0; r < m; r++) {
+            const bvec xp = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
+            for (int bb = 0; bb < B; bb++) isum[bb][r] = DPBUSD(isum[bb][r], w[bb], xp);
+        }
+#endif
+    }
+}
+
+/* what each group's integer dot carries beyond llama.cpp's sum of q x: the stored quants' offset times the row's
+ * quant sum (Q8_0 on the AVX2 build takes its offset off before multiplying) */
+static inline int32_t quant_offset(const int kind) {
+    return kind == QK_Q4_0 ? 8 : kind == QK_Q5_0 ? 16 : kind == QK_Q8_0 && !QDOT_PAIRS ? 128 : 0;
+}
+
+static inline __attribute__((always_inline)) void qd_pass(const int kind, const qrows *xr, int64_t m0, const int m,
                                                           int64_t k, const uint8_t *wq, int64_t b0, const int B,
                                                           float *y, const float *other, int64_t n, int post) {
     vec acc[4][QDMB];
-    const int64_t group = q4 ? QD41_GROUP : QD80_GROUP, G = xr->groups;
+    const int64_t group = group_bytes(kind), G = xr->groups;
     const uint8_t *g[4];
     for (int bb = 0; bb < B; bb++) {
         g[bb] = wq + (b0 + bb) * G * group;
         for (int r = 0; r < m; r++) acc[bb][r] = VZERO;
     }
     const int8_t *xq = xr->q + m0 * k;
-    const bvec low = BSET1_I8(0x0F);
     for (int64_t gi = 0; gi < G; gi++) {
         bvec isum[4][QDMB];
         for (int bb = 0; bb < B; bb++)
@@ -178,61 +284,17 @@ static inline __attribute__((always_inline)) void qd_pass(const int q4, const qr
         for (int bb = 0; bb < B; bb++)
             for (int64_t line = 0; line < group; line += 64)
                 _mm_prefetch((const char *)(g[bb] + QD_PF_GROUPS * group + line), _MM_HINT_T0);
-        if (q4) {
-            for (int p = 0; p < 4; p++) {
-                bvec lo[4], hi[4];
-                for (int bb = 0; bb < B; bb++) {
-                    const bvec both = BLOAD(g[bb] + 2 * NB * 4 + p * 4 * NB);
-                    lo[bb] = BAND(both, low);
-                    hi[bb] = BAND(BSRL4(both), low);
-                }
-                for (int r = 0; r < m; r++) {
-                    const bvec xl = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
-                    const bvec xh = BSET1_I32(quad(xq + r * k + k0 + 16 + 4 * p));
-#if QDOT_PAIRS
-                    for (int bb = 0; bb < B; bb++) isum[bb][r] = PAIRS16(PAIRS16(isum[bb][r], lo[bb], xl), hi[bb], xh);
-#else
-                    for (int bb = 0; bb < B; bb++) isum[bb][r] = DPBUSD(DPBUSD(isum[bb][r], lo[bb], xl), hi[bb], xh);
-#endif
-                }
-            }
-#if QDOT_PAIRS
-            for (int bb = 0; bb < B; bb++)
-                for (int r = 0; r < m; r++) isum[bb][r] = WIDEN16(isum[bb][r]);
-#endif
-        } else {
-            for (int p = 0; p < 8; p++) {
-                bvec w[4];
-#if QDOT_PAIRS
-                bvec aw[4];
-                for (int bb = 0; bb < B; bb++) {
-                    w[bb] = _mm256_xor_si256(BLOAD(g[bb] + NB * 4 + p * 4 * NB), BSET1_I8((char)0x80));
-                    aw[bb] = _mm256_abs_epi8(w[bb]);
-                }
-                for (int r = 0; r < m; r++) {
-                    const bvec xp = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
-                    for (int bb = 0; bb < B; bb++)
-                        isum[bb][r] = _mm256_add_epi32(
-                            isum[bb][r], WIDEN16(_mm256_maddubs_epi16(aw[bb], _mm256_sign_epi8(xp, w[bb]))));
-                }
-#else
-                for (int bb = 0; bb < B; bb++) w[bb] = BLOAD(g[bb] + NB * 4 + p * 4 * NB);
-                for (int r = 0; r < m; r++) {
-                    const bvec xp = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
-                    for (int bb = 0; bb < B; bb++) isum[bb][r] = DPBUSD(isum[bb][r], w[bb], xp);
-                }
-#endif
-            }
-        }
+        if (kind == QK_Q8_0) byte_dots(g, B, xq, k, k0, m, isum);
+        else nibble_dots(kind, g, B, xq, k, k0, m, isum);
         for (int bb = 0; bb < B; bb++) {
             const vec dw = VLOAD((const float *)g[bb]);
-            const vec mw = q4 ? VLOAD((const float *)g[bb] + NB) : VZERO;
+            const vec mw = kind == QK_Q4_1 ? VLOAD((const float *)g[bb] + NB) : VZERO;
             for (int r = 0; r < m; r++) {
                 const int64_t at = (m0 + r) * G + gi;
                 bvec i = isum[bb][r];
-                if (!q4 && !QDOT_PAIRS) i = BSUB(i, BSET1_I32(128 * xr->sum[at]));
+                if (quant_offset(kind)) i = BSUB(i, BSET1_I32(quant_offset(kind) * xr->sum[at]));
                 acc[bb][r] = VFMA(BTOF(i), VMUL(dw, VSET1(xr->d[at])), acc[bb][r]);
-                if (q4) acc[bb][r] = VFMA(mw, VSET1(xr->s[at]), acc[bb][r]);
+                if (kind == QK_Q4_1) acc[bb][r] = VFMA(mw, VSET1(xr->s[at]), acc[bb][r]);
             }
             g[bb] += group;
         }
@@ -244,23 +306,26 @@ static inline __attribute__((always_inline)) void qd_pass(const int q4, const qr
 typedef void (*qd_pass_fn)(const qrows *, int64_t, int64_t, const uint8_t *, int64_t, float *, const float *,
                            int64_t, int);
 /* the pass of c rows over bb blocks (at most QD_BLOCKS(c): beyond, the sums spill) */
-#define QDP(q4, c, bb)                                                                                         \
-    static void qd_pass_##q4##_##c##_##bb(const qrows *x, int64_t m0, int64_t k, const uint8_t *wq, int64_t b0, \
+#define QDP(kind, c, bb)                                                                                         \
+    static void qd_pass_##kind##_##c##_##bb(const qrows *x, int64_t m0, int64_t k, const uint8_t *wq, int64_t b0, \
                                           float *y, const float *other, int64_t n, int post) {                \
-        qd_pass(q4, x, m0, c <= QDMB ? c : QDMB, k, wq, b0, bb < QD_BLOCKS(c) ? bb : QD_BLOCKS(c), y, other, n, \
+        qd_pass(kind, x, m0, c <= QDMB ? c : QDMB, k, wq, b0, bb < QD_BLOCKS(c) ? bb : QD_BLOCKS(c), y, other, n, \
                 post);                                                                                        \
     }
-#define QDP3(q4, c) QDP(q4, c, 1) QDP(q4, c, 2) QDP(q4, c, 4)
-#define QDPS(q4) QDP3(q4, 1) QDP3(q4, 2) QDP3(q4, 3) QDP3(q4, 4) QDP3(q4, 5) QDP3(q4, 6) QDP3(q4, 7) QDP3(q4, 8) \
-    QDP3(q4, 9) QDP3(q4, 10) QDP3(q4, 11) QDP3(q4, 12)
-QDPS(0) QDPS(1)
-#define QDROW(q4, bb)                                                                                          \
-    {0, qd_pass_##q4##_1_##bb, qd_pass_##q4##_2_##bb, qd_pass_##q4##_3_##bb, qd_pass_##q4##_4_##bb,             \
-     qd_pass_##q4##_5_##bb, qd_pass_##q4##_6_##bb, qd_pass_##q4##_7_##bb, qd_pass_##q4##_8_##bb,                \
-     qd_pass_##q4##_9_##bb, qd_pass_##q4##_10_##bb, qd_pass_##q4##_11_##bb, qd_pass_##q4##_12_##bb}
-/* [q4][log2 of the blocks][rows] */
-static const qd_pass_fn qd_passes[2][3][13] = {{QDROW(0, 1), QDROW(0, 2), QDROW(0, 4)},
-                                                     {QDROW(1, 1), QDROW(1, 2), QDROW(1, 4)}};
+#define QDP3(kind, c) QDP(kind, c, 1) QDP(kind, c, 2) QDP(kind, c, 4)
+#define QDPS(kind)                                                                                    \
+    QDP3(kind, 1) QDP3(kind, 2) QDP3(kind, 3) QDP3(kind, 4) QDP3(kind, 5) QDP3(kind, 6) QDP3(kind, 7) \
+    QDP3(kind, 8) QDP3(kind, 9) QDP3(kind, 10) QDP3(kind, 11) QDP3(kind, 12)
+QDPS(0) QDPS(1) QDPS(2) QDPS(3)
+#define QDROW(kind, bb)                                                                                          \
+    {0, qd_pass_##kind##_1_##bb, qd_pass_##kind##_2_##bb, qd_pass_##kind##_3_##bb, qd_pass_##kind##_4_##bb,             \
+     qd_pass_##kind##_5_##bb, qd_pass_##kind##_6_##bb, qd_pass_##kind##_7_##bb, qd_pass_##kind##_8_##bb,                \
+     qd_pass_##kind##_9_##bb, qd_pass_##kind##_10_##bb, qd_pass_##kind##_11_##bb, qd_pass_##kind##_12_##bb}
+/* [kind][log2 of the blocks][rows] */
+static const qd_pass_fn qd_passes[4][3][13] = {{QDROW(0, 1), QDROW(0, 2), QDROW(0, 4)},
+                                               {QDROW(1, 1), QDROW(1, 2), QDROW(1, 4)},
+                                               {QDROW(2, 1), QDROW(2, 2), QDROW(2, 4)},
+                                               {QDROW(3, 1), QDROW(3, 2), QDROW(3, 4)}};
 
 static inline int log2_blocks(int64_t b) { return b >= 4 ? 2 : b >= 2 ? 1 : 0; }
 
@@ -276,7 +341,7 @@ static int64_t task_blocks(int64_t nblocks, int64_t first_rows) {
 
 /* x [M, K] float32, wq packed as above (K a multiple of 32, N of NB), y [M, N]; other [M, N] for post 2 and 3.
  * Returns 0, or -1 where memory for the quantised rows could not be had. */
-static int gemm_qdot(const int q4, const float *x, const uint8_t *wq, float *y, const float *other, int64_t M,
+static int gemm_qdot(const int kind, const float *x, const uint8_t *wq, float *y, const float *other, int64_t M,
                      int64_t K, int64_t N, int post) {
     const int64_t G = K / 32;
     int8_t *xq = malloc((size_t)(M * K));
@@ -301,8 +366,8 @@ static int gemm_qdot(const int q4, const float *x, const uint8_t *wq, float *y, 
             const int m = (int)(M / n_pass + (i < M % n_pass));
             const int64_t bm = B < QD_BLOCKS(m) ? B : QD_BLOCKS(m);
             int64_t b = b0;
-            for (; b + bm <= end; b += bm) qd_passes[q4][log2_blocks(bm)][m](&xr, m0, K, wq, b, y, other, N, post);
-            for (; b < end; b++) qd_passes[q4][0][m](&xr, m0, K, wq, b, y, other, N, post);
+            for (; b + bm <= end; b += bm) qd_passes[kind][log2_blocks(bm)][m](&xr, m0, K, wq, b, y, other, N, post);
+            for (; b < end; b++) qd_passes[kind][0][m](&xr, m0, K, wq, b, y, other, N, post);
             m0 += m;
         }
     }
@@ -311,19 +376,29 @@ static int gemm_qdot(const int q4, const float *x, const uint8_t *wq, float *y, 
     return 0;
 }
 #else
-static int gemm_qdot(const int q4, const float *x, const uint8_t *wq, float *y, const float *other, int64_t M,
+static int gemm_qdot(const int kind, const float *x, const uint8_t *wq, float *y, const float *other, int64_t M,
                      int64_t K, int64_t N, int post) {
-    (void)q4, (void)x, (void)wq, (void)y, (void)other, (void)M, (void)K, (void)N, (void)post;
+    (void)kind, (void)x, (void)wq, (void)y, (void)other, (void)M, (void)K, (void)N, (void)post;
     return -2;
 }
 #endif
 
 int small_gemm_q4_1_dot(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
                         int64_t N, int post) {
-    return gemm_qdot(1, x, wq, y, other, M, K, N, post);
+    return gemm_qdot(QK_Q4_1, x, wq, y, other, M, K, N, post);
 }
 
 int small_gemm_q8_0_dot(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
                         int64_t N, int post) {
-    return gemm_qdot(0, x, wq, y, other, M, K, N, post);
+    return gemm_qdot(QK_Q8_0, x, wq, y, other, M, K, N, post);
+}
+
+int small_gemm_q4_0_dot(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
+                        int64_t N, int post) {
+    return gemm_qdot(QK_Q4_0, x, wq, y, other, M, K, N, post);
+}
+
+int small_gemm_q5_0_dot(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
+                        int64_t N, int post) {
+    return gemm_qdot(QK_Q5_0, x, wq, y, other, M, K, N, post);
 }
