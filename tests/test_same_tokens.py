@@ -1,0 +1,73 @@
+"""The embedded model's answers to held-out prompts, with every drafter it runs without extra files (the
+n-gram ones and draft-head, as a chain and as a tree), against ids recorded from an earlier commit: a change
+to how drafts are chosen or verified must give the same tokens and the same drafts.
+
+Record again (only when a change is meant to alter them): python tests/test_same_tokens.py
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiny import suite_dtype
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "data" / "same_tokens.json"
+PROMPT_ROWS = (0, 10)  # an open prompt and a copy prompt of heldout.jsonl
+MAX_NEW = 16
+NGRAMS = ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"]
+# name -> (types, tree_nodes, temp, adaptive). A chain's drafts are decided from counts and the cost curve
+# (none timed: calibrate=False), so they are compared too; a tree's gate weighs measured drafting time, so of a
+# tree only the tokens are
+CASES = {
+    "ngrams": (NGRAMS, 0, 0.0, True),
+    "ngrams+head": (NGRAMS + ["draft-head"], 0, 0.0, True),
+    "head-fixed": (["draft-head"], 0, 0.0, False),
+    "head-sampled": (["draft-head"], 0, 0.8, True),
+    "tree-ngrams+head": (NGRAMS + ["draft-head"], 12, 0.0, True),
+}
+
+
+def _prompts(target) -> list[list[int]]:
+    rows = (ROOT / "assets" / "prompts" / "heldout.jsonl").read_text().splitlines()
+    return [target.encode_chat(json.loads(rows[i])["messages"]) for i in PROMPT_ROWS]
+
+
+def answers(target) -> dict:
+    """Per case, per prompt: the emitted ids, and per round the drafter and its draft (what the budget chose)."""
+    from engine.params import GenParams, SpecParams
+    from engine.sampling import SamplerParams
+    from engine.serve.engine import Engine
+
+    out = {}
+    engine = Engine(target, n_ctx=1024, n_seq_max=1, calibrate=False)  # one for all: the cases run in turn
+    for name, (types, tree_nodes, temp, adaptive) in CASES.items():
+        runs = []
+        for ids in _prompts(target):
+            params = GenParams(max_new_tokens=MAX_NEW, sampling=SamplerParams(temp=temp, seed=7), spec=SpecParams(
+                types=list(types), n_max=6, adaptive=adaptive, tree_nodes=tree_nodes))
+            events = list(engine.generate(ids, params))
+            runs.append({"tokens": [t for e in events for t in e.emitted],
+                         "drafts": [[e.drafter, list(e.drafted)] for e in events]})
+        out[name] = runs
+    return out
+
+
+@pytest.mark.skipif(suite_dtype() != "float32", reason="recorded in float32: bfloat16 rounds to other text")
+def test_the_same_tokens_and_drafts_as_recorded(embedded):
+    want = json.loads(FIXTURE.read_text())
+    got = answers(embedded)
+    for name in CASES:
+        for i, (g, w) in enumerate(zip(got[name], want[name])):
+            assert g["tokens"] == w["tokens"], f"{name}, prompt {i}: other tokens"
+            if CASES[name][1] == 0:
+                assert g["drafts"] == w["drafts"], f"{name}, prompt {i}: other drafts"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    from engine.load.models import load_model
+
+    FIXTURE.write_text(json.dumps(answers(load_model("embedded", dtype="float32")), separators=(",", ":")) + "\n")
