@@ -66,6 +66,28 @@ def test_the_same_tokens_and_drafts_as_recorded(embedded):
                 assert g["drafts"] == w["drafts"], f"{name}, prompt {i}: other drafts"
 
 
+def test_only_the_round_and_the_engine_call_the_budget():
+    """The seam the tokens above were recorded across: the relay reads an allowance and never holds the
+    budget; the budget answers the round and the engine through a few methods."""
+    import ast
+    import re
+
+    tree = ast.parse((ROOT / "engine" / "budget" / "draft_budget.py").read_text())
+    (budget,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DraftBudget"]
+    public = [f.name for f in budget.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")]
+    assert len(public) <= 7, public
+    callers = set()
+    for path in (ROOT / "engine").rglob("*.py"):
+        if re.search(r"\bbudget\.(%s)\(" % "|".join(public), path.read_text()):
+            callers.add(path.relative_to(ROOT / "engine").parts[0])
+    assert callers <= {"round", "serve"}, callers
+    chain = ast.parse((ROOT / "engine" / "draft" / "chain.py").read_text())
+    names = {n.id for n in ast.walk(chain) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(chain) if isinstance(n, ast.Attribute)} | {
+        a.arg for n in ast.walk(chain) if isinstance(n, ast.FunctionDef) for a in n.args.args}
+    assert "budget" not in names  # the relay holds no budget and is handed none
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     from engine.load.models import load_model

@@ -65,6 +65,9 @@ def verify_chain(v: Verifying, slot: Slot, r: DraftRequest, logits, ckpt, drafte
         pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
         p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=draft_probs(r),
         target_top=top, verify_mode=mode, rollback=rollback, rm_range=rm_range)
+    pieces = r.report.retokenized
+    if pieces is not None and k > 0:  # the draft through text of a drafter of another vocabulary
+        decided.draft_pieces, decided.target_pieces = list(pieces.draft_pieces), list(pieces.target_pieces)
     slot.round += 1
     out = v.emit(slot, verdict.tokens)
     if slot.state == "done":
