@@ -72,6 +72,8 @@ def _budget(engine, cost):
 
 
 def test_the_round_observes_its_draft_rows_against_a_plain_rounds_forward_and_work_after_it(engine):
+    from engine.budget.reports import observe_cost
+
     policy = engine.budget.policy
     calibrated = policy.cost
     cost = _curve(min_seen=3)
@@ -83,14 +85,14 @@ def test_the_round_observes_its_draft_rows_against_a_plain_rounds_forward_and_wo
             plain.add(7, 1, seq, True)
         for _ in range(3):
             cost.observe(4, 1.3)
-            rnd.observe_cost(None, plain, slots, 1.3, 0.004)  # 1 ms a slot after a plain forward
+            observe_cost(cost, None, plain, slots, 1.3, 0.004)  # 1 ms a slot after a plain forward
         assert cost.after_plain == pytest.approx(1e-3) and cost.n_after_plain == 3
         drafted = Batch()
         for seq in range(4):
             drafted.add(7, 1, seq, True)
             drafted.add(8, 2, seq, True)
         budget = SimpleNamespace(n_base=4, cost=cost.for_cells(4, 0))
-        rnd.observe_cost(budget, drafted, slots, 1.9, 0.010)
+        observe_cost(cost, budget, drafted, slots, 1.9, 0.010)
         # x: the curve's 4 rows beyond 4, 0.4 s; y: 0.6 s of forward beyond 1.3, and 6 ms of work beyond 4
         assert cost.step_sums[1] == pytest.approx(0.4) and cost.step_sums[2] == pytest.approx(0.606)
     finally:

@@ -23,7 +23,7 @@ from engine.batch import Batch
 from engine.budget.accounts import Accounts, SeqAccount
 from engine.budget.gate import DrafterGate
 from engine.budget.policy import DraftLengthPolicy
-from engine.budget.reports import credit_verdict, learn_from_draft
+from engine.budget.reports import credit_verdict, learn_from_draft, observe_cost
 from engine.budget.slots import SlotTrees
 from engine.cost.curve import CostModel
 from engine.draft.allowance import Allowance, DrafterAllowance
@@ -132,8 +132,8 @@ class DraftBudget:
             if not isinstance(ev, ErrorEvent) and ev.kind == "spec" and ev.seq in plan.requests:
                 credit_verdict(self.gate, self.policy, self.records.of(ev.seq), ev.decision, plan.trees.get(ev.seq))
         notes = self._settle_balances(plan, in_batch, events, time.perf_counter() - times.t_start)
-        self._observe_cost(plan.nodes, batch, in_batch, times.forward,
-                           time.perf_counter() - times.t_forward - times.forward)
+        observe_cost(self.policy.cost, plan.nodes, batch, in_batch, times.forward,
+                     time.perf_counter() - times.t_forward - times.forward)
         n_emitted = sum(len(ev.emitted) for ev in events if not isinstance(ev, ErrorEvent))
         self.gate.note_round(time.perf_counter() - times.t_start, n_emitted)
         return notes
@@ -214,21 +214,6 @@ class DraftBudget:
                        if nodes is not None and nodes.cost is not None else 1.0)
         n_draft_rows = n_rows - nodes.n_base if nodes is not None else 0
         self.gate.row_seconds = seconds * (1 - 1 / curve_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
-
-    def _observe_cost(self, nodes, batch: Batch, in_batch: list, forward: float, after: float) -> None:
-        """What the round's draft rows cost against what the budget's curve said (CostModel.step_fit): the
-        forward beyond a forward of its base rows, and the work after the forward beyond a plain round's."""
-        cost, n_rows, n_slots = self.policy.cost, len(batch), len(in_batch)
-        if n_rows == n_slots:  # one row a slot: a plain round
-            cost.observe_after_plain(after / n_slots)
-            return
-        if nodes is None or nodes.cost is None or n_rows <= nodes.n_base:
-            return
-        extra = forward - cost.base_seconds(nodes.n_base)
-        plain_after = cost.after_plain_seconds()
-        if plain_after is not None:  # unknown, the work after the forward is left out rather than guessed
-            extra += max(0.0, after - n_slots * plain_after)
-        cost.observe_step(nodes.cost.step_seconds(n_rows), extra)
 
     def _settle_balances(self, plan, in_batch: list, events: list, whole: float) -> dict[int, SlotNote]:
         """Charge each slot's balance with the round's cost (whole: the round's time so far), say why it drafted

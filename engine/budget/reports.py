@@ -7,14 +7,17 @@ length policy's cut, how covered each network's turn was. Here that report becom
 relay used to make itself in the middle of drafting, in the same order: the gate's decisions made for real (the
 allowance held their outcome for both cases), each drafter's time charged to the slot, the length policy's
 suppression counts and the rates it read. The verdicts then credit the length policy (every drafter that had
-a draft verified) and, in tree mode, the gate (what each drafter alone put on the kept path).
+a draft verified) and, in tree mode, the gate (what each drafter alone put on the kept path); the round's
+timings what its draft rows cost against the curve.
 """
 
 from __future__ import annotations
 
+from engine.batch import Batch
 from engine.budget.accounts import SeqAccount
 from engine.budget.gate import DrafterGate, exclusive_gains
 from engine.budget.policy import DraftLengthPolicy
+from engine.cost.curve import CostModel
 from engine.draft.base import DraftRequest
 from engine.draft.registry import NGRAMS, is_ngram
 
@@ -80,3 +83,20 @@ def credit_tree(gate: DrafterGate, account: SeqAccount, seq: int, tree, n_kept: 
         ngrams = max((m for name, (_, m) in credit.items() if is_ngram(name)), default=0)
         gate.note_rows(seq, NGRAMS, sum(1 for d in tree.drafters if is_ngram(d)))
         gate.note_gain(seq, NGRAMS, min(ngrams, n_kept))
+
+
+def observe_cost(cost: CostModel, nodes, batch: Batch, in_batch: list, forward: float, after: float) -> None:
+    """What the round's draft rows cost against what the node choice's curve said (CostModel.step_fit): the
+    forward beyond a forward of its base rows, and the work after the forward beyond a plain round's. nodes:
+    the round's NodeChoice (None: none); forward, after: the forward's seconds and the work after it."""
+    n_rows, n_slots = len(batch), len(in_batch)
+    if n_rows == n_slots:  # one row a slot: a plain round
+        cost.observe_after_plain(after / n_slots)
+        return
+    if nodes is None or nodes.cost is None or n_rows <= nodes.n_base:
+        return
+    extra = forward - cost.base_seconds(nodes.n_base)
+    plain_after = cost.after_plain_seconds()
+    if plain_after is not None:  # unknown, the work after the forward is left out rather than guessed
+        extra += max(0.0, after - n_slots * plain_after)
+    cost.observe_step(nodes.cost.step_seconds(n_rows), extra)
