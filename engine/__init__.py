@@ -21,6 +21,7 @@ _FACE = {  # public name -> (module, its name there)
     "RoundEvent": ("engine.events", "RoundEvent"),
     # serving
     "Engine": ("engine.serve.engine", "Engine"),
+    "EngineView": ("engine.serve.engine_view", "EngineView"),  # what the page reads of an Engine (a Protocol)
     "Scheduler": ("engine.serve.scheduler", "Scheduler"),
     "QueueFull": ("engine.serve.requests", "QueueFull"),
     "SpecCounters": ("engine.serve.metrics", "SpecCounters"),

@@ -65,7 +65,7 @@ class RoundEvent:
     # why not more: "no match", "nothing above p_min", "under n_min", "the length policy cut it", ...; "" if all)
     relay: list[tuple[str, int, int, str]] = field(default_factory=list)
     # tokens this generation got beyond what plain decoding would have given it in the same forward time, after
-    # this round (BudgetState.balance); None where no budget ran
+    # this round (SlotLedger.balance); None where no budget ran
     balance: float | None = None
     # the final event of a constrained answer: whether its emitted tokens are a whole output of the grammar, by
     # the slot's llguidance matcher (an answer cut by the token limit or Stop may not be); None elsewhere

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.batch import Batch
-from engine.budget.tree_budget import BudgetState, plan
+from engine.budget.tree_budget import SlotLedger, choose_nodes
 from engine.cost.curve import CostModel
 from engine.serve.engine import Engine
 from engine.draft.tree import DraftTree
@@ -57,13 +57,13 @@ def test_a_deep_sure_chain_pays_a_fixed_cost_that_one_node_alone_does_not():
         cost.observe_step(predicted, 0.5 + predicted)  # half a one-row forward each drafted round
     sure = DraftTree()
     sure.add_chain([5, 6, 7, 8, 9, 10], "x", scores=[0.98, 0.97, 0.96, 0.95, 0.94, 0.93])
-    state = BudgetState(probe_every=100)
+    state = SlotLedger(probe_every=100)
     # the slot beside it can pay its share of a dearer forward
     state.records.of(0).balance, state.records.of(1).balance = 0.0, 10.0
-    assert plan({0: sure}, 2, cost.for_cells(2, 0), state, bare=[1]).kept[0] == [0, 1, 2, 3, 4, 5]
+    assert choose_nodes({0: sure}, 2, cost.for_cells(2, 0), state, bare=[1]).kept[0] == [0, 1, 2, 3, 4, 5]
     one = DraftTree()
     one.add_chain([5], "x", scores=[0.98])
-    assert plan({0: one}, 2, cost.for_cells(2, 0), BudgetState(probe_every=100), bare=[1]).kept[0] == []
+    assert choose_nodes({0: one}, 2, cost.for_cells(2, 0), SlotLedger(probe_every=100), bare=[1]).kept[0] == []
 
 
 def _budget(engine, cost):
@@ -72,6 +72,8 @@ def _budget(engine, cost):
 
 
 def test_the_round_observes_its_draft_rows_against_a_plain_rounds_forward_and_work_after_it(engine):
+    from engine.budget.reports import observe_cost
+
     policy = engine.budget.policy
     calibrated = policy.cost
     cost = _curve(min_seen=3)
@@ -83,14 +85,14 @@ def test_the_round_observes_its_draft_rows_against_a_plain_rounds_forward_and_wo
             plain.add(7, 1, seq, True)
         for _ in range(3):
             cost.observe(4, 1.3)
-            rnd.observe_cost(None, plain, slots, 1.3, 0.004)  # 1 ms a slot after a plain forward
+            observe_cost(cost, None, plain, slots, 1.3, 0.004)  # 1 ms a slot after a plain forward
         assert cost.after_plain == pytest.approx(1e-3) and cost.n_after_plain == 3
         drafted = Batch()
         for seq in range(4):
             drafted.add(7, 1, seq, True)
             drafted.add(8, 2, seq, True)
         budget = SimpleNamespace(n_base=4, cost=cost.for_cells(4, 0))
-        rnd.observe_cost(budget, drafted, slots, 1.9, 0.010)
+        observe_cost(cost, budget, drafted, slots, 1.9, 0.010)
         # x: the curve's 4 rows beyond 4, 0.4 s; y: 0.6 s of forward beyond 1.3, and 6 ms of work beyond 4
         assert cost.step_sums[1] == pytest.approx(0.4) and cost.step_sums[2] == pytest.approx(0.606)
     finally:
@@ -124,13 +126,13 @@ def test_a_slots_balance_is_charged_the_whole_round_against_a_whole_plain_round(
 def test_a_slot_that_left_ahead_of_plain_decoding_stays_in_the_plain_round_the_others_are_measured_against(engine):
     """Plain decoding would run a slot that finished 2 rounds ahead for 2 more rounds beside the slots it left:
     their rounds are charged against a plain round with it, and only theirs (not a slot that came later)."""
-    from engine.budget.slots import SlotBudget
+    from engine.budget.slots import SlotTrees
 
     policy = engine.budget.policy
     calibrated = policy.cost
     policy.cost = cost = _curve(min_seen=3)
     try:
-        sb = SlotBudget(engine.budget)
+        sb = SlotTrees(engine.budget.policy, engine.budget.gate)
         sb.state.records.of(0).balance, sb.state.records.of(1).balance = 2.4, -0.5
         sb.leave(0, [0, 1, 2])
         sb.leave(1, [1, 2])  # behind plain decoding: nobody waits for it
@@ -175,6 +177,6 @@ def test_the_budget_option_reaches_the_engine_from_the_app_and_the_bench(tiny_ta
         assert engine.budget.state.fair is fair
         sure = DraftTree()
         sure.add_chain([5, 6, 7, 8], "x", scores=[0.95, 0.9, 0.85, 0.8])
-        state = BudgetState(probe_every=100, fair=fair)
-        kept = plan({0: sure}, 2, _curve().for_cells(2, 0), state, bare=[1]).kept[0]
+        state = SlotLedger(probe_every=100, fair=fair)
+        kept = choose_nodes({0: sure}, 2, _curve().for_cells(2, 0), state, bare=[1]).kept[0]
         assert kept == ([] if fair else [0, 1, 2, 3])

@@ -163,7 +163,8 @@ class RecordingDrafter(SyntheticDrafter):
 @pytest.mark.parametrize("temp", [0.0, 0.8])
 def test_a_drafter_hears_accept_while_it_holds_the_draft_it_made(tiny_target, roomy, rollback, temp):
     engine = Engine(tiny_target, n_ctx=256, n_seq_max=1, calibrate=False)
-    recorder = engine.pool["synthetic"] = RecordingDrafter()
+    recorder = RecordingDrafter()
+    engine.chain.add("synthetic", recorder)
     n_checkpoint = 0
     for seed, prompt in enumerate(PROMPTS):
         recorder.heard.clear()

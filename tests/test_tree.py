@@ -165,36 +165,36 @@ def test_disagreeing_drafters_share_one_chance():
 
 
 def test_the_budget_keeps_what_pays_for_the_whole_forward():
-    from engine.budget.tree_budget import BudgetState, plan
+    from engine.budget.tree_budget import SlotLedger, choose_nodes
     from engine.cost.curve import CostModel
 
     knee = CostModel(sizes=[1, 8, 16, 32], seconds=[1.0, 1.05, 2.0, 4.0])  # nearly free up to 8 rows
     deep = _scored([([5, 6, 7, 8], [0.9, 0.8, 0.7, 0.6]), ([9], [0.001])])
-    state = BudgetState()
-    one = plan({0: deep}, 1, knee, state)
+    state = SlotLedger()
+    one = choose_nodes({0: deep}, 1, knee, state)
     assert one.kept[0] == [0, 1, 2, 3] and one.n_rows == 5  # one slot: the deep path, not the 0.1% branch
     assert abs(one.expected - 4.0) < 1e-9
     # one more node would have to bring what its row costs: 4 expected tokens times c(6) / c(5) - 1
     assert one.threshold == pytest.approx(4.0 * (knee.c(6) / knee.c(5) - 1)) and state.threshold == one.threshold
     assert 0.001 < one.threshold < 0.05  # the 0.1% branch is below it: that is why it stayed out
     # four slots: the free rows are shared, one node each; the deeper ones would cost more than they bring
-    four = plan({s: _scored([([5, 6, 7, 8], [0.9, 0.8, 0.7, 0.6])]) for s in range(4)}, 4, knee, BudgetState())
+    four = choose_nodes({s: _scored([([5, 6, 7, 8], [0.9, 0.8, 0.7, 0.6])]) for s in range(4)}, 4, knee, SlotLedger())
     assert all(v == [0] for v in four.kept.values()) and four.n_rows == 8
     assert four.threshold > 0.5  # past the knee a node must be all but sure: the next depths need not be drafted
     steep = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
-    none = plan({0: deep}, 1, steep, BudgetState(probe_every=100))
+    none = choose_nodes({0: deep}, 1, steep, SlotLedger(probe_every=100))
     assert none.kept[0] == [] and none.n_rows == 1 and "plain decoding" in none.why
-    state = BudgetState(probe_every=2)
-    assert plan({0: deep}, 1, steep, state).kept[0] == []
-    assert plan({0: deep}, 1, steep, state).kept[0] == [0]  # the probe: its best node, so estimates can recover
+    state = SlotLedger(probe_every=2)
+    assert choose_nodes({0: deep}, 1, steep, state).kept[0] == []
+    assert choose_nodes({0: deep}, 1, steep, state).kept[0] == [0]  # the probe: its best node, so estimates can recover
 
 
 def test_slots_whose_drafts_are_refused_rest_and_draft_again_together_on_probe_rounds():
-    from engine.budget.tree_budget import BudgetState, plan
+    from engine.budget.tree_budget import SlotLedger, choose_nodes
     from engine.cost.curve import CostModel
 
     steep = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
-    state = BudgetState(probe_every=4, rest_after=2, fair=False)  # fair: the probes would wait for a balance
+    state = SlotLedger(probe_every=4, rest_after=2, fair=False)  # fair: the probes would wait for a balance
     drafted: dict[int, list[int]] = {0: [], 1: []}
     probes = []
     for _ in range(24):
@@ -205,7 +205,7 @@ def test_slots_whose_drafts_are_refused_rest_and_draft_again_together_on_probe_r
         for seq in offered:
             drafted[seq].append(state.n_rounds)
         if offered:
-            out = plan(offered, 2, steep, state)
+            out = choose_nodes(offered, 2, steep, state)
             probes += [(state.n_rounds, seq) for seq, kept in out.kept.items() if kept]
     # two refused rounds, then both rest and draft on the same rounds only, each time a probe of their best path;
     # each probe that wins no row on its merit doubles the interval to the next
@@ -213,7 +213,7 @@ def test_slots_whose_drafts_are_refused_rest_and_draft_again_together_on_probe_r
     assert all(n in (4, 8, 16) for n, _ in probes) and len(probes) >= 3
     # a node kept on its merit ends the rest: the slot drafts every round again
     cheap = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.0, 1.0])
-    plan({0: _scored([([5, 6], [0.9, 0.8])])}, 2, cheap, state)
+    choose_nodes({0: _scored([([5, 6], [0.9, 0.8])])}, 2, cheap, state)
     assert state.records[0].refused == 0 and state.records[0].interval is None
     state.next_round()
     assert not state.rests(0) and state.rests(1)
@@ -242,27 +242,27 @@ def test_the_cost_model_learns_the_forwards_the_engine_runs():
 
 
 def test_the_budget_never_slows_a_slot_below_plain_decoding_to_speed_another():
-    from engine.budget.tree_budget import BudgetState, plan
+    from engine.budget.tree_budget import SlotLedger, choose_nodes
     from engine.cost.curve import CostModel
 
     cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.0, 4.0])  # 2 rows free, then 0.1 of a forward a row
     sure = ([5, 6, 7, 8], [0.95, 0.9, 0.85, 0.8])
     # slot 1 has no draft: any row that costs slows it, however much slot 0 would gain
-    assert plan({0: _scored([sure])}, 2, cost, BudgetState(probe_every=100)).kept[0] == []
-    greedy = plan({0: _scored([sure])}, 2, cost, BudgetState(probe_every=100, fair=False))
+    assert choose_nodes({0: _scored([sure])}, 2, cost, SlotLedger(probe_every=100)).kept[0] == []
+    greedy = choose_nodes({0: _scored([sure])}, 2, cost, SlotLedger(probe_every=100, fair=False))
     assert greedy.kept[0] == [0, 1, 2, 3]  # what the batch's goodput alone would take
     # both slots draft: the forward may grow by what the slot expecting the least gains, its own node included
-    both = plan({0: _scored([sure]), 1: _scored([([9], [0.55])])}, 2, cost, BudgetState(probe_every=100))
+    both = choose_nodes({0: _scored([sure]), 1: _scored([([9], [0.55])])}, 2, cost, SlotLedger(probe_every=100))
     assert both.kept == {0: [0, 1, 2, 3], 1: [0]} and both.n_rows == 7  # 1.5x the forward, slot 1 expects 1.55
-    weak = plan({0: _scored([sure]), 1: _scored([([9], [0.3])])}, 2, cost, BudgetState(probe_every=100))
+    weak = choose_nodes({0: _scored([sure]), 1: _scored([([9], [0.3])])}, 2, cost, SlotLedger(probe_every=100))
     # slot 1 expects 1.3: the forward may grow to 1.3x (5 rows), so slot 0 gets two nodes, not four
     assert weak.kept == {0: [0, 1], 1: [0]} and weak.n_rows == 5
-    hopeless = plan({0: _scored([sure]), 1: _scored([([9], [0.05])])}, 2, cost, BudgetState(probe_every=100))
+    hopeless = choose_nodes({0: _scored([sure]), 1: _scored([([9], [0.05])])}, 2, cost, SlotLedger(probe_every=100))
     assert hopeless.n_rows == 2  # slot 1's 1.05 pays for no row past the free ones
 
 
 def test_the_fair_budget_gives_every_slot_its_likely_node_before_one_slot_goes_deep():
-    from engine.budget.tree_budget import BudgetState, plan
+    from engine.budget.tree_budget import SlotLedger, choose_nodes
     from engine.cost.curve import CostModel
 
     # 4 slots: past 4 rows each row costs 0.05 of a forward. One slot copies (a long sure chain), three write
@@ -271,7 +271,7 @@ def test_the_fair_budget_gives_every_slot_its_likely_node_before_one_slot_goes_d
     cost = CostModel(sizes=[1, 4, 64], seconds=[1.0, 1.0, 4.0])
     sure = ([5, 6, 7, 8, 9, 10, 11, 12], [0.98, 0.96, 0.94, 0.92, 0.9, 0.88, 0.86, 0.84])
     trees = {0: _scored([sure]), **{s: _scored([([20 + s], [0.5])]) for s in (1, 2, 3)}}
-    out = plan(trees, 4, cost, BudgetState(probe_every=100))
+    out = choose_nodes(trees, 4, cost, SlotLedger(probe_every=100))
     assert all(out.kept[s] == [0] for s in (1, 2, 3))  # each open slot expects 1.5 from a forward of at most 1.5x
     assert out.kept[0] == list(range(len(out.kept[0]))) and 1 <= len(out.kept[0]) <= 7
     assert cost.c(out.n_rows) / cost.c(4) <= 1.5 + 1e-9
@@ -279,7 +279,7 @@ def test_the_fair_budget_gives_every_slot_its_likely_node_before_one_slot_goes_d
 
 
 def test_a_slot_behind_plain_decoding_asks_more_of_its_scores_and_one_ahead_shares_a_dearer_forward():
-    from engine.budget.tree_budget import BudgetState, plan
+    from engine.budget.tree_budget import SlotLedger, choose_nodes
     from engine.cost.curve import CostModel
 
     cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.0, 4.0])  # 2 rows free, then 0.1 of a forward a row
@@ -288,39 +288,39 @@ def test_a_slot_behind_plain_decoding_asks_more_of_its_scores_and_one_ahead_shar
     def offer():
         return {0: _scored([sure]), 1: _scored([([9], [0.55])])}
 
-    even = plan(offer(), 2, cost, BudgetState(probe_every=100))
+    even = choose_nodes(offer(), 2, cost, SlotLedger(probe_every=100))
     assert even.n_rows == 7  # slot 1's 0.55 pays for a forward of 1.5x
-    behind = BudgetState(probe_every=100)
+    behind = SlotLedger(probe_every=100)
     behind.settle(1, 1, 1.3)  # slot 1's last round cost 1.3 plain forwards and gave it one token
-    assert plan(offer(), 2, cost, behind).n_rows == 4  # now its 0.55 - 0.3 pays for 1.2x at most
-    alone = plan({1: _scored([([9], [0.55])])}, 1, cost, behind)
+    assert choose_nodes(offer(), 2, cost, behind).n_rows == 4  # now its 0.55 - 0.3 pays for 1.2x at most
+    alone = choose_nodes({1: _scored([([9], [0.55])])}, 1, cost, behind)
     assert alone.kept[1] == [0]  # alone in the forward its rows cost only its own time: the goodput decides
-    ahead = BudgetState(probe_every=100)
+    ahead = SlotLedger(probe_every=100)
     ahead.settle(1, 3, 1.0)  # slot 1 is 2 tokens ahead of plain decoding
-    bare_ahead = plan({0: _scored([sure])}, 2, cost, ahead, bare=[1])
+    bare_ahead = choose_nodes({0: _scored([sure])}, 2, cost, ahead, bare=[1])
     assert bare_ahead.kept[0] == [0, 1, 2, 3]  # even without a draft it can pay for slot 0's whole chain
-    refused = plan({0: _scored([sure])}, 2, cost, BudgetState(probe_every=100), bare=[1])
+    refused = choose_nodes({0: _scored([sure])}, 2, cost, SlotLedger(probe_every=100), bare=[1])
     assert refused.kept[0] == [] and "without slowing a slot below plain decoding" in refused.why
     ahead.begin(1)  # a new generation in the slot starts even with plain decoding
     assert ahead.records[1].balance is None
 
 
 def test_a_probe_is_a_slots_own_exploration_and_needs_the_others_to_afford_its_row():
-    from engine.budget.tree_budget import BudgetState, plan
+    from engine.budget.tree_budget import SlotLedger, choose_nodes
     from engine.cost.curve import CostModel
 
     steep = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
     weak = ([5], [0.2])
-    alone = BudgetState(probe_every=1)
-    assert plan({0: _scored([weak])}, 1, steep, alone).kept[0] == [0]  # alone: it explores on its own account
-    shared = BudgetState(probe_every=1)
-    assert plan({0: _scored([weak])}, 2, steep, shared, bare=[1]).kept[0] == []  # slot 1 would pay for it
+    alone = SlotLedger(probe_every=1)
+    assert choose_nodes({0: _scored([weak])}, 1, steep, alone).kept[0] == [0]  # alone: it explores on its own account
+    shared = SlotLedger(probe_every=1)
+    assert choose_nodes({0: _scored([weak])}, 2, steep, shared, bare=[1]).kept[0] == []  # slot 1 would pay for it
     shared.settle(1, 3, 1.0)
-    assert plan({0: _scored([weak])}, 2, steep, shared, bare=[1]).kept[0] == [0]  # slot 1 is ahead: it can
+    assert choose_nodes({0: _scored([weak])}, 2, steep, shared, bare=[1]).kept[0] == [0]  # slot 1 is ahead: it can
 
 
 def test_the_budget_learns_how_far_each_drafters_scores_can_be_trusted():
-    from engine.budget.tree_budget import BudgetState, plan
+    from engine.budget.tree_budget import SlotLedger, choose_nodes
     from engine.cost.curve import CostModel
 
     # past 2 rows each row costs 0.1 of a forward: with 2 slots a node pays if reached more than ~25% of the time
@@ -329,15 +329,15 @@ def test_the_budget_learns_how_far_each_drafters_scores_can_be_trusted():
     def offer():
         return {0: _scored([([5], [0.8])]), 1: _scored([([6], [0.8])])}
 
-    state = BudgetState(probe_every=1000, fair=False)  # the batch's goodput alone: fairness is tested above
-    assert plan(offer(), 2, cost, state).kept == {0: [0], 1: [0]}  # believed at first
+    state = SlotLedger(probe_every=1000, fair=False)  # the batch's goodput alone: fairness is tested above
+    assert choose_nodes(offer(), 2, cost, state).kept == {0: [0], 1: [0]}  # believed at first
     for _ in range(12):  # slot 0's nodes are never reached, slot 1's always
         trees = offer()
-        out = plan(trees, 2, cost, state)
+        out = choose_nodes(trees, 2, cost, state)
         for seq, path in ((0, []), (1, [0])):
             if out.kept[seq]:
                 state.correction.observe(seq, trees[seq].keep(out.kept[seq]), path, out.factors[seq])
-    out = plan(offer(), 2, cost, state)
+    out = choose_nodes(offer(), 2, cost, state)
     assert out.kept[0] == [] and out.kept[1] == [0]
     assert state.correction.factor(0, "x") < 0.35 and state.correction.factor(1, "x") > 1.1
     assert 2.9 < out.expected <= 3.0  # slot 1's node raised from 0.8 toward what it showed, never past 1
@@ -371,7 +371,7 @@ def test_cost_curve_pools_a_spike_instead_of_lifting_every_size_after_it(tiny_ta
 
 
 def test_rows_of_slots_with_shorter_contexts_than_the_calibration_cost_less_and_the_budget_takes_them():
-    from engine.budget.tree_budget import BudgetState, plan
+    from engine.budget.tree_budget import SlotLedger, choose_nodes
     from engine.cost.curve import CostModel
 
     # rows cost 0.05 of a one-row forward each after 256 cells, 0.04 of it their attention (1e-4 s per cell)
@@ -385,9 +385,9 @@ def test_rows_of_slots_with_shorter_contexts_than_the_calibration_cost_less_and_
     # four slots each offering one node reached 20% of the time: dearer than it brings after 256 cells (0.0625
     # of the base forward per row against 0.2 / 4 tokens), cheaper than it brings after 56
     trees = {s: _scored([([5], [0.2])]) for s in range(4)}
-    assert all(not v for v in plan(trees, 4, long, BudgetState(fair=False, probe_every=100)).kept.values())
+    assert all(not v for v in choose_nodes(trees, 4, long, SlotLedger(fair=False, probe_every=100)).kept.values())
     trees = {s: _scored([([5], [0.2])]) for s in range(4)}
-    assert all(v == [0] for v in plan(trees, 4, short, BudgetState(fair=False, probe_every=100)).kept.values())
+    assert all(v == [0] for v in choose_nodes(trees, 4, short, SlotLedger(fair=False, probe_every=100)).kept.values())
 
 
 @pytest.mark.parametrize("n_seq_max", [2, 4])
@@ -529,13 +529,13 @@ def test_beside_other_slots_a_round_drafted_for_nothing_counts_as_refused(engine
 
     try:
         for n in (1, 2):
-            assert engine.budget.slots.plan(slots, offer_nothing(8)) is None
+            assert engine.budget.slots.choose_nodes(slots, offer_nothing(8)) is None
             assert state.records[5].refused == state.records[6].refused == n
         state.n_rounds = 4 * state.probe_max + 1  # not a probe round of any interval
         assert state.rests(5) and state.rests(6)  # two rounds drafted for nothing: both rest
-        engine.budget.slots.plan(slots, offer_nothing(0))  # a chain round, outside the budget: not counted
+        engine.budget.slots.choose_nodes(slots, offer_nothing(0))  # a chain round, outside the budget: not counted
         assert state.records[5].refused == 2
-        engine.budget.slots.plan(slots[:1], offer_nothing(8))  # alone, a slot never rests: not counted either
+        engine.budget.slots.choose_nodes(slots[:1], offer_nothing(8))  # alone, a slot never rests: not counted either
         assert state.records[5].refused == 2
     finally:
         for seq in (5, 6):
@@ -546,7 +546,7 @@ def test_a_slot_that_leaves_early_pays_the_slots_it_leaves_for_its_rows():
     """Beside an open slot with no tree and no balance, a copying slot that wants fewer tokens gets its sure
     chain where a sequence costs more of a forward than a row: each token it gains is a forward earlier that the
     open slot runs without it. Not where the open slot leaves first, nor where a sequence costs only its row."""
-    from engine.budget.tree_budget import BudgetState, plan
+    from engine.budget.tree_budget import SlotLedger, choose_nodes
     from engine.cost.curve import CostModel
 
     sure = ([5, 6, 7, 8], [0.95, 0.9, 0.85, 0.8])
@@ -554,7 +554,7 @@ def test_a_slot_that_leaves_early_pays_the_slots_it_leaves_for_its_rows():
     def offer(seq_seconds, remaining):
         # t(1) = 1, each further row 0.1; a sequence 0.1 more than a row where seq_seconds says so
         curve = CostModel(sizes=[1, 2, 32], seconds=[1.0, 1.1, 4.1], seq_seconds=seq_seconds)
-        return plan({0: _scored([sure])}, 2, curve.for_cells(2, 0), BudgetState(probe_every=100), bare=[1],
+        return choose_nodes({0: _scored([sure])}, 2, curve.for_cells(2, 0), SlotLedger(probe_every=100), bare=[1],
                     remaining=remaining).kept[0]
 
     assert offer(0.1, {0: 10, 1: 50}) == [0, 1, 2, 3]  # share 0.2 / 1.1 of a forward per token: it pays
@@ -710,6 +710,7 @@ def test_a_resting_slot_probes_with_the_ngram_drafters_only():
     from engine.draft.registry import make_drafter
     from engine.cost.curve import CostModel
     from engine.budget.draft_budget import DraftBudget
+    from engine.budget.reports import learn_from_draft
 
     class Network(Drafter):  # stands for the draft head: a drafter whose every call runs a network
         name = "net"
@@ -721,48 +722,47 @@ def test_a_resting_slot_probes_with_the_ngram_drafters_only():
 
     prompt = list(range(10, 30)) * 2 + [10, 11, 12]
     ngrams = make_drafter("ngram-simple", params=SMALL_NGRAMS["ngram-simple"])
-    chain = DrafterChain({"ngram-simple": ngrams, "net": Network()}, DraftBudget(CostModel()))
+    chain, budget = DrafterChain({"ngram-simple": ngrams, "net": Network()}), DraftBudget(CostModel())
     for seq in (0, 1):
+        budget.begin(seq, ["ngram-simple", "net"], True, ["net"])
         chain.begin(seq, prompt, ["ngram-simple", "net"])
+    budget.open_round(2)
+    budget.state.waking.add(1)  # slot 1 rests, and this is its probe round
+    allowances = budget.allow([], {0: (4, 8), 1: (4, 8)}).allowances
     requests = [DraftRequest(seq=seq, prompt=prompt, id_last=13, n_max=4, n_min=0, p_min=None, tree_max=8,
-                             probe=seq == 1) for seq in (0, 1)]
+                             probe=allowances[seq].probe, allowance=allowances[seq]) for seq in (0, 1)]
     chain.draft(requests)
     assert Network.calls == [[0]]  # the probing slot is left out of the network's call
     assert len(requests[1].tree) > 0  # and its n-gram drafter still looked: 10 11 12 13 -> 14
-    assert any("rests" in why for why in chain.records[1].skipped)
+    learn_from_draft(budget.gate, budget.policy, budget.records.of(1), requests[1], {})
+    assert any("rests" in why for why in budget.records[1].skipped)
 
 
 def test_the_ngram_drafters_are_credited_what_they_found_even_where_the_head_found_it_too():
     """In the relay's order: the n-grams, first and cheap, are credited the kept tokens they proposed; the head
     only what it added beyond them. Credited only what nobody else found, the n-grams stopped wherever the head
     also read a repeated passage, and nobody drafted the copy once the head was gated off."""
-    from engine.draft.base import Drafter
-    from engine.draft.chain import DrafterChain
-    from engine.draft.registry import NGRAMS, make_drafter
+    from engine.draft.registry import NGRAMS
     from engine.cost.curve import CostModel
     from engine.budget.draft_budget import DraftBudget
+    from engine.budget.reports import credit_tree
     from engine.draft.tree import DraftTree
 
-    class Network(Drafter):  # stands for the draft head
-        name = "net"
-        needs_model = True
-
-    prompt = list(range(10, 30)) * 2 + [10, 11, 12]
-    chain = DrafterChain({"ngram-simple": make_drafter("ngram-simple", params=SMALL_NGRAMS["ngram-simple"]),
-                          "net": Network()}, DraftBudget(CostModel()))
-    chain.begin(0, prompt, ["ngram-simple", "net"])
+    budget = DraftBudget(CostModel())
+    budget.begin(0, ["ngram-simple", "net"], True, ["net"])  # "net" stands for the draft head
     for name in (NGRAMS, "net"):  # both drafted this round
-        chain.budget.gate.pays(0, name, cheap=name == NGRAMS)
-        chain.budget.gate.note_cost(0, name, 0.001)
+        budget.gate.pays(0, name, cheap=name == NGRAMS)
+        budget.gate.note_cost(0, name, 0.001)
     tree = DraftTree()
     tree.add_chain([14, 15, 16], "ngram-simple")
     tree.add_chain([14, 15, 16, 17], "net")  # the same three tokens, then one more
-    chain.accept_tree(0, tree, [0, 1, 2, 3])
-    estimates = chain.budget.gate.records[0].estimates
+    path = [0, 1, 2, 3]
+    credit_tree(budget.gate, budget.records.of(0), 0, tree, len(path), tree.credit(path))
+    estimates = budget.gate.records[0].estimates
     assert estimates[(NGRAMS, False)].n == 1 and estimates[("net", False)].n == 1
     # the mean of the prior (1 token) and this round: the n-grams' 3 tokens, the head's 1 beyond them
-    assert chain.budget.gate.records[0].estimates[(NGRAMS, False)].gain == pytest.approx(2.0)
-    assert chain.budget.gate.records[0].estimates[("net", False)].gain == pytest.approx(1.0)
+    assert estimates[(NGRAMS, False)].gain == pytest.approx(2.0)
+    assert estimates[("net", False)].gain == pytest.approx(1.0)
 
 
 def test_the_ngram_drafters_are_gated_as_one_where_their_nodes_gain_nothing():
@@ -772,31 +772,36 @@ def test_the_ngram_drafters_are_gated_as_one_where_their_nodes_gain_nothing():
     from engine.budget.gate import GateParams
     from engine.cost.curve import CostModel
     from engine.budget.draft_budget import DraftBudget
+    from engine.budget.reports import credit_tree, learn_from_draft
     from engine.draft.tree import DraftTree
 
     prompt = list(range(10, 30)) * 2 + [10, 11, 12]  # with 13 sampled, the n-grams find 14 15 16 ... every round
     names = ["ngram-simple", "ngram-map-k"]
-    chain = DrafterChain({n: make_drafter(n, params=SMALL_NGRAMS[n]) for n in names},
-                         DraftBudget(CostModel()))
-    chain.budget.gate.params = GateParams(decay=0.5, probe_every=4, probe_max=4)
+    chain, budget = DrafterChain({n: make_drafter(n, params=SMALL_NGRAMS[n]) for n in names}), DraftBudget(CostModel())
+    budget.gate.params = GateParams(decay=0.5, probe_every=4, probe_max=4)
+    budget.begin(0, names, True, [])
     chain.begin(0, prompt, names)
+    account = budget.records.of(0)
 
     def round_(kept: int) -> DraftRequest:
-        r = DraftRequest(seq=0, prompt=prompt, id_last=13, n_max=4, n_min=0, p_min=None, tree_max=8)
+        allowance = budget.allow([], {0: (4, 8)}).allowances[0]
+        r = DraftRequest(seq=0, prompt=prompt, id_last=13, n_max=4, n_min=0, p_min=None, tree_max=8,
+                         allowance=allowance)
         chain.draft([r])
+        learn_from_draft(budget.gate, budget.policy, account, r, {})
         if r.tree is not None and len(r.tree):
-            chain.budget.gate.row_seconds = 0.0002  # a fiftieth of the round per row
+            budget.gate.row_seconds = 0.0002  # a fiftieth of the round per row
             path = [v for v in range(len(r.tree)) if r.tree.depth(v) < kept and r.tree.drafters[v] in names][:kept]
-            chain.accept_tree(0, r.tree, path)
-        chain.budget.gate.note_round(0.010, 1 + kept)
+            credit_tree(budget.gate, account, 0, r.tree, len(path), r.tree.credit(path))
+        budget.gate.note_round(0.010, 1 + kept)
         return r
 
     # both drafters propose the same continuation: weighed one by one, each would gain nothing of its own
     for _ in range(6):
         assert len(round_(kept=3).tree) > 0
-    assert not chain.records[0].skipped
+    assert not account.skipped
     # open text: the target keeps none of their nodes, so their drafting stops but for probes
     drafted = [len(round_(kept=0).tree or DraftTree()) > 0 for _ in range(16)]
     stop = drafted.index(False)
     assert stop <= 6 and 1 <= sum(drafted[stop:]) <= 4  # then only probes, every 4th round
-    assert any(why.startswith(NGRAMS) for why in chain.records[0].skipped) or drafted[-1]
+    assert any(why.startswith(NGRAMS) for why in account.skipped) or drafted[-1]

@@ -130,7 +130,7 @@ def clear(app: AppState, s: SessionState) -> tuple:
 def choose_preset(app: AppState, name: str) -> tuple:
     """The speculation controls of a preset (ui/presets.py), in the order ui.app wires them, and its note."""
     rt = app.runtime
-    mod = rt.engine.drafter_params.get("ngram-mod") if rt is not None else None
+    mod = rt.engine.drafter_params_of("ngram-mod") if rt is not None else None
     p = preset(name, full_chain(rt, app.options.eagle3), getattr(rt, "left_out", {}) or {},
                getattr(mod, "n_match", None))
     note = "".join(f"<li>{html.escape(n)}</li>" for n in p.notes)

@@ -79,8 +79,9 @@ def full_chain(runtime, eagle3: str | None = None) -> list[str]:
     types = default_types(runtime.target if runtime is not None else None)
     if runtime is not None and runtime.draft is not None:
         types = with_draft_type(types, getattr(runtime.engine, "draft_type", None) or DRAFT_MODEL_TYPE)
-    given = getattr(getattr(runtime, "engine", None), "drafter_params", None) or {}
-    return types + (["draft-eagle3"] if eagle3 else []) + [t for t in ("draft-dflash", "draft-dspark") if t in given]
+    params_of = getattr(getattr(runtime, "engine", None), "drafter_params_of", lambda name: None)
+    given = [t for t in ("draft-dflash", "draft-dspark") if params_of(t) is not None]
+    return types + (["draft-eagle3"] if eagle3 else []) + given
 
 
 def default_chain(runtime, eagle3: str | None = None) -> list[str]:

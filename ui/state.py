@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine import SpecCounters
+from engine import EngineView, SpecCounters
 from ui.run import RunRecord
 from ui.run_folders import RunFolders
 from ui.tokens import Vocab
@@ -58,7 +58,7 @@ class Runtime:
 
     target: object  # engine.load.models.LoadedModel
     draft: object | None  # LoadedModel or None
-    engine: object  # engine.Engine
+    engine: EngineView  # the engine.Engine, as far as the page reads it
     scheduler: object  # engine.Scheduler
     vocab: Vocab
     roofline: object = None  # engine.cost.roofline.Roofline: the forward's cost by rows beside the weights' floor

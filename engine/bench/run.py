@@ -42,7 +42,7 @@ class BenchConfig:
     # the output format of every prompt (--json-schema, --regex, --grammar); a prompt's own field overrides it
     grammar: GrammarSpec | None = None
     head_tree: tuple[int, int, float] | None = None  # --head-tree: the draft head's tree shape (engine/draft/head/tree.py)
-    # --budget fair / goodput: several slots' draft rows (engine/budget/tree_budget.py, BudgetState.fair)
+    # --budget fair / goodput: several slots' draft rows (engine/budget/tree_budget.py, SlotLedger.fair)
     fair: bool = True
     threads: int | None = None  # --threads: forwards on this many threads; None: fewer while cores are taken
 

@@ -5,12 +5,13 @@ It owns the parts that decide: the gate (gate.py: whether a model drafter's time
 the length policy (policy.py: how far a chain of drafts is worth verifying), and the slots' shared budget over
 their trees (slots.py, tree_budget.py, fair_share.py), and it feeds them what they learn from: the forward's
 timings into the cost curve (engine/cost/curve.py), the verdicts, each round's cost. What it keeps about one
-sequence lives in that sequence's record (engine/draft/record.py).
+sequence lives in that sequence's account (accounts.py).
 
-The round (engine/round/round.py) asks it before drafting (`open_round`, `rest`, `veto`, `decide`), after
-drafting (`plan`), after the forward (`observe_forward`) and after the verdicts (`settle`, `close_round`); the relay
-(engine/draft/chain.py) consults it at each drafter's turn (`ngrams_draft`, `model_drafts`, `best_k`, `choose`,
-`path_scores`, `charge`) and credits it with each verdict (`credit`, `credit_tree`).
+Only the round and the engine talk to it, and the relay reads its answers as data. The engine `begin`s and
+`release`s each sequence. The round opens each round (`open_round`, `rest`), then one call fills a frozen
+allowance per request (`allow`, engine/draft/allowance.py) that the relay reads while drafting; after drafting
+`plan` reads what the relay reported and chooses the tree nodes; after the verdicts `settle` takes the round's
+records and timings and updates every estimate.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import time
 from dataclasses import dataclass, field
 
 from engine.batch import Batch
-from engine.budget.gate import DrafterGate, exclusive_gains
+from engine.budget.accounts import Accounts, SeqAccount
+from engine.budget.gate import DrafterGate
 from engine.budget.policy import DraftLengthPolicy
-from engine.budget.slots import SlotBudget
+from engine.budget.reports import credit_verdict, learn_from_draft, observe_cost
+from engine.budget.slots import SlotTrees
 from engine.cost.curve import CostModel
+from engine.draft.allowance import Allowance, DrafterAllowance
 from engine.draft.base import DraftRequest
-from engine.draft.record import SeqRecords
 from engine.draft.registry import NGRAMS, is_ngram
 from engine.events import ErrorEvent
 
@@ -37,109 +40,56 @@ class SlotNote:
     budget_why: str = ""  # the round's budget over all slots, then why the slot drafted less, one line
     tree_offered: int = 0  # draft nodes its drafters offered, before the budget
     not_drafted: list[str] = field(default_factory=list)  # why it drafted less, one reason each
-    # a draft from a model of another vocabulary: its own tokens as text, and the target tokens that text became
-    draft_pieces: list[str] = field(default_factory=list)
-    target_pieces: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The budget's answer before drafting: each slot's allowance, and the slots it keeps from drafting."""
+
+    allowances: dict[int, Allowance]  # seq -> what its request may draft (the vetoed: computed with no room)
+    vetoed: frozenset[int] = frozenset()  # seqs the slots' budget keeps from drafting this round
+    veto_why: str = ""  # the reason for the veto
+
+
+@dataclass(frozen=True)
+class RoundTimes:
+    """When the round ran, for the cost curve and the gate (time.perf_counter() values and seconds)."""
+
+    t_start: float  # the round began (before drafting)
+    t_forward: float  # its forward began
+    forward: float  # the forward's seconds
 
 
 class DraftBudget:
-    def __init__(self, cost: CostModel, pool: dict | None = None, records: SeqRecords | None = None,
-                 fair: bool = True):
-        # seq -> what the relay, gate, length policy and budget keep about it (engine/draft/record.py)
-        self.records = records if records is not None else SeqRecords()
-        self.pool = pool if pool is not None else {}  # name -> drafter: which of them need a model
+    def __init__(self, cost: CostModel, fair: bool = True):
+        self.records = Accounts()  # seq -> what the gate, length policy and slots' budget keep about it
         self.policy = DraftLengthPolicy(cost, records=self.records)  # the cost curve is its `cost`
         self.gate = DrafterGate(records=self.records)
-        self.slots = SlotBudget(self, self.records)  # the slots' one budget over their trees
+        self.slots = SlotTrees(self.policy, self.gate, self.records)  # the slots' one budget over their trees
         self.state = self.slots.state  # its balances, refusals and rests
         # fair: no slot's answer may come slower than plain decoding would give it; False: the batch's goodput
         # alone chooses the draft rows (tree_budget.py)
         self.state.fair = fair
+        # seq -> drafter -> the length a network's cut read of its rates this round (kept at `plan`)
+        self._cut_from: dict[int, dict[str, int]] = {}
 
-    # ---- the relay's questions (engine/draft/chain.py) ------------------------------------------------------
+    # ---- the engine's calls (engine/serve/engine.py) -----------------------------------------------------------
 
-    def budgeted(self, seq: int) -> bool:
-        """Whether the budget cuts this sequence's drafts (SpecParams.adaptive)."""
-        return self.records.of(seq).adaptive
+    def begin(self, seq: int, types: list[str], adaptive: bool, models: list[str], answer: bool = True) -> None:
+        """A sequence placed anew drafts with `types` (`models`: those that run a network): what its drafters
+        taught the gate and the length policy is void. answer: a new generation, measured against plain
+        decoding from here (False: a parked answer that resumes)."""
+        account = self.records.of(seq)
+        account.forget_drafting()
+        account.types, account.adaptive, account.models = list(types), adaptive, list(models)
+        if answer:
+            self.slots.begin(seq)
 
-    def ngrams_draft(self, r: DraftRequest) -> bool:
-        """Tree mode under the length policy: whether the slot's n-gram drafters draft this round, weighed as one
-        drafter (gate.py). Each is cheap, but all of them together are a noticeable share of a one-row forward of
-        the embedded model read from its Q4_1 blocks (docs/measured.md#xeon-speculation-by-prompt-set): on open
-        text, where their nodes are seldom kept, that was a round's cost for nothing. Weighed one by one, two that
-        find the same continuation would each have no gain of its own and both stop."""
-        if r.tree_max == 0 or not self.budgeted(r.seq) or r.probe:
-            return True
-        record = self.records.of(r.seq)
-        if not any(is_ngram(name) for name in record.types):
-            return True
-        if self.gate.pays(r.seq, NGRAMS, cheap=True):
-            return True
-        record.skipped.append(self.gate.why(r.seq, NGRAMS))
-        return False
+    def release(self, seq: int) -> None:
+        """The sequence is gone: all the budget kept about it goes."""
+        self.records.release(seq)
 
-    def model_drafts(self, r: DraftRequest, name: str) -> bool:
-        """Tree mode under the length policy: whether the model drafter `name` drafts for this request (gate.py).
-        A chain's relay already leaves it the rounds the drafters before it could not fill; without the policy
-        every drafter drafts what it can."""
-        if r.tree_max == 0 or not self.budgeted(r.seq):
-            return True
-        if r.probe:
-            self.records.of(r.seq).skipped.append(f"{name}: the slot rests; the n-gram drafters probe")
-            return False
-        first = [score for score, parent in zip(r.tree.scores, r.tree.parents) if parent < 0] if r.tree else []
-        if self.gate.pays(r.seq, name, p_covered=sum(first)):
-            return True
-        self.records.of(r.seq).skipped.append(self.gate.why(r.seq, name))
-        return False
-
-    def best_k(self, seq: int, name: str, k_offered: int) -> int:
-        """The draft length that pays best, for a network that drafts token by token (policy.py)."""
-        return self.policy.best_k(seq, name, k_offered)
-
-    def choose(self, seq: int, name: str, k_offered: int) -> int:
-        """How many of a chain's k_offered draft tokens to verify (policy.py; 0 = none, a probe now and then)."""
-        return self.policy.choose(seq, name, k_offered)
-
-    def path_scores(self, seq: int, name: str, k: int) -> list[float]:
-        """The chance that each position of a k-token chain from this drafter is reached: its acceptance rates
-        per position (the length policy's estimates) multiplied along the chain."""
-        out, run = [], 1.0
-        for a in self.policy.position_rates(seq, name, k)[:k]:
-            run *= a
-            out.append(run)
-        return out
-
-    def charge(self, seq: int, name: str, seconds: float) -> None:
-        """A drafter's drafting time for this slot this round, until the round's gain is known (gate.py)."""
-        self.gate.note_cost(seq, name, seconds)
-
-    def credit(self, seq: int, name: str, k: int, n_accepted: int) -> None:
-        """A k-token draft of `name` had its first n_accepted kept: the length policy learns from it."""
-        if self.budgeted(seq):
-            self.policy.update(seq, name, k, n_accepted)
-
-    def credit_tree(self, seq: int, tree, n_kept: int, credit: dict[str, tuple[int, int]],
-                    models: list[str]) -> None:
-        """Tree mode: each model drafter (`models`, in relay order) gains the kept tokens only it proposed and is
-        charged the rows its nodes took; the n-gram drafters are weighed as one. credit: DraftTree.credit's."""
-        gains = exclusive_gains(credit, n_kept)
-        for name in models:
-            self.gate.note_rows(seq, name, sum(1 for d in tree.drafters if d == name))
-            self.gate.note_gain(seq, name, gains.get(name, 0))
-        if any(is_ngram(name) for name in self.records.of(seq).types):  # the n-gram drafters as one
-            # credited in the relay's order, whether or not a model drafter also found it: judged by what only
-            # they found, they stopped on passages the head also read (docs/history.md#speculation-by-prompt-set);
-            # the head's gain stays what it adds beyond them
-            ngrams = max((m for name, (_, m) in credit.items() if is_ngram(name)), default=0)
-            self.gate.note_rows(seq, NGRAMS, sum(1 for d in tree.drafters if is_ngram(d)))
-            self.gate.note_gain(seq, NGRAMS, min(ngrams, n_kept))
-
-    # ---- the round's questions (engine/round/round.py) ------------------------------------------------------
-
-    def begin(self, seq: int) -> None:
-        """A new generation in the slot: measured against plain decoding from here (SlotBudget.begin)."""
-        self.slots.begin(seq)
+    # ---- the round's calls (engine/round/round.py) -------------------------------------------------------------
 
     def open_round(self, n_slots: int) -> None:
         self.state.next_round()
@@ -147,97 +97,156 @@ class DraftBudget:
 
     def rest(self, seq: int) -> int | None:
         """Beside other slots: the rounds until a resting slot drafts again (None: it drafts this round)."""
-        if not self.budgeted(seq) or not self.state.rests(seq):
+        if not self._adaptive(seq) or not self.state.rests(seq):
             return None
         return self.state.rest(seq)
 
-    def veto(self, slots: list, sizes: dict[int, tuple[int, int]]) -> tuple[set[int], str]:
-        return self.slots.veto(slots, sizes)
+    def allow(self, slots: list, sizes: dict[int, tuple[int, int]]) -> Grant:
+        """Before drafting, every answer the relay needs, per slot: the slots kept from drafting (the veto), then
+        each slot's allowance for its (n_max, tree_max) in `sizes` (those of the vetoed count as 0)."""
+        vetoed, why = self.slots.veto(slots, sizes)
+        allowances = {}
+        self._cut_from = {}
+        for seq, (n_max, tree_max) in sizes.items():
+            n_max, tree_max = (0, 0) if seq in vetoed else (n_max, tree_max)
+            allowances[seq] = self._allowance(seq, n_max, tree_max, len(slots))
+        return Grant(allowances, frozenset(vetoed), why)
 
-    def decide(self, r: DraftRequest, n_slots: int) -> DraftRequest:
-        """The budget's part of a drafting request: the least score a model drafter's tree node needs, the nodes
-        a model drafter may add beside other slots, whether the slot probes, what a token is worth in seconds."""
-        budgeted = self.budgeted(r.seq)
-        r.tree_min_score = self.state.threshold if budgeted else 0.0
-        r.model_tree_max = (min(r.tree_max, 1 + self.records.of(r.seq).model_nodes)
-                            if n_slots > 1 and budgeted and r.tree_max > 0 else 0)
-        r.probe = r.seq in self.state.waking
-        r.token_seconds = (self.gate.seconds_per_token or 0.0) if budgeted else 0.0
-        return r
+    def choose_nodes(self, slots: list, requests: dict[int, DraftRequest]) -> tuple:
+        """After drafting: what each drafter cost and offered (the relay's reports) into the gate and the
+        length policy, then the nodes of every slot's tree that go into the forward. Returns (the node plan over
+        the slots' trees, None where no budget ran; seq -> the tree its forward holds, None: a chain)."""
+        for r in requests.values():
+            learn_from_draft(self.gate, self.policy, self.records.of(r.seq), r, self._cut_from.get(r.seq, {}))
+        forward: dict = {}
+        return self.slots.choose_nodes(slots, requests, forward), forward
 
-    def plan(self, slots: list, requests: dict[int, DraftRequest]):
-        """The nodes of every slot's tree that go into the forward (SlotBudget.plan; None: no budget ran)."""
-        return self.slots.plan(slots, requests)
+    def settle(self, plan, batch: Batch, in_batch: list, events: list, times: RoundTimes) -> dict[int, SlotNote]:
+        """After the round's verdicts: the forward's time into the cost curve, each verdict into the length
+        policy and the gate, each slot's balance charged with the round's cost, and why it drafted less; leaving
+        slots go from the budget. plan: the round's RoundPlan; events: each slot's round as its records
+        (engine/round/event_builder.py SlotRound: its Decision and Timing) or its ErrorEvent. Returns seq ->
+        what its event shows of the budget."""
+        self._observe_forward(len(batch), times.forward, plan.nodes)
+        for ev in events:
+            if not isinstance(ev, ErrorEvent) and ev.kind == "spec" and ev.seq in plan.requests:
+                credit_verdict(self.gate, self.policy, self.records.of(ev.seq), ev.decision, plan.trees.get(ev.seq))
+        notes = self._settle_balances(plan, in_batch, events, time.perf_counter() - times.t_start)
+        observe_cost(self.policy.cost, plan.nodes, batch, in_batch, times.forward,
+                     time.perf_counter() - times.t_forward - times.forward)
+        n_emitted = sum(len(ev.emitted) for ev in events if not isinstance(ev, ErrorEvent))
+        self.gate.note_round(time.perf_counter() - times.t_start, n_emitted)
+        return notes
 
-    def observe_forward(self, n_rows: int, seconds: float, budget) -> None:
+    # ---- before drafting -----------------------------------------------------------------------------------------
+
+    def _adaptive(self, seq: int) -> bool:
+        """Whether the budget cuts this sequence's drafts (SpecParams.adaptive)."""
+        return self.records.of(seq).adaptive
+
+    def _allowance(self, seq: int, n_max: int, tree_max: int, n_slots: int) -> Allowance:
+        """One request's allowance: the tree limits, the probe, a token's seconds, and each drafter's part."""
+        account, adaptive = self.records.of(seq), self._adaptive(seq)
+        account.skipped = []
+        probe = seq in self.state.waking
+        gated = tree_max > 0 and adaptive and not probe and n_max > 0
+        ngrams = not gated or self._ngrams_draft(seq, account)
+        parts, n = {}, n_max
+        for name in account.types:
+            if is_ngram(name) and not ngrams:
+                parts[name] = DrafterAllowance(n_max=n, drafts=False, drafts_covered=False)
+                continue
+            scores = self._path_scores(seq, name, n) if tree_max > 0 else ()
+            if name in account.models and tree_max > 0:
+                parts[name] = self._model_part(seq, name, n, scores, gated, probe and adaptive)
+                continue
+            if name in account.models and adaptive and n > 0:  # a network drafts no further than pays; those
+                self._cut_from.setdefault(seq, {})[name] = n  # after it, as far as it was allowed
+                n = max(1, self.policy.best_k(seq, name, n))
+            cuts = self.policy.cuts(seq, name, n) if adaptive and tree_max == 0 else ()
+            parts[name] = DrafterAllowance(n_max=n, cuts=cuts, scores=scores)
+        return Allowance(
+            drafters=parts, covered_at=self.gate.params.covered_at,
+            tree_min_score=self.state.threshold if adaptive else 0.0,
+            model_tree_max=min(tree_max, 1 + account.model_nodes) if n_slots > 1 and adaptive and tree_max > 0 else 0,
+            probe=probe, token_seconds=(self.gate.seconds_per_token or 0.0) if adaptive else 0.0)
+
+    def _ngrams_draft(self, seq: int, account: SeqAccount) -> bool:
+        """Tree mode, adaptive: whether the slot's n-gram drafters draft this round, weighed as one
+        drafter (gate.py). Each is cheap, but all of them together are a noticeable share of a one-row forward of
+        the embedded model read from its Q4_1 blocks (docs/measured.md): on open text, where their nodes are
+        seldom kept, that was a round's cost for nothing. Weighed one by one, two that find the same continuation
+        would each have no gain of its own and both stop."""
+        if not any(is_ngram(name) for name in account.types):
+            return True
+        if self.gate.pays(seq, NGRAMS, cheap=True):
+            return True
+        account.skipped.append(self.gate.why(seq, NGRAMS))
+        return False
+
+    def _model_part(self, seq: int, name: str, n: int, scores: tuple, gated: bool, resting: bool) -> DrafterAllowance:
+        """Tree mode: whether the model drafter `name` drafts, for a round the drafters before it cover or not
+        (gate.py); the relay learns which when its turn comes. A resting slot's probe leaves networks out."""
+        if resting:
+            return DrafterAllowance(n_max=n, scores=scores, drafts=False, drafts_covered=False)
+        if not gated:
+            return DrafterAllowance(n_max=n, scores=scores)
+        self.gate.settle_pending(seq, name)
+        return DrafterAllowance(n_max=n, scores=scores, drafts=self.gate.would_pay(seq, name, False),
+                                drafts_covered=self.gate.would_pay(seq, name, True))
+
+    def _path_scores(self, seq: int, name: str, k: int) -> tuple[float, ...]:
+        """The chance that each position of a k-token chain from this drafter is reached: its acceptance rates
+        per position (the length policy's estimates) multiplied along the chain."""
+        out, run = [], 1.0
+        for a in self.policy.rates_view(seq, name, k)[:k]:
+            run *= a
+            out.append(run)
+        return tuple(out)
+
+    # ---- after the verdicts ---------------------------------------------------------------------------------------
+
+    def _observe_forward(self, n_rows: int, seconds: float, nodes) -> None:
         """The forward's time into the cost curve, and what a draft row cost this round for the gate: the share
         of the forward beyond the base rows, per row."""
         self.policy.cost.observe(n_rows, seconds)
-        curve_ratio = (budget.cost.c(n_rows) / budget.cost.c(budget.n_base)
-                       if budget is not None and budget.cost is not None else 1.0)
-        n_draft_rows = n_rows - budget.n_base if budget is not None else 0
+        curve_ratio = (nodes.cost.c(n_rows) / nodes.cost.c(nodes.n_base)
+                       if nodes is not None and nodes.cost is not None else 1.0)
+        n_draft_rows = n_rows - nodes.n_base if nodes is not None else 0
         self.gate.row_seconds = seconds * (1 - 1 / curve_ratio) / n_draft_rows if n_draft_rows > 0 else 0.0
 
-    def observe_cost(self, budget, batch: Batch, in_batch: list, forward: float, after: float) -> None:
-        """What the round's draft rows cost against what the budget's curve said (CostModel.step_fit): the
-        forward beyond a forward of its base rows, and the work after the forward beyond a plain round's."""
-        cost, n_rows, n_slots = self.policy.cost, len(batch), len(in_batch)
-        if n_rows == n_slots:  # one row a slot: a plain round
-            cost.observe_after_plain(after / n_slots)
-            return
-        if budget is None or budget.cost is None or n_rows <= budget.n_base:
-            return
-        extra = forward - cost.base_seconds(budget.n_base)
-        plain_after = cost.after_plain_seconds()
-        if plain_after is not None:  # unknown, the work after the forward is left out rather than guessed
-            extra += max(0.0, after - n_slots * plain_after)
-        cost.observe_step(budget.cost.step_seconds(n_rows), extra)
-
-    def settle(self, plan, in_batch: list, events: list, whole: float) -> dict[int, SlotNote]:
-        """After the round's verdicts: charge each slot's balance with the round's cost, say why it drafted less,
-        and let leaving slots go from the budget. plan: the round's RoundPlan; events: each slot's round as its
-        records (engine/round/event_builder.py SlotRound) or its ErrorEvent; whole: the round's time so far.
-        Returns seq -> what its event shows of the budget."""
-        budget, ratios = plan.budget, {}  # ratios: ghosts beside a slot -> the round's cost in plain rounds
-        drafted = budget is not None or any(r.tree_max > 0 and r.n_max > 0 and self.budgeted(r.seq)
+    def _settle_balances(self, plan, in_batch: list, events: list, whole: float) -> dict[int, SlotNote]:
+        """Charge each slot's balance with the round's cost (whole: the round's time so far), say why it drafted
+        less, and let leaving slots go from the slots' trees."""
+        nodes, ratios = plan.nodes, {}  # ratios: ghosts beside a slot -> the round's cost in plain rounds
+        drafted = nodes is not None or any(r.tree_max > 0 and r.n_max > 0 and self._adaptive(r.seq)
                                             for r in plan.requests.values())
         notes: dict[int, SlotNote] = {}
         for ev in events:
             if isinstance(ev, ErrorEvent):  # its generation has ended
                 continue
-            record, note = self.records.of(ev.seq), notes.setdefault(ev.seq, SlotNote())
+            account, note = self.records.of(ev.seq), notes.setdefault(ev.seq, SlotNote())
             ghosts = self.slots.ghosts_of(ev.seq)
             if drafted or ghosts:
                 if ghosts not in ratios:
-                    ratios[ghosts] = self.slots.cost_ratio(budget, in_batch, whole, ghosts)
+                    ratios[ghosts] = self.slots.cost_ratio(nodes, in_batch, whole, ghosts)
                 self.state.settle(ev.seq, len(ev.emitted), ratios[ghosts])
-                note.balance = record.balance
-            if budget is not None and ev.seq in plan.requests:  # a replay slot drafted nothing
+                note.balance = account.balance
+            if nodes is not None and ev.seq in plan.requests:  # a replay slot drafted nothing
                 self._note_budget(ev, plan, note)
             self._note_skipped(ev.seq, plan, note)
-            if record.retokenized is not None and ev.kind == "spec":
-                note.draft_pieces = list(record.retokenized.draft_pieces)
-                note.target_pieces = list(record.retokenized.target_pieces)
         self.slots.next_round()
         for slot in in_batch:
             if slot.state == "done":
                 self.slots.leave(slot.seq, [s.seq for s in in_batch])
         return notes
 
-    def close_round(self, plan, batch: Batch, in_batch: list, events: list, t_start: float, t_forward: float,
-                    forward: float) -> None:
-        """What the round's draft rows cost (`observe_cost`) and its time per token for the gate. t_start and
-        t_forward: time.perf_counter() when the round and its forward began; forward: the forward's seconds."""
-        self.observe_cost(plan.budget, batch, in_batch, forward, time.perf_counter() - t_forward - forward)
-        n_emitted = sum(len(ev.emitted) for ev in events if not isinstance(ev, ErrorEvent))
-        self.gate.note_round(time.perf_counter() - t_start, n_emitted)
-
     def _note_budget(self, ev, plan, note: SlotNote) -> None:
-        budget, r = plan.budget, plan.requests[ev.seq]
-        note.budget_why = budget.why
-        note.tree_offered = budget.offered.get(ev.seq, 0)
-        if ev.seq in budget.kept and ev.verify_mode == "tree" and r.tree is not None:
-            self.state.correction.observe(ev.seq, r.tree, ev.tree_path, budget.factors[ev.seq])
+        nodes, tree = plan.nodes, plan.trees.get(ev.seq)
+        note.budget_why = nodes.why
+        note.tree_offered = nodes.offered.get(ev.seq, 0)
+        if ev.seq in nodes.kept and ev.verify_mode == "tree" and tree is not None:
+            self.state.correction.observe(ev.seq, tree, ev.tree_path, nodes.factors[ev.seq])
 
     def _note_skipped(self, seq: int, plan, note: SlotNote) -> None:
         """Why a slot drafted less this round: model drafters that do not pay for it (gate.py), a rest after

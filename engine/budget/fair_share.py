@@ -66,7 +66,7 @@ def fair_take(trees, ranked, n_base: int, cost: CostModel, balance: dict[int, fl
 
     A forward of n_base + n rows costs c(n_base + n) / c(n_base) plain forwards, tau(n) more than plain decoding
     spends on a slot, so a slot must expect at least tau(n) - (its balance) tokens from its kept nodes: the
-    balance (`BudgetState.balance`, what it got so far beyond plain decoding, measured on emitted tokens, not
+    balance (`SlotLedger.balance`, what it got so far beyond plain decoding, measured on emitted tokens, not
     scores) lets a slot that is ahead share a dearer forward, and makes a slot whose scores promised more than
     its rounds gave ask more of them. A slot without a tree has only its balance. For each n the cheapest way
     to give every slot its share is the shortest prefix of its own ranking that reaches it; the rows left go to

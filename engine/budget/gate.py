@@ -8,7 +8,7 @@ drafting, for each (slot, model drafter), from what drafting gave that slot in e
 
 - gain g: tokens of the slot's kept path that only this drafter had proposed (the path's length minus the
   longest prefix another drafter of the same tree also proposed), per round it drafted. The n-gram drafters,
-  first in the relay, are credited all the kept tokens they proposed (DraftBudget.credit_tree): a model
+  first in the relay, are credited all the kept tokens they proposed (DraftBudget.settle): a model
   drafter's gain is then what it adds beyond them, and where both read a repeated passage the n-grams stay;
 - cost t: its drafting time charged to the slot (one batched call's time shared by the slots in it), plus the
   forward time of the rows its nodes took (nodes it was first to propose that the budget kept, at the round's
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.draft.record import SeqRecords
+from engine.budget.accounts import Accounts
 
 
 @dataclass
@@ -69,9 +69,9 @@ class _Estimate:
 @dataclass
 class DrafterGate:
     params: GateParams = field(default_factory=GateParams)
-    # seq -> its record (engine/draft/record.py): its estimates by (drafter, covered), where covered means the
+    # seq -> its account (engine/budget/accounts.py): its estimates by (drafter, covered), where covered means the
     # drafters before it already guess the next token, and each drafter's covered this round
-    records: SeqRecords = field(default_factory=SeqRecords)
+    records: Accounts = field(default_factory=Accounts)
     seconds_per_token: float | None = None  # the batch's round time over the tokens the round emitted
     # this round's forward time per draft row beyond the rows it has anyway (set after the forward, read when
     # the drafters are credited): (t(n) - t(n_base)) / (n - n_base) from the measured cost curve
@@ -105,9 +105,7 @@ class DrafterGate:
         copied passage the n-grams find what the head would; where they find nothing it adds the most), so
         rounds with p_covered >= covered_at and the others keep estimates of their own. cheap: its drafting
         costs microseconds, so without evidence it drafts at any crowd."""
-        last = self._current(seq, name)
-        if last is not None and last.pending is not None:
-            self.note_gain(seq, name, 0)  # drafted last round and no kept path came back: nothing was gained
+        self.settle_pending(seq, name)
         self.records.of(seq).covered[name] = p_covered >= self.params.covered_at
         e = self._estimate(seq, name)
         e.cheap = cheap
@@ -125,16 +123,39 @@ class DrafterGate:
         # probe_every times powers of 2, so a slot's probe rounds include those of every slot probing less often
         return self._probe(e)
 
+    def settle_pending(self, seq: int, name: str) -> None:
+        """Drafted last round and no kept path came back: nothing was gained (noted before this round's call)."""
+        last = self._current(seq, name)
+        if last is not None and last.pending is not None:
+            self.note_gain(seq, name, 0)
+
+    def would_pay(self, seq: int, name: str, covered: bool, cheap: bool = False) -> bool:
+        """What `pays` answers this round for a round covered or not (after `settle_pending`), changing
+        nothing: the relay reads it from the allowance before the covered chance is known."""
+        e = self.records.of(seq).estimates.get((name, covered))
+        ref = self._reference(seq, name, covered)
+        period = e.period if e is not None else 0
+        if ref is not None and ref is not e:  # pays starts the answer's estimate from this one
+            period = ref.period
+        probe = self.n_rounds % (period or self.params.probe_every) == 0
+        if ref is None and self.crowd > 1 and not cheap:
+            return probe
+        if ref is None or self.seconds_per_token is None:
+            return True
+        return ref.gain * self.seconds_per_token > ref.cost or probe
+
     def _probe(self, e: _Estimate) -> bool:
         """Whether this round is one of the estimate's probe rounds (its drafting is then a probe)."""
         e.probing = self.n_rounds % (e.period or self.params.probe_every) == 0
         return e.probing
 
-    def _reference(self, seq: int, name: str) -> _Estimate | None:
+    def _reference(self, seq: int, name: str, covered: bool | None = None) -> _Estimate | None:
         """What the decision reads: the slot's own estimate, else (beside other slots) the estimate of earlier
-        answers at this many slots once it has seed_after rounds, else None (draft, and measure)."""
-        covered = self.records.of(seq).covered.get(name, False)
-        e = self._current(seq, name)
+        answers at this many slots once it has seed_after rounds, else None (draft, and measure). covered:
+        which of its estimates (None: this round's)."""
+        record = self.records.of(seq)
+        covered = record.covered.get(name, False) if covered is None else covered
+        e = record.estimates.get((name, covered))
         if e is not None and e.gain is not None and e.cost is not None:
             return e
         seed = self.by_crowd.get((name, covered, self.crowd)) if self.crowd > 1 else None

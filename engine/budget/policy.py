@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.cost.curve import CostModel
-from engine.draft.record import SeqRecords
+from engine.budget.accounts import Accounts
 
 
 @dataclass
@@ -31,17 +31,24 @@ class PolicyParams:
 
 
 class DraftLengthPolicy:
-    def __init__(self, cost: CostModel, params: PolicyParams | None = None, records: SeqRecords | None = None):
+    def __init__(self, cost: CostModel, params: PolicyParams | None = None, records: Accounts | None = None):
         self.cost = cost
         self.params = params or PolicyParams()
-        # seq -> its record (engine/draft/record.py): a_i per position and rounds in a row with k = 0, per drafter
-        self.records = records if records is not None else SeqRecords()
+        # seq -> its account (engine/budget/accounts.py): a_i per position and rounds in a row with k = 0, per drafter
+        self.records = records if records is not None else Accounts()
 
     def position_rates(self, seq: int, drafter: str, k: int) -> list[float]:
         """a_i for draft positions 1..k (at least k entries) of this drafter on this sequence, priors where unseen."""
         rates = self.records.of(seq).rates.setdefault(drafter, [])
         while len(rates) < k:
             # deeper positions start from the deep prior, never below what the last known position shows
+            rates.append(self.params.prior if not rates else max(rates[-1], self.params.prior_deep))
+        return rates
+
+    def rates_view(self, seq: int, drafter: str, k: int) -> list[float]:
+        """position_rates without keeping the priors it adds (the allowance is read before the round ends)."""
+        rates = list(self.records.of(seq).rates.get(drafter, []))
+        while len(rates) < k:
             rates.append(self.params.prior if not rates else max(rates[-1], self.params.prior_deep))
         return rates
 
@@ -54,20 +61,32 @@ class DraftLengthPolicy:
 
     def best_k(self, seq: int, drafter: str, k_offered: int) -> int:
         """The k <= k_offered that maximises E[tokens](k) / c(k + 1); 0 if no draft beats a plain step."""
-        if k_offered <= 0:
-            return 0
-        rates = self.position_rates(seq, drafter, k_offered)
-        best_k, best_v = 0, 1.0
-        for k in range(1, k_offered + 1):
-            v = self.expected_tokens(rates, k) / self.cost.c(k + 1)
+        return self.best_ks(seq, drafter, k_offered)[k_offered] if k_offered > 0 else 0
+
+    def best_ks(self, seq: int, drafter: str, n_max: int) -> list[int]:
+        """best_k for every k_offered in 0..n_max, in one pass: the k are scanned in order, so the best up to
+        k_offered is the scan's best at k_offered. Changes nothing."""
+        rates = self.rates_view(seq, drafter, n_max)
+        out, best_k, best_v, total, run = [0], 0, 1.0, 1.0, 1.0
+        for k in range(1, n_max + 1):
+            run *= rates[k - 1]
+            total += run
+            v = total / self.cost.c(k + 1)
             if v > best_v * 1.001:
                 best_k, best_v = k, v
-        return best_k
+            out.append(best_k)
+        return out
+
+    def cuts(self, seq: int, drafter: str, n_max: int) -> tuple[int, ...]:
+        """What `choose` answers for every k_offered in 0..n_max this round, changing nothing."""
+        probe = (self.records.of(seq).n_suppressed.get(drafter, 0) + 1) % self.params.probe_every == 0
+        return tuple(k if k > 0 else int(probe and i > 0) for i, k in enumerate(self.best_ks(seq, drafter, n_max)))
 
     def choose(self, seq: int, drafter: str, k_offered: int) -> int:
         """How many of the k_offered draft tokens to verify (0 = none; a 1-token probe now and then)."""
         if k_offered <= 0:
             return 0
+        self.position_rates(seq, drafter, k_offered)
         best_k = self.best_k(seq, drafter, k_offered)
         n_suppressed = self.records.of(seq).n_suppressed
         if best_k == 0:

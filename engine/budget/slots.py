@@ -2,8 +2,8 @@
 forward (engine/budget/tree_budget.py), and what the round cost each slot against plain decoding.
 
 Before drafting, slots whose every node the fair budget would refuse do not draft (`veto`). After drafting,
-`plan` hands the slots' trees to the budget and keeps what it chose. After the forward each drafted round is
-charged to every slot's balance at its measured cost (`cost_ratio`), against a plain round that still holds
+`choose_nodes` hands the slots' trees to the node choice and keeps what it chose. After the forward each
+drafted round is charged to every slot's balance at its measured cost (`cost_ratio`), against a plain round that still holds
 the slots that left ahead of plain decoding (`leave`). The slots are the round's (engine/round/slot.py): what is
 read of them is their seq, tokens, replay and n_remaining.
 """
@@ -12,28 +12,27 @@ from __future__ import annotations
 
 from typing import Collection
 
-from engine.budget.tree_budget import Budget, BudgetState, plan as budget_plan
+from engine.budget.tree_budget import NodeChoice, SlotLedger, choose_nodes
 from engine.draft.base import DraftRequest
-from engine.draft.record import SeqRecords
+from engine.budget.accounts import Accounts
 from engine.budget.fair_share import leaves_first
 
 
-class SlotBudget:
-    def __init__(self, owner, records: SeqRecords | None = None):
-        # the DraftBudget (draft_budget.py): its length policy's cost curve, its pool of drafters (which need a
-        # model), its gate, and which sequences it budgets
-        self.owner = owner
-        # balances, refusals and rests of every slot, in their records (engine/draft/record.py)
-        self.state = BudgetState(records=records if records is not None else SeqRecords())
+class SlotTrees:
+    def __init__(self, policy, gate, records: Accounts | None = None):
+        self.policy = policy  # the length policy (policy.py): its cost curve prices a round's rows
+        self.gate = gate  # the drafters' gate (gate.py): told when a slot's drafts won no node
+        # balances, refusals and rests of every slot, in their accounts (engine/budget/accounts.py)
+        self.state = SlotLedger(records=records if records is not None else Accounts())
         # (rounds, seqs): a slot that finished ahead of plain decoding by `rounds` plain rounds, which plain
         # decoding would still run beside the slots `seqs` it left: their balances are measured against a plain
-        # round with it (SlotBudget.cost_ratio). What a copying slot's early exit gives the slots beside it,
+        # round with it (SlotTrees.cost_ratio). What a copying slot's early exit gives the slots beside it,
         # counted when it happens: credited when the copying slot gained its tokens, it went also to slots whose
         # answers ended before it would have left (four copy answers, three ended by their end-of-text token)
         self.ghosts: list[tuple[int, frozenset[int]]] = []
 
     def veto(self, slots: list, sizes: dict[int, tuple[int, int]]) -> tuple[set[int], str]:
-        """The budgeted tree slots that need not draft this round, and why: beside a slot that drafts nothing this
+        """The adaptive tree slots that need not draft this round, and why: beside a slot that drafts nothing this
         round (it rests, replays, or has no room), whose balance cannot pay for one row and which no drafting
         slot will leave before (one that may pay it for its rows), the fair budget keeps no node of anyone's
         tree and no probe (engine/budget/fair_share.py, `fair_take`, `others_afford`), so their drafting would only
@@ -41,7 +40,7 @@ class SlotBudget:
         state = self.state
         if len(slots) < 2 or not state.fair:
             return set(), ""
-        trees = {seq for seq, (_, tree_max) in sizes.items() if tree_max > 0 and self.owner.budgeted(seq)}
+        trees = {seq for seq, (_, tree_max) in sizes.items() if tree_max > 0 and self._adaptive(seq)}
         bare = [s.seq for s in slots if s.seq not in trees]
         if not trees or not bare:
             return set(), ""
@@ -61,40 +60,46 @@ class SlotBudget:
                        f"tokens against plain decoding, less than one draft row costs it ({tau:.3f}): every node "
                        f"would be refused")
 
-    def plan(self, slots: list, requests: dict[int, DraftRequest]) -> Budget | None:
-        """Trees of slots under the length policy share one budget (engine/budget/tree_budget.py); others keep theirs.
-        Afterwards a request's tree is None or has nodes: an empty one is a plain round."""
+    def choose_nodes(self, slots: list, requests: dict[int, DraftRequest],
+                     forward: dict | None = None) -> NodeChoice | None:
+        """Trees of adaptive slots share one node choice (engine/budget/tree_budget.py); others keep theirs.
+        forward: filled with seq -> the tree that goes into the forward, None or with nodes (an empty one is a
+        plain round); the requests keep the relay's trees as they were drafted."""
+        forward = {} if forward is None else forward
         for r in requests.values():
-            if r.tree is not None and not len(r.tree):
-                r.tree = None
-            if r.tree is None and r.seq in self.state.waking:
+            forward[r.seq] = r.tree if r.tree is not None and len(r.tree) else None
+            if forward[r.seq] is None and r.seq in self.state.waking:
                 self.state.rest(r.seq)  # a probe round that found nothing: the slot rests on
-            elif r.tree is None and r.tree_max > 0 and len(slots) > 1 and self.owner.budgeted(r.seq):
+            elif forward[r.seq] is None and r.tree_max > 0 and len(slots) > 1 and self._adaptive(r.seq):
                 # drafted for nothing: beside other slots it counts as a refused round, so a slot whose drafters
                 # find nothing rests too, instead of drafting every round (four open answers otherwise paid
                 # for n-gram lookups that found nothing in every round of a whole answer)
                 self.state.records.of(r.seq).refused += 1
-        trees = {seq: r.tree for seq, r in requests.items() if r.tree is not None and self.owner.budgeted(seq)}
+        trees = {seq: tree for seq, tree in forward.items() if tree is not None and self._adaptive(seq)}
         if not trees:
             return None
         n_base = base_rows(slots)
-        n_base += sum(len(r.tree) for seq, r in requests.items() if r.tree is not None and seq not in trees)
+        n_base += sum(len(tree) for seq, tree in forward.items() if tree is not None and seq not in trees)
         bare = [s.seq for s in slots if s.seq not in trees]
-        out = budget_plan(trees, n_base, self._cost(slots, trees, n_base), self.state, bare,
+        out = choose_nodes(trees, n_base, self._cost(slots, trees, n_base), self.state, bare,
                           {s.seq: s.n_remaining for s in slots})
-        models = {name for name, impl in self.owner.pool.items() if impl.needs_model}
         for seq, tree in trees.items():
-            self.state.records.of(seq).model_nodes = sum(tree.drafters[v] in models for v in out.kept[seq])
-            requests[seq].tree = tree.keep(out.kept[seq]) if out.kept[seq] else None
-            if requests[seq].tree is None:
-                self.owner.gate.nothing_kept(seq)
+            account = self.state.records.of(seq)
+            account.model_nodes = sum(tree.drafters[v] in account.models for v in out.kept[seq])
+            forward[seq] = tree.keep(out.kept[seq]) if out.kept[seq] else None
+            if forward[seq] is None:
+                self.gate.nothing_kept(seq)
         return out
+
+    def _adaptive(self, seq: int) -> bool:
+        """Whether the budget cuts this sequence's drafts (SpecParams.adaptive)."""
+        return self.state.records.of(seq).adaptive
 
     def _cost(self, slots: list, trees: Collection[int], n_base: int):
         """The cost curve for a forward of n_base rows plus the drafts of the slots in `trees`: draft rows read
         their slot's cells, so slots with shorter contexts than the calibration's add cheaper rows."""
         cells = sum(len(s.tokens) for s in slots if s.seq in trees) / len(trees)
-        return self.owner.policy.cost.for_cells(n_base, cells)
+        return self.policy.cost.for_cells(n_base, cells)
 
     def cost_ratio(self, budget, in_batch: list, whole: float, ghosts: int = 0) -> float:
         """A drafted round's cost in plain rounds of its base rows, what each slot's balance is charged: `whole`,
@@ -108,7 +113,7 @@ class SlotBudget:
         drafting refused, so balances charged by it stood above plain decoding while the slots ran below it
         (docs/history.md#what-the-budgets-rules-answer)."""
         n_base = budget.n_base if budget is not None else base_rows(in_batch)
-        cost = self.owner.policy.cost
+        cost = self.policy.cost
         after = cost.after_plain_seconds() or 0.0
         return whole / (cost.base_seconds(n_base + ghosts) + (len(in_batch) + ghosts) * after)
 

@@ -18,7 +18,7 @@ the forward can afford the row. Beside other slots, one refused twice rests: it 
 every 4, 8, ... up to `probe_max` rounds while its probes keep being refused.
 
 The budget is also fair (engine/budget/fair_share.py): no slot of the forward should expect to fall behind plain
-decoding for the rows the others take, unless `BudgetState.fair` is off.
+decoding for the rows the others take, unless `SlotLedger.fair` is off.
 
 The goodput is only as good as the scores. The draft head's are calibrated (docs/draft-head.md); an n-gram
 drafter's are a product of per-position acceptance rates that start from priors and are learned only where its
@@ -34,13 +34,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.cost.curve import CostModel, RoundCost
-from engine.draft.record import SeqRecords
+from engine.budget.accounts import Accounts
 from engine.draft.tree import DraftTree
 from engine.budget.fair_share import fair_take, leaves_first, others_afford
 
 
 @dataclass
-class Budget:
+class NodeChoice:
     n_rows: int  # rows of the forward: the slots' own rows plus the draft nodes kept
     n_base: int  # rows it would have without drafts: the plain forward a slot's balance is measured against
     kept: dict[int, list[int]]  # seq -> the nodes of its tree kept (indices into that tree)
@@ -61,9 +61,9 @@ class ScoreCorrection:
 
     prior: float = 2.0  # pseudo-nodes, reached as predicted, that every drafter starts with
     decay: float = 0.9  # per observed round, the weight left to the rounds before it
-    # seq -> its record (engine/draft/record.py): per drafter, the decayed count of its nodes reached and the
+    # seq -> its account (engine/budget/accounts.py): per drafter, the decayed count of its nodes reached and the
     # decayed sum of their raw scores
-    records: SeqRecords = field(default_factory=SeqRecords)
+    records: Accounts = field(default_factory=Accounts)
 
     def factor(self, seq: int, drafter: str) -> float:
         record = self.records.of(seq)
@@ -90,7 +90,7 @@ class ScoreCorrection:
 
 
 @dataclass
-class BudgetState:
+class SlotLedger:
     probe_every: int = 4  # rounds a slot may go without a single node before it gets a probe
     # a slot beside others whose nodes were all refused this many rounds in a row rests: it drafts only every
     # probe_every rounds, and what it drafts then is a probe. On open text the budget refuses nearly every
@@ -106,11 +106,11 @@ class BudgetState:
     # every slot of the forward must expect at least its plain-decoding speed: the forward grows by no more
     # than 1 + the kept scores of the slot that expects the least. False: the batch's goodput alone decides
     fair: bool = True
-    # seq -> its record (engine/draft/record.py): rounds in a row its nodes were all refused, its probe interval,
+    # seq -> its account (engine/budget/accounts.py): rounds in a row its nodes were all refused, its probe interval,
     # its balance against plain decoding, the model drafters' nodes its last tree kept, its score correction
-    records: SeqRecords = field(default_factory=SeqRecords)
+    records: Accounts = field(default_factory=Accounts)
     correction: ScoreCorrection | None = None  # over the same records (None: made so)
-    # the last round's Budget.threshold: a model drafter growing a tree need not expand nodes scored below it,
+    # the last round's NodeChoice.threshold: a model drafter growing a tree need not expand nodes scored below it,
     # whose children could not get a row either (engine/draft/head/tree.py)
     threshold: float = 0.0
 
@@ -178,8 +178,8 @@ class BudgetState:
         self.correction.forget(seq)
 
 
-def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel | RoundCost, state: BudgetState,
-         bare: list[int] | None = None, remaining: dict[int, int] | None = None) -> Budget:
+def choose_nodes(trees: dict[int, DraftTree], n_base: int, cost: CostModel | RoundCost, state: SlotLedger,
+         bare: list[int] | None = None, remaining: dict[int, int] | None = None) -> NodeChoice:
     """Choose among every slot's tree nodes. trees: seq -> its tree (scores filled); n_base: rows the forward
     has without drafts (each slot's sampled token, replay rows); bare: the slots in the forward without a tree
     (None: one unknown slot if n_base has more rows than trees); remaining: seq -> tokens it still wants (None:
@@ -232,7 +232,7 @@ def plan(trees: dict[int, DraftTree], n_base: int, cost: CostModel | RoundCost, 
                    f"slot {behind} stands at {state.balance_of(behind):+.2f} tokens against it): plain decoding")
     n_rows = n_base + n_nodes
     state.threshold = expected * (cost.c(n_rows + 1) / cost.c(n_rows) - 1)
-    return Budget(n_rows=n_rows, n_base=n_base, kept=kept, offered={seq: len(t) for seq, t in trees.items()},
+    return NodeChoice(n_rows=n_rows, n_base=n_base, kept=kept, offered={seq: len(t) for seq, t in trees.items()},
                   expected=expected, goodput=expected / cost.c(n_rows), why=why, factors=factors,
                   threshold=state.threshold, cost=cost)
 

@@ -15,11 +15,17 @@ from typing import Any
 import torch
 
 from engine.batch import Batch
+from engine.draft.allowance import Allowance, DraftReport, unlimited
 
 
 @dataclass
 class DraftRequest:
-    """One sequence's drafting job for one round (llama.cpp's common_speculative_draft_params)."""
+    """One sequence's drafting job for one round (llama.cpp's common_speculative_draft_params).
+
+    Who writes what: the round makes it with the fields up to `allowance` (the ask, never written again); the
+    relay (chain.py) writes `drafting`, `turn`, `report` and `tree`, and clears the answer at each pass; the
+    drafter whose turn it is writes the `result*` fields, which the relay then cuts to what is verified. The
+    tree the forward holds is the budget's choice among the relay's nodes, kept by the round (RoundPlan.trees)."""
 
     seq: int  # sequence id
     prompt: list[int]  # confirmed tokens of the sequence in cache order (prompt + generated), without id_last
@@ -39,7 +45,7 @@ class DraftRequest:
     tree_min_score: float = 0.0
     # tree mode: at most this many nodes from a model drafter (0: tree_max). Beside other slots each depth of the
     # head's tree is a step the whole batch waits for, so a slot is offered one node more than the budget last
-    # kept of its model drafters' nodes (engine/budget/tree_budget.py, BudgetState.model_nodes)
+    # kept of its model drafters' nodes (engine/budget/tree_budget.py, SlotLedger.model_nodes)
     model_tree_max: int = 0
     # tree mode: the batch's time per emitted token over recent rounds (0: not known yet): a drafter that grows a
     # tree weighs the time of each further step against the tokens it may add (engine/draft/head/tree.py)
@@ -47,6 +53,11 @@ class DraftRequest:
     # tree mode: the slot rests (its drafts were refused round after round, engine/budget/tree_budget.py) and drafts
     # this round to probe: the n-gram drafters look, a model drafter does not spend its time on it
     probe: bool = False
+    # what the budget allows this request (engine/draft/allowance.py; None: every drafter drafts up to n_max)
+    allowance: Allowance | None = None
+    # the fields below are the relay's and the drafters' answer, reset by the relay at each drafting pass
+    turn: str | None = None  # the drafter whose turn it is (the relay's): its length is `draft_max`
+    report: DraftReport = field(default_factory=DraftReport)  # what each drafter cost and offered (the relay's)
     tree: Any = None  # the merged DraftTree, in tree mode
     result_tree: Any = None  # a drafter's own DraftTree, in tree mode (the draft head's), instead of `result`
     # tree mode: other continuations besides `result`, each with the share of the evidence behind it (ngram-map-k4v:
@@ -57,6 +68,16 @@ class DraftRequest:
     result: list[int] = field(default_factory=list)  # the drafted token ids
     result_q: list[torch.Tensor] | None = None  # per drafted token, the draft distribution q over the vocab
     result_p: list[float] | None = None  # per drafted token, the draft's probability of it (for display)
+
+    @property
+    def draft_max(self) -> int:
+        """How many tokens the drafter whose turn it is may propose: n_max, or its allowance's cut of it."""
+        part = self.allowance.of(self.turn) if self.allowance is not None and self.turn is not None else None
+        return self.n_max if part is None else min(self.n_max, part.n_max)
+
+    def allowed(self, types: list[str]) -> Allowance:
+        """The allowance, or (drafted without a budget) one that lets every drafter draft up to n_max."""
+        return self.allowance if self.allowance is not None else unlimited(types, self.n_max)
 
     def p_min_or(self, own: float) -> float:
         """The request's p_min, or the drafter's own when the request leaves it (None)."""

@@ -1,13 +1,14 @@
 """The priority chain of drafters: llama.cpp's common_speculative_draft / _accept relay.
 
 Drafters are tried in priority order (n-gram first, model drafters last). The first one that fills a
-sequence's request takes the `drafting` baton from it, is remembered as its record's `impl_last`, and is
-credited when the verdict comes back; every other drafter hears about it with `is_other=True` so its own
+sequence's request takes the `drafting` baton from it, is remembered as its record's `impl_last`, and hears
+the verdict when it comes back; every other drafter hears about it with `is_other=True` so its own
 bookkeeping stays in step with the target. In tree mode every drafter's proposal is merged into one tree.
 
-What the relay does not decide itself it asks the engine's draft budget (engine/budget/draft_budget.py):
-whether a drafter drafts for a slot, how far, how a chain's nodes score; it credits the budget with each
-verdict. Without a budget every drafter drafts what it can, up to n_max.
+What the relay does not decide itself it reads from the request's allowance (engine/draft/allowance.py),
+filled by the draft budget before drafting: whether a drafter drafts, how far, how a chain's nodes score. It
+writes on the request what each drafter cost and offered (its `report`), which the budget reads after
+drafting. Without an allowance every drafter drafts what it can, up to n_max.
 """
 
 from __future__ import annotations
@@ -15,36 +16,36 @@ from __future__ import annotations
 import time
 
 from engine.batch import Batch
+from engine.draft.allowance import Allowance, DraftReport
 from engine.draft.base import Drafter, DraftRequest
 from engine.draft.record import SeqRecords, offer
-from engine.draft.registry import NGRAMS, is_ngram
 from engine.draft.stats import DrafterStats, timed
 
 class DrafterChain:
     """Relay over a shared pool of drafters; each sequence has its own ordered list of drafter types."""
 
-    def __init__(self, pool: dict[str, Drafter], budget=None):
+    def __init__(self, pool: dict[str, Drafter]):
         self.pool = pool  # name -> drafter instance, shared by all sequences (each keeps per-seq state)
-        # the engine's DraftBudget (engine/budget/draft_budget.py), which the relay asks and credits; None: verify
-        # whatever the drafter offers (up to n_max), for every sequence
-        self.budget = budget
-        # seq -> what the relay and the budget keep about it (engine/draft/record.py): the budget's
-        self.records: SeqRecords = budget.records if budget is not None else SeqRecords()
+        self.records = SeqRecords()  # seq -> what the relay keeps about it (engine/draft/record.py)
         self.stats: dict[str, DrafterStats] = {}  # name -> counters over all sequences
         # seq -> name -> counters, one user's view: read after the sequence's final event (it may be released
         # by then), replaced when it begins again
         self.seq_stats: dict[int, dict[str, DrafterStats]] = {}
 
+    def add(self, name: str, drafter: Drafter) -> None:
+        """A drafter type built for this engine: from now on sequences may draft with it."""
+        self.pool[name] = drafter
+
     def _both(self, seq: int, name: str) -> tuple[DrafterStats, DrafterStats]:
         per = self.seq_stats.setdefault(seq, {})
         return self.stats.setdefault(name, DrafterStats(name)), per.setdefault(name, DrafterStats(name))
 
-    def begin(self, seq: int, prompt: list[int], types: list[str], adaptive: bool = True) -> None:
+    def begin(self, seq: int, prompt: list[int], types: list[str]) -> None:
         unknown = [t for t in types if t not in self.pool]
         if unknown:
             raise ValueError(f"drafter(s) not loaded: {', '.join(unknown)}")
         record = self.records.of(seq)
-        record.types, record.adaptive, record.impl_last = list(types), adaptive, None
+        record.types, record.impl_last = list(types), None
         self.seq_stats[seq] = {}
         for name in types:
             s, s_seq = self._both(seq, name)
@@ -58,77 +59,74 @@ class DrafterChain:
             impl.process(batch, result)
 
     def draft(self, requests: list[DraftRequest]) -> dict[int, str | None]:
-        """Fill the requests; return seq -> name of the drafter that drafted for it (None if nobody)."""
+        """Fill the requests, each sequence's drafters in its relay order; return seq -> the drafter whose draft
+        is verified (None if nobody)."""
         winner: dict[int, str | None] = {r.seq: None for r in requests}
-        self._new_round(requests)
+        allowed = {r.seq: self._new_round(r) for r in requests}
         n_stages = max((len(self.records.of(r.seq).types) for r in requests), default=0)
-        ngrams_gated = {r.seq for r in requests if r.drafting and not self._ngrams_draft(r)}
-        ngram_seconds: dict[int, float] = {}  # seq -> its share of the n-gram drafters' time this round
         for stage in range(n_stages):
-            by_name: dict[str, list[DraftRequest]] = {}
-            for r in requests:
-                types = self.records.of(r.seq).types
-                if r.drafting and stage < len(types) and not (r.seq in ngrams_gated and is_ngram(types[stage])):
-                    by_name.setdefault(types[stage], []).append(r)
-            for name, active in by_name.items():
-                s = self._both(active[0].seq, name)[0]
-                if self.pool[name].needs_model:
-                    active = [r for r in active if self._model_drafts(r, name)]
-                    if not active:
-                        continue
-                    for r in active:  # a network drafts token by token: do not draft what the policy would cut
-                        if self._budgeted(r.seq) and r.tree_max == 0:  # a tree is cut by the budget
-                            r.n_max = max(1, self.budget.best_k(r.seq, name, r.n_max))
-                # one call drafts for every sequence in `active`: each sequence is charged an equal share
-                per_seq = [self._both(r.seq, name)[1] for r in active]
-                t0 = time.perf_counter()
-                with timed("t_draft_us", s, *per_seq, share=1 / len(active)):
-                    self.pool[name].draft(active)
-                share = (time.perf_counter() - t0) / len(active)
+            for name, active in self._turn(requests, allowed, stage).items():
+                self._ask(name, active)
                 for r in active:
-                    if r.tree_max > 0 and self.pool[name].needs_model and self._budgeted(r.seq):
-                        self.budget.charge(r.seq, name, share)
-                    elif is_ngram(name):
-                        ngram_seconds[r.seq] = ngram_seconds.get(r.seq, 0.0) + share
-                s.n_call_draft += 1
-                for r, s_seq in zip(active, per_seq):
-                    s_seq.n_call_draft += 1
-                    self._keep_extras(r, name)
-                    if r.tree_max > 0:
-                        k = self._merge(r, name)
-                        if k == 0:
-                            continue
-                        if winner[r.seq] is None:  # counted in accept_tree, for the nodes verified
-                            winner[r.seq] = self.records.of(r.seq).impl_last = name
-                        continue
-                    k = self._cut(r, name)
-                    if k == 0:
-                        continue
-                    r.drafting = False
-                    record = self.records.of(r.seq)
-                    record.impl_last, record.k_last = name, k
-                    winner[r.seq] = name
-                    s.on_draft(k)
-                    s_seq.on_draft(k)
-        for r in requests:
-            if r.seq in ngram_seconds and r.tree_max > 0 and self._budgeted(r.seq):
-                self.budget.charge(r.seq, NGRAMS, ngram_seconds[r.seq])
+                    k = self._merge(r, name, allowed[r.seq]) if r.tree_max > 0 else self._cut(r, allowed[r.seq])
+                    if k > 0:
+                        self._won(r, name, k, winner)
         return winner
 
-    def _new_round(self, requests: list[DraftRequest]) -> None:
-        """Forget the last round's winner, skips and re-tokenisations of these sequences; draft where allowed."""
+    def _new_round(self, r: DraftRequest) -> Allowance:
+        """Clear what an earlier pass left on the request (a pass that raised is run again, request by
+        request); draft where allowed. Returns the request's allowance."""
+        self.records.of(r.seq).impl_last = None
+        r.drafting, r.turn, r.report, r.tree = r.n_max > 0, None, DraftReport(), None
+        r.result, r.result_q, r.result_p, r.result_tree, r.result_alts, r.result_share = [], None, None, None, [], 1.0
+        return r.allowed(self.records.of(r.seq).types)
+
+    def _turn(self, requests: list[DraftRequest], allowed: dict[int, Allowance], stage: int) -> dict:
+        """drafter -> the requests it drafts for at this stage of the relay: those still drafting whose allowance
+        lets it. A network in tree mode is weighed by how well the drafters before it guessed the next token."""
+        by_name: dict[str, list[DraftRequest]] = {}
         for r in requests:
-            record = self.records.of(r.seq)
-            record.impl_last, record.skipped, record.retokenized = None, [], None
-            r.drafting = r.n_max > 0
+            types = self.records.of(r.seq).types
+            if not r.drafting or stage >= len(types):
+                continue
+            name, p_covered = types[stage], 0.0
+            if self.pool[name].needs_model and r.tree_max > 0:
+                p_covered = sum(s for s, parent in zip(r.tree.scores, r.tree.parents) if parent < 0) if r.tree else 0.0
+                r.report.p_covered[name] = p_covered
+            if allowed[r.seq].drafts(name, p_covered):
+                by_name.setdefault(name, []).append(r)
+        return by_name
 
-    def _ngrams_draft(self, r: DraftRequest) -> bool:
-        """Whether the slot's n-gram drafters draft this round (the budget's gate, tree mode)."""
-        return self.budget is None or self.budget.ngrams_draft(r)
+    def _ask(self, name: str, active: list[DraftRequest]) -> None:
+        """One call of `name` drafts for every request in `active`, each charged an equal share of its time."""
+        s = self._both(active[0].seq, name)[0]
+        per_seq = [self._both(r.seq, name)[1] for r in active]
+        for r in active:
+            r.turn = name
+        t0 = time.perf_counter()
+        with timed("t_draft_us", s, *per_seq, share=1 / len(active)):
+            self.pool[name].draft(active)
+        share = (time.perf_counter() - t0) / len(active)
+        s.n_call_draft += 1
+        for r, s_seq in zip(active, per_seq):
+            s_seq.n_call_draft += 1
+            r.report.asked.append(name)
+            r.report.seconds[name] = share
+            self._keep_extras(r, name)
 
-    def _model_drafts(self, r: DraftRequest, name: str) -> bool:
-        """Whether the model drafter `name` drafts for this request (the budget's gate, tree mode)."""
-        return self.budget is None or self.budget.model_drafts(r, name)
+    def _won(self, r: DraftRequest, name: str, k: int, winner: dict[int, str | None]) -> None:
+        """`name` proposed k tokens: in a chain it wins the request; in a tree the first to propose is named."""
+        record = self.records.of(r.seq)
+        if r.tree_max > 0:
+            if winner[r.seq] is None:  # counted in accept_tree, for the nodes verified
+                winner[r.seq] = record.impl_last = name
+            return
+        r.drafting = False
+        record.impl_last = name
+        winner[r.seq] = name
+        s, s_seq = self._both(r.seq, name)
+        s.on_draft(k)
+        s_seq.on_draft(k)
 
     def _keep_extras(self, r: DraftRequest, name: str) -> None:
         """What the chain keeps of a result besides its tokens. q only from a drafter whose q is over the target's
@@ -139,11 +137,11 @@ class DrafterChain:
         offer(self.records.of(r.seq), name, r, impl.needs_model)  # the relay as the event tells it, before any cut
         if not impl.gives_q:
             r.result_q = None
-        record = impl.retokenized(r.seq)
-        if record is not None and r.result:
-            self.records.of(r.seq).retokenized = record
+        retokenized = impl.retokenized(r.seq)
+        if retokenized is not None and r.result:
+            r.report.retokenized = retokenized
 
-    def _merge(self, r: DraftRequest, name: str) -> int:
+    def _merge(self, r: DraftRequest, name: str, allowance: Allowance) -> int:
         """Tree mode: move the fresh result (a chain, or a drafter's own tree) into the request's tree, shared
         prefixes once, at most tree_max nodes; the request keeps drafting for the next drafter. No length
         policy cut here: the round's budget chooses among all nodes (engine/budget/tree_budget.py). Returns the depth of
@@ -158,25 +156,20 @@ class DrafterChain:
             deepest = max((r.tree.depth(n) for n in nodes), default=0)
         else:
             for tokens, share in [(r.result, r.result_share)] + r.result_alts:
-                chain = tokens[:r.n_max]
+                chain = tokens[:r.draft_max]
                 if len(chain) >= max(r.n_min, 1):
-                    scores = [share * a for a in self._path_scores(r.seq, name, len(chain))]
+                    r.report.scored[name] = max(r.report.scored.get(name, 0), len(chain))
+                    scores = [share * a for a in allowance.of(name).path_scores(len(chain))]
                     # a chain under the root: its i-th node is at depth i + 1
                     deepest = max(deepest, len(r.tree.add_chain(chain, name, limit=r.tree_max, scores=scores)))
         r.result, r.result_q, r.result_p, r.result_tree = [], None, None, None
         r.result_alts, r.result_share = [], 1.0
         return deepest
 
-    def _path_scores(self, seq: int, name: str, k: int) -> list[float]:
-        """The chance that each position of a k-token chain from this drafter is reached (the budget's length
-        policy; without a budget, each is reached)."""
-        if self.budget is None:
-            return [1.0] * k
-        return self.budget.path_scores(seq, name, k)
-
-    def _cut(self, r: DraftRequest, name: str) -> int:
-        """Apply the grammar, n_max, n_min and the length policy to a fresh result; return the kept length."""
-        k = min(len(r.result), r.n_max)
+    def _cut(self, r: DraftRequest, allowance: Allowance) -> int:
+        """Apply the grammar, the drafter's length, n_min and the length policy's cut (the allowance's) to a fresh
+        result; return the kept length."""
+        k = min(len(r.result), r.draft_max)
         if r.grammar is not None and k > 0:
             # a token the grammar forbids can never be kept, nor anything after it: the draft ends before it,
             # here rather than after the chain so the counters and the length policy see the draft that is
@@ -184,8 +177,9 @@ class DrafterChain:
             k = min(k, r.grammar.valid_prefix(r.result[:k]))
         if k < max(r.n_min, 1):
             k = 0
-        if k > 0 and self._budgeted(r.seq):
-            k = self.budget.choose(r.seq, name, k)
+        if k > 0:
+            r.report.offered[r.turn] = k
+            k = allowance.of(r.turn).cut(k)
             if k < r.n_min:
                 k = 0
         del r.result[k:]
@@ -197,10 +191,6 @@ class DrafterChain:
             r.result_q = None
             r.result_p = None
         return k
-
-    def _budgeted(self, seq: int) -> bool:
-        """Whether the budget cuts this sequence's drafts (there is one, and the sequence is adaptive)."""
-        return self.budget is not None and self.budget.budgeted(seq)
 
     def accept(self, seq: int, n_accepted: int) -> None:
         record = self.records.of(seq)
@@ -214,8 +204,6 @@ class DrafterChain:
             s.on_accept(n_accepted)
             s_seq.on_accept(n_accepted)
             impl.accept(seq, n_accepted, False)
-        if self.budget is not None:
-            self.budget.credit(seq, name, n_accepted if record.k_last is None else record.k_last, n_accepted)
         for other in record.types:
             if other != name:
                 self.pool[other].accept(seq, n_accepted, True)
@@ -226,9 +214,6 @@ class DrafterChain:
         #acc rate/pos and #mean acc len keep llama.cpp's meaning; the others hear the kept length."""
         record = self.records.of(seq)
         credit = tree.credit(path)
-        if self.budget is not None:
-            models = [name for name in record.types if self.pool[name].needs_model]
-            self.budget.credit_tree(seq, tree, len(path), credit, models)
         for name, (k, m) in credit.items():
             s, s_seq = self._both(seq, name)
             s.on_draft(k)
@@ -237,8 +222,6 @@ class DrafterChain:
                 s.on_accept(m)
                 s_seq.on_accept(m)
                 self.pool[name].accept(seq, m, False)
-            if self.budget is not None:
-                self.budget.credit(seq, name, k, m)
         for other in record.types:
             if other not in credit:
                 self.pool[other].accept(seq, len(path), True)
@@ -249,8 +232,8 @@ class DrafterChain:
             impl.seq_cp(src, dst, n)
 
     def seq_rm(self, seq: int) -> None:
-        """The sequence holds another text: its drafters' caches and what the relay, the gate and the length
-        policy learnt of it are void (its counters stay until it begins again)."""
+        """The sequence holds another text: its drafters' caches and what the relay kept of it are void (its
+        counters stay until it begins again)."""
         record = self.records.get(seq)
         if record is None:
             return

@@ -175,7 +175,7 @@ class DFlashDrafter(FeatureLifecycle, Drafter):
     def _read(self, r: DraftRequest, logits: torch.Tensor, hidden: torch.Tensor) -> None:
         """Fill r's result from its block's logits [B, vocab] (and final hidden states [B, hidden])."""
         for row in range(self._first_row(), self.ck.block_size):
-            if len(r.result) >= r.n_max:
+            if len(r.result) >= r.draft_max:
                 return
             tok, p_top, p_tok, q = self._choose(r, logits[row])
             if p_top < r.p_min_or(self.params.p_min):
@@ -189,7 +189,7 @@ class DFlashDrafter(FeatureLifecycle, Drafter):
                 raise ValueError(f"{self.name}'s cache holds {self.params.n_seq_max} sequences, got seq {r.seq}")
             r.result, r.result_p = [], []
             r.result_q = [] if r.want_q else None
-        live = [r for r in requests if r.n_max > 0]
+        live = [r for r in requests if r.draft_max > 0]
         if not live:
             return
         self._catch_up(live)
@@ -219,7 +219,7 @@ class DSparkDrafter(DFlashDrafter):
         prev = r.id_last
         p_min = r.p_min_or(self.params.p_min)
         for row in range(self._first_row(), self.ck.block_size):
-            if len(r.result) >= r.n_max:
+            if len(r.result) >= r.draft_max:
                 return
             if self.ck.has_confidence and p_min > 0 and self.net.confidence(hidden[row], prev) < p_min:
                 return

@@ -112,7 +112,7 @@ class DraftModelDrafter(Drafter):
                 if p_top < r.p_min_or(self.params.p_min):
                     continue
                 r.take(tok, float(q[tok]), q)
-                if len(r.result) >= r.n_max:
+                if len(r.result) >= r.draft_max:
                     continue
                 pos = len(self.cached[r.seq])
                 batch.add(tok, pos, r.seq, True)

@@ -120,7 +120,7 @@ class DraftUniDrafter(Drafter):
             st = self.states.setdefault(r.seq, BridgeState())
             self.bridge.sync(st, self.lead.text_tokens(r.prompt + [r.id_last]))
             own = self.lead.draft + st.draft.tokens
-            n_max = min(self._n_draft(st, r.n_max), self._room(len(own)))
+            n_max = min(self._n_draft(st, r.draft_max), self._room(len(own)))
             if own and n_max > 0:
                 shadows[r.seq] = DraftRequest(seq=r.seq, prompt=own[:-1], id_last=own[-1], n_max=n_max, n_min=0,
                                               p_min=r.p_min)
@@ -131,6 +131,6 @@ class DraftUniDrafter(Drafter):
             if shadow is None or not shadow.result:
                 continue
             st = self.states[r.seq]
-            r.result = self.bridge.to_target(st, self.bridge.draft_text(st, shadow.result))[:r.n_max]
+            r.result = self.bridge.to_target(st, self.bridge.draft_text(st, shadow.result))[:r.draft_max]
             self.last[r.seq] = Retokenized(draft_pieces=[decode(self.td, [t]) for t in shadow.result],
                                            target_pieces=[decode(self.tt, [t]) for t in r.result])

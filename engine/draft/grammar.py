@@ -27,4 +27,4 @@ class GrammarDrafter(Drafter):
                 continue  # an unconstrained generation: nothing is forced, the next drafter is asked
             # no q: a forced token has no draft distribution to speak of, so the round verifies it by matching
             # (sample-and-match), which keeps the output exact at any temperature
-            r.result = r.grammar.forced()[: r.n_max]
+            r.result = r.grammar.forced()[: r.draft_max]

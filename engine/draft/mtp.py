@@ -213,7 +213,7 @@ class MtpDrafter(FeatureLifecycle, Drafter):
                 r.take(tok, p_tok, q)
                 # layer k reads layer k - 1 at id_last's position, which it has from position k on
                 deeper = not chain or (step + 1 < self.n_mtp and step + 1 <= n_pos[r.seq])
-                if len(r.result) < r.n_max and deeper:
+                if len(r.result) < r.draft_max and deeper:
                     still.append(r)
             live, step = still, step + 1
             if not live:

@@ -17,9 +17,9 @@ MAX_VALUES = 4  # llama.cpp's COMMON_NGRAM_MAX_VALUES: m-grams tracked per key b
 
 def clip_draft(draft: list[int], req: DraftRequest) -> list[int]:
     """Cap a draft at the request's n_max, then drop it when shorter than its n_min (and when empty)."""
-    if req.n_max <= 0:
+    if req.draft_max <= 0:
         return []
-    draft = draft[: req.n_max]
+    draft = draft[: req.draft_max]
     return draft if len(draft) >= max(req.n_min, 1) else []
 
 

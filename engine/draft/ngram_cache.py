@@ -168,7 +168,7 @@ class NgramCache(Drafter):
         for req in requests:
             state = self._seqs.setdefault(req.seq, CacheSeqState())
             self._catch_up(state, req.prompt, [req.id_last])
-            n_draft = min(self.params.n_draft, req.n_max)  # greedy: a shorter draft is a prefix of a longer one
+            n_draft = min(self.params.n_draft, req.draft_max)  # greedy: a shorter draft is a prefix of a longer one
             tip = req.prompt[-NGRAM_MAX:] + [req.id_last]
             req.result = clip_draft(self._draft_tokens(state.context.counts, tip, n_draft), req)
 

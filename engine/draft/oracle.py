@@ -38,7 +38,7 @@ class OracleDrafter(Drafter):
             tail = r.prompt[-(TAIL - 1):] + [r.id_last]
             if n > len(ref) or ref[n - len(tail):n] != tail:
                 continue  # off the reference: no proposal rather than a wrong one
-            r.result = ref[n:n + r.n_max]
+            r.result = ref[n:n + r.draft_max]
             r.result_p = [1.0] * len(r.result)
 
     def seq_rm(self, seq: int) -> None:

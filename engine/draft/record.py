@@ -1,14 +1,8 @@
-"""One record per sequence: what the relay, the gate, the length policy and the budget keep about one sequence.
+"""One record per sequence: what the relay (chain.py) keeps about one sequence between its calls.
 
-Each part of the engine that remembers something about a sequence keeps it here rather than in a mapping of
-its own, so a released sequence leaves nothing behind once its record goes (`SeqRecords.release`). The drafters'
-own caches (an n-gram index, a draft model's cells) stay with each drafter and go with its `seq_rm`. A record is
-made when something first notes the sequence (the engine's start, or a part used on its own, as the tests do).
-
-Two parts of a record end before the record does: a sequence placed anew (engine/serve/placement.py) forgets
-what its drafters taught the relay, the gate and the length policy (`forget_drafting`), and a new answer in the
-slot is measured against plain decoding from its start (`begin_answer`); what its drafters' scores proved to the
-budget (the correction) stays until the sequence is released: the next turn of a chat is much like the last.
+The drafters' own caches (an n-gram index, a draft model's cells) stay with each drafter and go with its
+`seq_rm`; what the draft budget keeps about a sequence is the budget's (engine/budget/accounts.py). A record is
+made when the relay first meets the sequence (its `begin`, or a test that drives the relay on its own).
 """
 
 from __future__ import annotations
@@ -19,43 +13,14 @@ from typing import Any
 
 @dataclass
 class SeqRecord:
-    # the relay (engine/draft/chain.py)
     types: list[str] = field(default_factory=list)  # its drafter types, in relay order
-    adaptive: bool = True  # whether the length policy cuts its drafts
     impl_last: str | None = None  # the drafter whose draft is being verified (None: nobody drafted)
-    k_last: int | None = None  # the length of that draft
-    skipped: list[str] = field(default_factory=list)  # this round's gate decisions against drafting, and why
-    retokenized: Any = None  # this round's draft from a drafter of another vocabulary, in both tokenisations
     relay: list["RelayStep"] = field(default_factory=list)  # this round's drafters asked, in order (`offer`)
     relay_request: Any = None  # the request `relay` belongs to: a new request is a new round's relay
-    # the gate (engine/budget/gate.py)
-    estimates: dict[tuple[str, bool], Any] = field(default_factory=dict)  # (drafter, covered) -> its estimates
-    covered: dict[str, bool] = field(default_factory=dict)  # drafter -> the drafters before it guess this round
-    # the length policy (engine/budget/policy.py)
-    rates: dict[str, list[float]] = field(default_factory=dict)  # drafter -> a_i per draft position
-    n_suppressed: dict[str, int] = field(default_factory=dict)  # drafter -> rounds in a row it was cut to k = 0
-    # the budget (engine/budget/tree_budget.py)
-    refused: int = 0  # rounds in a row its nodes were all refused
-    interval: int | None = None  # rounds between its probes while it rests (None: the budget's probe_every)
-    # tokens its answer got beyond what plain decoding would have given it in the same time: each round adds its
-    # emitted tokens minus c(rows) / c(n_base), the forward's cost in plain forwards (None: no round settled)
-    balance: float | None = None
-    # nodes of model drafters (the draft head) the last round kept of its tree: beside other slots it is offered
-    # one more (DraftRequest.model_tree_max), not a whole tree the batch waits for step by step
-    model_nodes: int = 0
-    # the budget's score correction (engine/budget/tree_budget.py, ScoreCorrection): per drafter, decayed counts
-    reached: dict[str, float] = field(default_factory=dict)  # drafter -> its nodes the target's walk reached
-    predicted: dict[str, float] = field(default_factory=dict)  # drafter -> the sum of their raw scores
 
     def forget_drafting(self) -> None:
-        """The sequence holds another text: what its drafters taught the relay, gate and length policy is void."""
-        self.types, self.adaptive, self.impl_last, self.k_last = [], True, None, None
-        self.skipped, self.retokenized, self.relay, self.relay_request = [], None, [], None
-        self.estimates, self.covered, self.rates, self.n_suppressed = {}, {}, {}, {}
-
-    def begin_answer(self) -> None:
-        """A new generation in the slot: its balance, refusals and rests start over."""
-        self.refused, self.interval, self.balance, self.model_nodes = 0, None, None, 0
+        """The sequence holds another text: its drafters are chosen again at its next begin."""
+        self.types, self.impl_last, self.relay, self.relay_request = [], None, [], None
 
 
 @dataclass(frozen=True)
@@ -117,15 +82,17 @@ def why_short(s: RelayStep, n: int, tree: bool) -> str:
 
 
 class SeqRecords(dict):
-    """seq -> its SeqRecord; shared by the relay, the gate, the length policy and the budget."""
+    """seq -> its record (a SeqRecord: the relay's; a subclass names another kind, as the budget's accounts)."""
 
-    def of(self, seq: int) -> SeqRecord:
+    kind: type = SeqRecord  # what one sequence's entry is
+
+    def of(self, seq: int):
         """The sequence's record, made on first use."""
         record = self.get(seq)
         if record is None:
-            record = self[seq] = SeqRecord()
+            record = self[seq] = self.kind()
         return record
 
     def release(self, seq: int) -> None:
-        """The sequence is gone: everything the engine kept about it goes with its record."""
+        """The sequence is gone: what was kept about it goes with its record."""
         self.pop(seq, None)

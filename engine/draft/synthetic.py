@@ -17,5 +17,5 @@ class SyntheticDrafter(Drafter):
     def draft(self, requests: list[DraftRequest]) -> None:
         for r in requests:
             history = r.prompt + [r.id_last]
-            r.result = [history[(len(history) - r.n_max + i) % len(history)] for i in range(r.n_max)]
-            r.result_p = [0.0] * r.n_max
+            r.result = [history[(len(history) - r.draft_max + i) % len(history)] for i in range(r.draft_max)]
+            r.result_p = [0.0] * r.draft_max

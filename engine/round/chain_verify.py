@@ -71,6 +71,9 @@ def verify_chain(v: Verifying, slot: Slot, r: DraftRequest, logits, ckpt, drafte
         rs_undone=k - m if rollback == "seq_rm" and v.probe_kind == RS else 0,
         relay=take_relay(v.chain.records.of(slot.seq), r, {drafter: k} if drafter and k else {},
                          tree=r.tree_max > 0))  # a tree the budget left empty is verified as a plain round
+    pieces = r.report.retokenized
+    if pieces is not None and k > 0:  # the draft through text of a drafter of another vocabulary
+        decided.draft_pieces, decided.target_pieces = list(pieces.draft_pieces), list(pieces.target_pieces)
     slot.round += 1
     out = v.emit(slot, verdict.tokens)
     if slot.state == "done":

@@ -51,6 +51,9 @@ class Decision:
     rs_undone: int = 0
     relay: list[tuple[str, int, int, str]] = field(default_factory=list)
     tree: TreeShown | None = None  # verify_mode "tree" only
+    # a draft from a model of another vocabulary: its own tokens as text, and the target tokens that text became
+    draft_pieces: list[str] = field(default_factory=list)
+    target_pieces: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # the slot's notes on its settings (prefill only)
 
 
@@ -83,7 +86,7 @@ class SlotRound:
     note: SlotNote = field(default_factory=SlotNote)  # what the budget says of it (engine/budget/draft_budget.py)
     n_seqs: int = 1  # sequences in the shared forward
 
-    # what the budget reads of a slot's round before its event exists (DraftBudget.settle, close_round)
+    # what the budget reads of a slot's round before its event exists (DraftBudget.settle)
     @property
     def seq(self) -> int:
         return self.decision.seq
@@ -119,7 +122,7 @@ def build(part: SlotRound, t_end: float = 0.0, n_cells_used: int = 0, seq_cells:
         done=out.done, stop_reason=out.stop_reason, t_end=t_end, notes=v.notes, tree_tokens=tree.tokens,
         tree_parents=tree.parents, tree_drafters=tree.drafters, tree_path=tree.path,
         tree_offered=note.tree_offered, budget_why=note.budget_why, not_drafted=note.not_drafted,
-        draft_pieces=note.draft_pieces, target_pieces=note.target_pieces, balance=note.balance,
+        draft_pieces=v.draft_pieces, target_pieces=v.target_pieces, balance=note.balance,
         format_complete=out.format_complete, rm_cells=v.rm_cells, rm_positions=v.rm_positions,
         rs_undone=v.rs_undone, relay=v.relay)
 

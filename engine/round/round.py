@@ -15,8 +15,9 @@ from typing import Any, Callable, Collection
 
 from engine.memory import checkpoint
 from engine.batch import Batch, OutputLimits
+from engine.draft.allowance import Allowance
 from engine.draft.base import DraftRequest
-from engine.budget.draft_budget import DraftBudget
+from engine.budget.draft_budget import DraftBudget, RoundTimes
 from engine.draft.chain import DrafterChain
 from engine.events import ErrorEvent, failure
 from engine.memory.probe import FULL, RS, ProbeResult
@@ -37,7 +38,8 @@ class RoundPlan:
     veto_why: str = ""  # the budget's reason for its veto
     failed: dict[int, ErrorEvent] = field(default_factory=dict)  # seq -> why its generation ends this round
     winners: dict[int, str | None] = field(default_factory=dict)  # seq -> the drafter whose draft is verified
-    budget: Any = None  # the slot budget's plan over the slots' trees (None: none this round)
+    nodes: Any = None  # the budget's choice among the slots' tree nodes (NodeChoice; None: none this round)
+    trees: dict[int, Any] = field(default_factory=dict)  # seq -> the DraftTree its forward holds (None: a chain)
     t_draft_ms: float = 0.0  # the round's drafting and budgeting, all slots together
 
 
@@ -92,13 +94,12 @@ class Round:
             res = self._forward(rb.batch, rb.in_batch)
         except Exception as e:  # it failed twice: these generations end, the engine serves the next round
             return events + [failure(s.seq, "the forward", e) for s in rb.in_batch]
-        self._learn_from_forward(plan, rb, res.seconds)
+        self.last_forward = (len(rb.batch), res.seconds)  # for the engine's thread count (engine/serve/threads.py)
         events += self._verify_all(slots, plan, rb, res)
-        notes = self.budget.settle(plan, rb.in_batch, events, time.perf_counter() - t0)
+        notes = self.budget.settle(plan, rb.batch, rb.in_batch, events, RoundTimes(t0, t_forward, res.seconds))
         for part in events:
             if isinstance(part, SlotRound):  # the slots in its forward, and what the budget says of its round
                 part.n_seqs, part.note = len(rb.in_batch), notes[part.seq]
-        self.budget.close_round(plan, rb.batch, rb.in_batch, events, t0, t_forward, res.seconds)
         return events
 
     def _plan(self, slots: list[Slot], n_cells_free: int) -> RoundPlan:
@@ -107,14 +108,15 @@ class Round:
         plan = RoundPlan()
         self.budget.open_round(len(slots))
         sizes = self._sizes(slots, n_cells_free, plan.resting)
-        plan.vetoed, plan.veto_why = self.budget.veto(slots, sizes)
+        grant = self.budget.allow(slots, sizes)
+        plan.vetoed, plan.veto_why = set(grant.vetoed), grant.veto_why
         for slot in slots:
             if slot.replay is not None:
                 continue  # a replay round re-runs decided tokens and drafts nothing
             n_max, tree_max = (0, 0) if slot.seq in plan.vetoed else sizes[slot.seq]
             if slot.params.spec.types and self._needs_checkpoint(slot, n_max):
                 plan.ckpts[slot.seq] = checkpoint.take(slot, self.ctx.cache)
-            plan.requests[slot.seq] = self._request(slot, n_max, tree_max, len(slots))
+            plan.requests[slot.seq] = self._request(slot, n_max, tree_max, grant.allowances[slot.seq])
         return plan
 
     def _sizes(self, slots: list[Slot], n_cells_free: int, resting: dict[int, int]) -> dict[int, tuple[int, int]]:
@@ -143,18 +145,21 @@ class Round:
             n_out_free -= n_max
         return sizes
 
-    def _request(self, slot: Slot, n_max: int, tree_max: int, n_slots: int) -> DraftRequest:
-        """The slot's drafting job: its own limits, then the budget's decisions for it."""
+    def _request(self, slot: Slot, n_max: int, tree_max: int, allowance: Allowance) -> DraftRequest:
+        """The slot's drafting job: its own limits and what the budget allows it (the tree limits, the probe and
+        a token's seconds the drafters read are the allowance's)."""
         spec = slot.params.spec
-        return self.budget.decide(DraftRequest(
+        return DraftRequest(
             seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max, n_min=spec.n_min, p_min=spec.p_min,
             want_q=slot.params.sampling.temp > 0 and tree_max == 0,
-            grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max), n_slots)
+            grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max,
+            tree_min_score=allowance.tree_min_score, model_tree_max=allowance.model_tree_max,
+            probe=allowance.probe, token_seconds=allowance.token_seconds, allowance=allowance)
 
     def _draft_all(self, slots: list[Slot], plan: RoundPlan) -> None:
         """The drafters' proposals for every request, then the budget's choice of tree nodes over all slots."""
         plan.winners = self._draft(list(plan.requests.values()), plan.failed)
-        plan.budget = self.budget.plan(slots, plan.requests)
+        plan.nodes, plan.trees = self.budget.choose_nodes(slots, plan.requests)
 
     def _batch(self, slots: list[Slot], plan: RoundPlan, n_cells_free: int) -> tuple[RoundBatch, list]:
         """`[sampled, d1..dk]` (a tree's nodes, or a replay's tokens) of every slot at contiguous positions in one
@@ -164,7 +169,7 @@ class Round:
             if slot.seq in plan.failed:
                 continue
             p = len(slot.tokens)
-            tree = plan.requests[slot.seq].tree if slot.replay is None else None
+            tree = plan.trees.get(slot.seq) if slot.replay is None else None
             toks = slot.replay.tokens if slot.replay is not None else [slot.id_last] + plan.requests[slot.seq].result
             n_rows = 1 + len(tree) if tree is not None else len(toks)
             depth = 1 + tree.max_depth() if tree is not None else len(toks)
@@ -179,12 +184,6 @@ class Round:
         events += [slot.end("context") for slot in slots if slot.seq not in rb.rows and slot.seq not in plan.failed]
         rb.in_batch = [s for s in slots if s.seq in rb.rows]
         return rb, events
-
-    def _learn_from_forward(self, plan: RoundPlan, rb: RoundBatch, seconds: float) -> None:
-        """The forward's time into the cost curve, the thread governor's sample, and what a draft row cost this
-        round for the drafters' gate (gate.py): the share of the forward beyond the base rows, per row."""
-        self.budget.observe_forward(len(rb.batch), seconds, plan.budget)
-        self.last_forward = (len(rb.batch), seconds)  # for the engine's thread count (engine/serve/threads.py)
 
     def _verify_all(self, slots: list[Slot], plan: RoundPlan, rb: RoundBatch, res) -> list[SlotRound | ErrorEvent]:
         """Each slot's verdict on its rows (a replay, a tree or a chain); a slot whose verification or rollback
@@ -203,9 +202,9 @@ class Round:
             try:
                 if slot.replay is not None:
                     events.append(replay_round(v, slot, logits))
-                elif r.tree is not None:
+                elif plan.trees.get(slot.seq) is not None:
                     cells = self.ctx.cache.last_cells[rows]
-                    ev, kept = verify_tree(v, slot, r, logits, cells, plan.ckpts.get(slot.seq),
+                    ev, kept = verify_tree(v, slot, plan.trees[slot.seq], logits, cells, plan.ckpts.get(slot.seq),
                                            plan.winners.get(slot.seq))
                     events.append(ev)
                     kept_rows += [rows[i] for i in kept]
@@ -224,15 +223,14 @@ class Round:
         fault is found, ends its generation (in `failed`), and the others still get their drafts."""
         if not any(r.n_max > 0 for r in requests):
             return {}
-        n_max = {r.seq: r.n_max for r in requests}  # the length policy may shorten them while drafting
         try:
             return self.chain.draft(requests)
         except Exception:
             pass
         winners: dict[int, str | None] = {}
-        for r in requests:
+        for r in requests:  # the relay clears what the failed pass left on each request
             try:
-                winners.update(self.chain.draft([fresh(r, n_max[r.seq])]))
+                winners.update(self.chain.draft([r]))
             except Exception as e:
                 failed[r.seq] = failure(r.seq, "drafting", e)
         return winners
@@ -259,14 +257,8 @@ class Round:
         return self.probe.kind == RS and rs_limit is not None and n_max > rs_limit
 
     def _tree_max(self, slot: Slot) -> int:
-        """Nodes a tree of drafts may have for this slot; 0 where trees are off or not possible (a memory with no
-        tree mask, a grammar, whose masks follow one path, or synthetic acceptance, which draws per chain)."""
-        if slot.params.spec.tree_nodes <= 0 or not getattr(self.ctx, "supports_trees", False):
+        """Nodes a tree of drafts may have for this slot; 0 where trees are off (Slot.trees_off)."""
+        if slot.params.spec.tree_nodes <= 0 or slot.trees_off(getattr(self.ctx, "supports_trees", False)):
             return 0
-        return 0 if slot.grammar is not None or slot.coins is not None else slot.params.spec.tree_nodes
+        return slot.params.spec.tree_nodes
 
-
-def fresh(r: DraftRequest, n_max: int) -> DraftRequest:
-    """The request as it was before a failed drafting pass touched it."""
-    r.n_max, r.drafting, r.result, r.result_q, r.result_p = n_max, True, [], None, None
-    return r

@@ -86,6 +86,21 @@ class Slot:
     def n_remaining(self) -> int:
         return self.params.max_new_tokens - len(self.generated)
 
+    def trees_off(self, supports_trees: bool) -> str | None:
+        """Why this generation drafts chains though it asks for trees (None: trees are on, or not asked): a
+        memory with no tree mask, a grammar, whose masks follow one path, or synthetic acceptance, which tosses
+        its coins along one chain. supports_trees: whether the target's memory keeps branches."""
+        spec = self.params.spec
+        if spec.tree_nodes <= 0 or not spec.types:
+            return None
+        if not supports_trees:
+            return "this model's memory keeps one state per sequence, with no room for branches"
+        if self.grammar is not None:
+            return "a grammar masks one path"
+        if spec.synthetic_accept is not None:
+            return "synthetic acceptance tosses its coins along one chain"
+        return None
+
     def finish(self, reason: str, out: Emission) -> Emission:
         """The generation ends: the emission says why, and whether a grammar's output is whole."""
         self.state = "done"

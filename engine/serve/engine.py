@@ -9,9 +9,11 @@ kept: the slot's own previous turn, or a prefix another slot holds (a shared sys
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import replace
-from typing import Iterator
+from types import MappingProxyType
+from typing import Iterator, Mapping
 
 import torch
 
@@ -19,6 +21,7 @@ from engine.batch import output_limits
 from engine.draft.base import Drafter
 from engine.draft.chain import DrafterChain
 from engine.draft.registry import default_params, parse_types
+from engine.draft.stats import DrafterStats
 from engine.events import ErrorEvent, RoundEvent
 from engine.grammar import Grammar
 from engine.load.errors import ModelLoadError
@@ -32,81 +35,77 @@ from engine.memory.self_check import SelfCheck, self_check
 from engine.round.event_builder import SlotRound, assemble
 from engine.round.round import Round
 from engine.round.slot import Slot
+from engine.serve.config import EngineConfig
 from engine.serve.drafters import DrafterContext, build_drafter, vocab_mismatch
 from engine.serve.grammars import grammar_tokenizer_of
 from engine.serve.placement import Placement
 from engine.serve.prefill import N_BATCH, Prefiller
-from engine.serve.requests import check_prompt, make_context
+from engine.serve.requests import check_prompt, make_context, setting_notes
 from engine.serve.threads import ThreadGovernor
 from engine.sampling import Sampler
 
-MIN_CELLS_PER_SLOT = 64  # a cache smaller than this per slot could not hold a useful chat in every slot
-
-
-def check_sizes(n_ctx: int, n_seq_max: int, n_ctx_seq: int | None, threads: int | None) -> None:
-    """ValueError naming the setting where the cache, the slots, a slot's share or the threads cannot work."""
-    if n_seq_max < 1:
-        raise ValueError(f"need at least one slot, got {n_seq_max}")
-    if n_ctx < n_seq_max * MIN_CELLS_PER_SLOT:
-        raise ValueError(f"a cache of {n_ctx} cells cannot hold {n_seq_max} slots (at least "
-                         f"{MIN_CELLS_PER_SLOT} cells each): raise n_ctx to {n_seq_max * MIN_CELLS_PER_SLOT} "
-                         f"or use fewer slots")
-    if n_ctx_seq is not None and not MIN_CELLS_PER_SLOT <= n_ctx_seq <= n_ctx:
-        raise ValueError(f"a slot's share of the cache must be in [{MIN_CELLS_PER_SLOT}, {n_ctx}] cells, "
-                         f"got {n_ctx_seq}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
-
-
 class Engine:
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
-                 n_seq_max: int = 4, calibrate: bool = True, drafter_params: dict | None = None,
-                 n_draft: int = 16, n_rs: int = 0, fair: bool = True, threads: int | None = None,
-                 n_ctx_seq: int | None = None):
-        """threads: forwards on this many threads always; None: all of torch's, fewer while another process
-        holds cores (engine/serve/threads.py; only with a calibrated cost curve to measure against).
-        n_ctx_seq: the most cells one sequence may hold (llama-server's n_ctx / n_parallel), so one long request
-        cannot take the cells the others' answers grow into; None: the whole cache."""
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, config: EngineConfig | None = None,
+                 **settings):
+        """config: the engine's settings (engine/serve/config.py); or given one by one as its fields (settings)."""
+        config = config if config is not None else EngineConfig(**settings)
+        config.check()
+        self.config = config
         # why the draft model's vocabulary is not the target's (None: it is, or there is no draft model): such a
         # model drafts through text, as draft-uni, where draft-simple would propose ids the target reads otherwise
         self.draft_mismatch: str | None = vocab_mismatch(target, draft)
-        check_sizes(n_ctx, n_seq_max, n_ctx_seq, threads)
         self.target = target
         self.draft_model = draft
-        # logits rows reserved per forward: every slot's sampled token and its longest draft
-        self.limits = output_limits(N_BATCH, n_seq_max, n_draft)
-        # n_rs: on a recurrent model, the tail (in tokens) that reversible state undoes without a checkpoint
-        self.ctx = make_context(target.model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=self.limits.total,
-                                n_rs=n_rs)
-        n_pos_model = int(getattr(target.model.config, "max_position_embeddings", 0) or 0) or None
-        # a sequence ends with "context" at its share of the cache as at the model's last position
-        limits = [n for n in (n_pos_model, n_ctx_seq) if n is not None]
-        self.n_pos_max = min(limits) if limits else None
-        self.probe: ProbeResult = probe_context(self.ctx)
-        try:  # the engine's forward against transformers' own, past the smallest window (engine/memory/self_check.py)
-            self.load_check: SelfCheck = self_check(self.ctx, self.probe)
-        except ValueError as e:
-            raise ModelLoadError(f"model '{target.name}' failed its load check: {e}") from None
-        self.threads = ThreadGovernor(n_max=threads or torch.get_num_threads(), fixed=threads is not None)
+        self._build_memory(config)
+        self.threads = ThreadGovernor(n_max=config.threads or torch.get_num_threads(), fixed=config.threads is not None)
         self._use_threads()
-        self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
-        self.threads.fixed = self.threads.fixed or not (calibrate and self.probe.can_speculate)
-        # type name -> its params dataclass; ours by default (engine/draft/registry.py, default_params), overridable per type
-        self.drafter_params = {**default_params(), **(drafter_params or {})}
-        self.drafter_context = DrafterContext(target, draft, self.draft_mismatch, self.ctx.n_ctx, self.ctx.n_seq_max,
-                                              self.ctx.n_vocab, self.drafter_params)
-        self.pool: dict[str, Drafter] = {}
-        # which drafters draft for which slot and how far, which tree nodes go in (engine/budget/draft_budget.py)
-        self.budget = DraftBudget(self.cost, self.pool, fair=fair)
-        self.chain = DrafterChain(self.pool, self.budget)
+        timed = config.calibrate and self.probe.can_speculate
+        self.cost = self.calibrate() if timed else CostModel()
+        self.threads.fixed = self.threads.fixed or not timed
+        self._build_drafting(config)
         self.slots: dict[int, Slot] = {}
         self.parked: dict[int, Slot] = {}  # seq -> a parked slot whose cells the sequence still holds
-        self.placement = Placement(self.ctx, self.chain, self.slots, self.parked)
+        self.placement = Placement(self.ctx, self.chain, self._holder, lambda: list(self.slots.values()))
         self.eos = target.eos_ids()
         self._grammar_tokenizer = None  # llguidance's view of the target's tokenizer, built at the first grammar
         self.round = Round(self.ctx, self.chain, self.budget, self.probe, self.limits, self.n_pos_max, self.eos,
                            target.decode)
         self.prefiller = Prefiller(self.ctx, self.chain, self.round.emit)
+
+    def _build_memory(self, config: EngineConfig) -> None:
+        """The target's context and its limits, the rollback probe and the load check."""
+        # logits rows reserved per forward: every slot's sampled token and its longest draft
+        self.limits = output_limits(N_BATCH, config.n_seq_max, config.n_draft)
+        self.ctx = make_context(self.target.model, n_ctx=config.n_ctx, n_seq_max=config.n_seq_max,
+                                n_outputs_max=self.limits.total, n_rs=config.n_rs)
+        n_pos_model = int(getattr(self.target.model.config, "max_position_embeddings", 0) or 0) or None
+        # a sequence ends with "context" at its share of the cache as at the model's last position
+        limits = [n for n in (n_pos_model, config.n_ctx_seq) if n is not None]
+        self.n_pos_max = min(limits) if limits else None
+        self.probe: ProbeResult = probe_context(self.ctx)
+        try:  # the engine's forward against transformers' own, past the smallest window (engine/memory/self_check.py)
+            self.load_check: SelfCheck = self_check(self.ctx, self.probe)
+        except ValueError as e:
+            raise ModelLoadError(f"model '{self.target.name}' failed its load check: {e}") from None
+
+    def _build_drafting(self, config: EngineConfig) -> None:
+        """The drafters' relay (which owns the drafters) and the draft budget."""
+        # type name -> its params dataclass; ours by default (engine/draft/registry.py), overridable per type; read-only
+        self.drafter_params = MappingProxyType({**default_params(), **config.drafter_params})
+        self.drafter_context = DrafterContext(self.target, self.draft_model, self.draft_mismatch, self.ctx.n_ctx,
+                                              self.ctx.n_seq_max, self.ctx.n_vocab, self.drafter_params)
+        self.chain = DrafterChain({})
+        # which drafters draft for which slot and how far, which tree nodes go in (engine/budget/draft_budget.py)
+        self.budget = DraftBudget(self.cost, fair=config.fair)
+
+    @property
+    def pool(self) -> Mapping[str, Drafter]:
+        """The drafters built so far, by type name (the relay's)."""
+        return MappingProxyType(self.chain.pool)
+
+    def _holder(self, seq: int) -> Slot | None:
+        """The slot whose tokens `seq`'s cells hold: its generating or finished slot, else the one parked there."""
+        return self.slots.get(seq) or self.parked.get(seq)
 
     # ---- set-up ----------------------------------------------------------------------------------------------
 
@@ -135,11 +134,21 @@ class Engine:
         return self._grammar_tokenizer
 
     def drafter(self, name: str) -> Drafter:
-        if name not in self.pool:
-            self.pool[name] = build_drafter(self.drafter_context, name)
+        if name not in self.chain.pool:
+            self.chain.add(name, build_drafter(self.drafter_context, name))
             wanted = set(self.ctx.hidden_layers) | set(self.pool[name].hidden_layers)
             self.ctx.hidden_layers = tuple(sorted(wanted))
         return self.pool[name]
+
+    def drafter_params_of(self, name: str):
+        """The parameters the drafter type `name` is built with here (None: none given, nor a default of ours)."""
+        return self.drafter_params.get(name)
+
+    def drafter_stats(self, seq: int) -> dict[str, DrafterStats] | None:
+        """A copy of the sequence's drafter counters (name -> DrafterStats; None: it never began): the relay
+        keeps counting into its own."""
+        stats = self.chain.seq_stats.get(seq)
+        return copy.deepcopy(stats) if stats is not None else None
 
     @property
     def draft_type(self) -> str | None:
@@ -200,45 +209,34 @@ class Engine:
             raise ValueError(f"slot {seq} is busy")
         # the prompt's last token is always forwarded again: its logits give the first answer token
         kept = self.placement.place(prompt, seq, len(prompt) - 1, params.cache_salt)
+        self.parked.pop(seq, None)  # whatever was parked in seq lost its cells
         slot = Slot(seq=seq, params=params, sampler=Sampler(params.sampling), prompt=list(prompt),
                     tokens=list(prompt[:kept]))
         if params.grammar is not None:
             slot.grammar = Grammar.start(params.grammar, self.grammar_tokenizer())
         if params.spec.types:
-            # the logits buffer holds this many draft rows per slot (n_draft): a longer n_max would be cut
-            # every round without a word, and the user would read the cut as the drafter's own choice
-            n_capacity = self.limits.per_seq - 1
-            slot.n_max_effective = min(params.spec.n_max, n_capacity)
-            if params.spec.n_max > n_capacity:
-                slot.notes.append(f"n_max {params.spec.n_max} is above this engine's draft capacity of "
-                                  f"{n_capacity}: drafts are capped at {n_capacity}")
-        if params.spec.tree_nodes > 0 and params.spec.types:
-            why = ("this model's memory keeps one state per sequence, with no room for branches"
-                   if not getattr(self.ctx, "supports_trees", False) else
-                   "a grammar masks one path" if params.grammar is not None else
-                   "synthetic acceptance tosses its coins along one chain"
-                   if params.spec.synthetic_accept is not None else None)
-            if why:
-                slot.notes.append(f"trees of drafts are off for this generation ({why}): drafts are chains")
-        if params.sampling.temp > 0:
-            # rejection sampling needs the draft's q over the target's ids; a model drafter of another
-            # vocabulary has none, and its drafts go through sample-and-match (lossless all the same)
-            for name in params.spec.types:
-                drafter = self.drafter(name)
-                if drafter.needs_model and not drafter.gives_q:
-                    slot.notes.append(f"{name} gives no distribution over the target's vocabulary: its drafts are "
-                                      "verified by sample-and-match, not rejection sampling")
+            slot.n_max_effective = min(params.spec.n_max, self.limits.per_seq - 1)
+        no_q = [name for name in params.spec.types if self.drafter(name).needs_model and not self.drafter(name).gives_q]
+        slot.notes += setting_notes(params, self.limits.per_seq - 1,
+                                    slot.trees_off(getattr(self.ctx, "supports_trees", False)), no_q)
         if params.spec.synthetic_accept is not None:
             # a stream per slot: the sampler's seed and the slot, so concurrent slots toss independent coins
             coin_seed = params.sampling.seed ^ 0x5BD1E995 ^ (seq * 0x9E3779B1)
             slot.coins = torch.Generator(device="cpu").manual_seed(coin_seed & 0xFFFFFFFF)
         self.slots[seq] = slot
-        self.budget.begin(seq)
-        self.chain.begin(seq, slot.prompt, params.spec.types, adaptive=params.spec.adaptive)
-        for name in params.spec.types:  # model drafters sample at the slot's temperature, from its seed
-            self.pool[name].retune(seq, params.sampling.temp, params.sampling.seed)
-            self.pool[name].expect(seq, params.spec.reference)
+        self._begin(seq, slot, answer=True)
         return slot
+
+    def _begin(self, seq: int, slot: Slot, answer: bool, confirmed: list[int] | None = None) -> None:
+        """The sequence's drafters and its budget begin on its tokens (the prompt, or a resumed slot's
+        `confirmed`); answer: a new generation (False: a parked one that resumes)."""
+        spec = slot.params.spec
+        models = [name for name in spec.types if self.pool[name].needs_model]
+        self.budget.begin(seq, spec.types, spec.adaptive, models, answer=answer)
+        self.chain.begin(seq, slot.prompt if confirmed is None else confirmed, spec.types)
+        for name in spec.types:  # model drafters sample at the slot's temperature, from its seed
+            self.pool[name].retune(seq, slot.params.sampling.temp, slot.params.sampling.seed)
+            self.pool[name].expect(seq, spec.reference)
 
     def stop(self, seq: int) -> None:
         """Ask a slot to stop; it ends at the next round boundary, its cells stay for reuse."""
@@ -266,14 +264,12 @@ class Engine:
             confirmed = list(slot.tokens)
             # may copy its prefix from its old cells
             kept = self.placement.place(confirmed, seq, len(confirmed), slot.params.cache_salt)
+            self.parked.pop(seq, None)  # whatever was parked in seq lost its cells
             slot.tokens, slot.refill = confirmed[:kept], confirmed[kept:]
             for other in old:  # then they belong to nobody: freed, not left for a later start to find
                 if other != seq and other not in self.slots:
                     self.release(other)
-            self.chain.begin(seq, confirmed, slot.params.spec.types, adaptive=slot.params.spec.adaptive)
-            for name in slot.params.spec.types:
-                self.pool[name].retune(seq, slot.params.sampling.temp, slot.params.sampling.seed)
-                self.pool[name].expect(seq, slot.params.spec.reference)
+            self._begin(seq, slot, answer=False, confirmed=confirmed)
         slot.seq = seq
         self.slots[seq] = slot
 
@@ -282,7 +278,8 @@ class Engine:
         self.slots.pop(seq, None)
         self.parked.pop(seq, None)
         self.chain.seq_rm(seq)  # the drafters' own caches
-        self.budget.records.release(seq)  # all the engine kept about the sequence
+        self.chain.records.release(seq)
+        self.budget.release(seq)  # all the budget kept about the sequence
         self.ctx.seq_rm(seq, -1, -1)
 
     def active(self, only: set[int] | None = None) -> list[Slot]:

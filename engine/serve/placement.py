@@ -10,6 +10,7 @@ another one asked.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from engine.prefix import common_prefix
 from engine.round.slot import Slot
@@ -19,16 +20,16 @@ from engine.round.slot import Slot
 class Placement:
     ctx: object  # the target's context: its cell cache and seq_rm
     chain: object  # the DrafterChain: its drafters' per-sequence state follows the cells
-    slots: dict[int, Slot]  # the engine's slots by sequence (shared with it, never replaced)
-    parked: dict[int, Slot]  # the engine's parked slots by the sequence whose cells they left (shared too)
+    # seq -> the slot whose tokens its cells hold (a generating, finished or parked one; None: no one's): the
+    # engine's, read here, never written
+    holder: Callable[[int], Slot | None]
+    slots: Callable[[], list[Slot]]  # the engine's slots in their sequences now (not the parked ones)
 
     def cells(self, tokens: list[int], seq: int, n_keep_max: int, salt: str | None = None
               ) -> tuple[int, int, int, int, int]:
         """What placing `tokens` in `seq` takes, keeping at most n_keep_max of them from the cache and only
         from generations salted `salt`: (n_own, src, n_shared, cells needed, cells free for it)."""
-        old = self.slots.get(seq)
-        if old is None and self.parked.get(seq) is not None:
-            old = self.parked[seq]
+        old = self.holder(seq)
         n_own = common_prefix(old.tokens, tokens, limit=n_keep_max) if old is not None and \
             old.params.cache_salt == salt else 0
         src, n_shared = self.shared_prefix(seq, tokens, n_keep_max, salt) if self.ctx.cache.can_share else (-1, 0)
@@ -42,7 +43,7 @@ class Placement:
         prefix of `tokens` of its own, then one its salt held before, then an empty one, then another salt's,
         the one started longest ago first: one client's requests do not take the cells another's next turn
         would reuse while others are idle longer."""
-        old = self.slots.get(seq) or self.parked.get(seq)
+        old = self.holder(seq)
         if old is None:
             return 0, 1, 0.0
         if old.params.cache_salt != salt:
@@ -62,7 +63,6 @@ class Placement:
         if n_need > n_free:
             raise ValueError(f"the cache is full: this prompt needs {n_need} more cells, {n_free} are free "
                              f"(other slots hold the rest); wait for a slot to finish or raise n_ctx")
-        self.parked.pop(seq, None)  # whatever was parked in seq loses its cells now
         if n_shared > n_own:
             # a prefix another slot already holds (a shared system prompt): store it once, for both sequences
             self.ctx.seq_rm(seq, -1, -1)
@@ -82,7 +82,7 @@ class Placement:
         """The other slot of this salt whose cached tokens share the longest prefix with `tokens`: (its seq, the
         length)."""
         best = (-1, 0)
-        for other in self.slots.values():
+        for other in self.slots():
             if other.seq != seq and other.replay is None and other.params.cache_salt == salt:
                 n = common_prefix(other.tokens, tokens, limit=n_keep_max)
                 if n > best[1]:

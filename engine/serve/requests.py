@@ -99,3 +99,21 @@ def make_context(model, n_ctx: int, n_seq_max: int, n_outputs_max: int, n_rs: in
     if has_own_state(model):
         return StatefulContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max, n_rs=n_rs)
     return ModelContext(model, n_ctx=n_ctx, n_seq_max=n_seq_max, n_outputs_max=n_outputs_max)
+
+
+def setting_notes(params: GenParams, n_capacity: int, trees_off: str | None, no_q: list[str]) -> list[str]:
+    """What a generation's page says of its settings as the engine runs them: an n_max above the engine's
+    draft capacity (n_capacity: draft rows a slot's logits buffer holds; a longer n_max would be cut every round
+    without a word, and the user would read the cut as the drafter's own choice), trees that are off (why:
+    Slot.trees_off), and at temperature > 0 the model drafters whose drafts are verified by sample-and-match
+    (no_q: they give no q over the target's ids, as a drafter of another vocabulary; lossless all the same)."""
+    notes = []
+    if params.spec.types and params.spec.n_max > n_capacity:
+        notes.append(f"n_max {params.spec.n_max} is above this engine's draft capacity of {n_capacity}: drafts "
+                     f"are capped at {n_capacity}")
+    if trees_off:
+        notes.append(f"trees of drafts are off for this generation ({trees_off}): drafts are chains")
+    if params.sampling.temp > 0:
+        notes += [f"{name} gives no distribution over the target's vocabulary: its drafts are verified by "
+                  "sample-and-match, not rejection sampling" for name in no_q]
+    return notes

@@ -17,7 +17,6 @@ goes on serving the others.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import queue
 import threading
@@ -334,9 +333,9 @@ class Scheduler:
             gen = self.running.get(ev.seq)
             if gen is None:
                 continue
-            stats = self.engine.chain.seq_stats.get(ev.seq)
+            stats = self.engine.drafter_stats(ev.seq)
             if stats is not None:
-                gen.stats = copy.deepcopy(stats)
+                gen.stats = stats
             if ev.done:  # the slot is free before its last event is read
                 del self.running[ev.seq]
             if self.on_event is not None and isinstance(ev, RoundEvent):

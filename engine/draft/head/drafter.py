@@ -253,7 +253,7 @@ class DraftHeadDrafter(Drafter):
             states = [self._state(requests[i].seq) for i in trees]
             seeds = [TreeSeed(st.k, st.v, base[requests[i].seq], g[n], logits[n],
                               requests[i].model_tree_max or requests[i].tree_max,
-                              requests[i].n_max, requests[i].tree_min_score)
+                              requests[i].draft_max, requests[i].tree_min_score)
                      for n, (i, st) in enumerate(zip(trees, states))]
             token_seconds = max(requests[i].token_seconds for i in trees)  # the same batch for all of them
             for i, tree in zip(trees, grow_many(head, seeds, self.params.tree, self.step_cost, token_seconds)):
@@ -271,7 +271,7 @@ class DraftHeadDrafter(Drafter):
                 if p_top < r.p_min_or(self.params.p_min):
                     continue
                 r.take(tok, p_tok, q_full)
-                if len(r.result) < r.n_max:
+                if len(r.result) < r.draft_max:
                     keep.append(n)
             if not keep:
                 break
