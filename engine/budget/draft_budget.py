@@ -173,10 +173,9 @@ class DraftBudget:
 
     def _ngrams_draft(self, seq: int, account: SeqAccount) -> bool:
         """Tree mode, adaptive: whether the slot's n-gram drafters draft this round, weighed as one
-        drafter (gate.py). Each is cheap, but all of them together are a noticeable share of a one-row forward of
-        the embedded model read from its Q4_1 blocks (docs/measured.md): on open text, where their nodes are
-        seldom kept, that was a round's cost for nothing. Weighed one by one, two that find the same continuation
-        would each have no gain of its own and both stop."""
+        drafter (gate.py): together they are a noticeable share of a one-row forward, spent for nothing on open
+        text (docs/measured.md#xeon-speculation-by-prompt-set); weighed one by one, two that find the same
+        continuation would each have no gain of its own and both stop."""
         if not any(is_ngram(name) for name in account.types):
             return True
         if self.gate.pays(seq, NGRAMS, cheap=True):

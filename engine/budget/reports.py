@@ -76,10 +76,9 @@ def credit_tree(gate: DrafterGate, account: SeqAccount, seq: int, tree, n_kept: 
         gate.note_rows(seq, name, sum(1 for d in tree.drafters if d == name))
         gate.note_gain(seq, name, gains.get(name, 0))
     if any(is_ngram(name) for name in account.types):
-        # credited in the relay's order: what they found, whether or not a model drafter also found it. Judged
-        # by what only they found, the n-grams stopped wherever the head also read a repeated passage, and
-        # with the head gated off later in it nobody drafted the copy (a poem's refrain: 0.99x of plain
-        # beside the n-gram chain's 1.33x); the head's gain stays what it adds beyond them
+        # credited in the relay's order, whether or not a model drafter also found it: judged by what only
+        # they found, they stopped on passages the head also read (docs/history.md#speculation-by-prompt-set);
+        # the head's gain stays what it adds beyond them
         ngrams = max((m for name, (_, m) in credit.items() if is_ngram(name)), default=0)
         gate.note_rows(seq, NGRAMS, sum(1 for d in tree.drafters if is_ngram(d)))
         gate.note_gain(seq, NGRAMS, min(ngrams, n_kept))
