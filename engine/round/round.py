@@ -204,8 +204,8 @@ class Round:
                     events.append(replay_round(v, slot, logits))
                 elif plan.trees.get(slot.seq) is not None:
                     cells = self.ctx.cache.last_cells[rows]
-                    ev, kept = verify_tree(v, slot, plan.trees[slot.seq], logits, cells, plan.ckpts.get(slot.seq),
-                                           plan.winners.get(slot.seq))
+                    ev, kept = verify_tree(v, slot, r, plan.trees[slot.seq], logits, cells,
+                                           plan.ckpts.get(slot.seq), plan.winners.get(slot.seq))
                     events.append(ev)
                     kept_rows += [rows[i] for i in kept]
                 else:

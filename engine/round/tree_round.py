@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from engine.memory import checkpoint
+from engine.draft.base import DraftRequest
 from engine.draft.record import take_relay
+from engine.memory import checkpoint
 from engine.round import verify
 from engine.draft.tree import DraftTree
 from engine.round.event_builder import Decision, SlotRound, TreeShown
@@ -22,11 +23,11 @@ from engine.round.chain_verify import Verifying
 from engine.round.slot import Slot
 
 
-def verify_tree(v: Verifying, slot: Slot, tree: DraftTree, logits, cells, ckpt,
+def verify_tree(v: Verifying, slot: Slot, r: DraftRequest, tree: DraftTree, logits, cells, ckpt,
                 drafter: str | None) -> tuple[SlotRound, list[int]]:
-    """The target walks the tree (verify.tree_match) the budget put in the forward; the branches it did not
-    take leave the cache by cell, since they share positions with the path it took. Returns the slot's round
-    and its kept rows."""
+    """The target walks the tree (verify.tree_match) the budget put in the forward for request `r`; the
+    branches it did not take leave the cache by cell, since they share positions with the path it took.
+    Returns the slot's round and its kept rows."""
     t1 = time.perf_counter()
     top = argmax_rows(logits)  # the target's own choice per row, for the walk and the event
     verdict, path = verify.tree_match(slot.sampler, logits, tree, top)

@@ -334,7 +334,9 @@ class Engine:
     def generate(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Iterator[RoundEvent]:
         """Run one slot to completion, yielding each round's event (other slots advance too)."""
         slot = self.start(prompt, params, seq=seq)
-        while slot.state != "done":
+        ended = False  # an ErrorEvent ends the answer with its slot released, its state left as it was
+        while slot.state != "done" and not ended:
             for ev in self.step():
                 if ev.seq == slot.seq:
+                    ended = ended or isinstance(ev, ErrorEvent)
                     yield ev
