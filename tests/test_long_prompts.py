@@ -131,7 +131,7 @@ def test_the_documents_are_as_long_as_they_say(documents):
 
 def test_long_documents_on_the_embedded_model_are_lossless_and_never_stall_the_others(embedded, documents):
     """600, 1500 and 3000 tokens of real text: speculative answers token for token the plain ones, and a
-    chat answering beside each prefill never waits 2 s for its next round."""
+    chat answering beside each prefill never waits much longer than one chunk for its next round."""
     engine = Engine(embedded, n_ctx=4096, n_seq_max=2, calibrate=False)
     chat = embedded.encode_chat([{"role": "user", "content": "Tell a long story about a lighthouse."}])
     for name in ("summary-600", "rag-1500", "log-3000"):
@@ -148,7 +148,10 @@ def test_long_documents_on_the_embedded_model_are_lossless_and_never_stall_the_o
                 gaps.append(now - last)
                 last = now
         assert slot.generated == plain, name
-        assert max(gaps) < 2.0, f"{name}: the other chat waited {max(gaps):.2f} s"
+        # a chunk's cost grows with the context it attends to and with the host: the bound is the chunks' own
+        # mean (a stall would be the whole prefill, ceil(n / N_BATCH_BESIDE) chunks long)
+        chunk_s = slot.prefill_ms / 1e3 / math.ceil(len(ids) / N_BATCH_BESIDE)
+        assert max(gaps) < 2.5 * chunk_s, f"{name}: the other chat waited {max(gaps):.2f} s (a chunk {chunk_s:.2f} s)"
         engine.stop(0)
         while beside.state != "done":
             engine.step()

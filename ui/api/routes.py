@@ -64,9 +64,13 @@ class Call:
     created: int = field(default_factory=lambda: int(time.time()))
     ended: bool = False  # its last event was read: nothing to cancel
     stopping: bool = False  # a stop string was found and the engine asked to stop
+    model: str = field(init=False, default="")  # the name clients see (public_name), once: it stats the path
+
+    def __post_init__(self):
+        self.model = public_name(self.runtime.target.name)
 
     def head(self, kind: str) -> dict:
-        return {"id": self.id, "object": kind, "created": self.created, "model": public_name(self.runtime.target.name)}
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def chunk(self, delta: dict, finish: str | None = None) -> dict:
         return {**self.head("chat.completion.chunk"),
