@@ -9,6 +9,7 @@ kept: the slot's own previous turn, or a prefix another slot holds (a shared sys
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import replace
 from typing import Iterator
@@ -36,27 +37,9 @@ from engine.serve.drafters import DrafterContext, build_drafter, vocab_mismatch
 from engine.serve.grammars import grammar_tokenizer_of
 from engine.serve.placement import Placement
 from engine.serve.prefill import N_BATCH, Prefiller
-from engine.serve.requests import check_prompt, make_context
+from engine.serve.requests import check_prompt, check_sizes, make_context
 from engine.serve.threads import ThreadGovernor
 from engine.sampling import Sampler
-
-MIN_CELLS_PER_SLOT = 64  # a cache smaller than this per slot could not hold a useful chat in every slot
-
-
-def check_sizes(n_ctx: int, n_seq_max: int, n_ctx_seq: int | None, threads: int | None) -> None:
-    """ValueError naming the setting where the cache, the slots, a slot's share or the threads cannot work."""
-    if n_seq_max < 1:
-        raise ValueError(f"need at least one slot, got {n_seq_max}")
-    if n_ctx < n_seq_max * MIN_CELLS_PER_SLOT:
-        raise ValueError(f"a cache of {n_ctx} cells cannot hold {n_seq_max} slots (at least "
-                         f"{MIN_CELLS_PER_SLOT} cells each): raise n_ctx to {n_seq_max * MIN_CELLS_PER_SLOT} "
-                         f"or use fewer slots")
-    if n_ctx_seq is not None and not MIN_CELLS_PER_SLOT <= n_ctx_seq <= n_ctx:
-        raise ValueError(f"a slot's share of the cache must be in [{MIN_CELLS_PER_SLOT}, {n_ctx}] cells, "
-                         f"got {n_ctx_seq}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
-
 
 class Engine:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, n_ctx: int = 4096,
@@ -91,6 +74,7 @@ class Engine:
         self._use_threads()
         self.cost = self.calibrate() if calibrate and self.probe.can_speculate else CostModel()
         self.threads.fixed = self.threads.fixed or not (calibrate and self.probe.can_speculate)
+        self._calibrated = copy.deepcopy(self.cost)  # the curve before service observes forwards (forget_learning)
         # type name -> its params dataclass; ours by default (engine/draft/registry.py, default_params), overridable per type
         self.drafter_params = {**default_params(), **(drafter_params or {})}
         self.drafter_context = DrafterContext(target, draft, self.draft_mismatch, self.ctx.n_ctx, self.ctx.n_seq_max,
@@ -126,6 +110,18 @@ class Engine:
     def calibrate(self, passes: int = 7) -> CostModel:
         """Time the forwards the length policy and the round's budget read (engine/cost/calibrate.py)."""
         return time_forwards(self.ctx, self.limits, self.probe, passes)
+
+    def forget_learning(self) -> None:
+        """Back to what a fresh engine knows, without loading or calibrating again: an empty cache, the calibrated
+        cost curve and thread count, no drafter built, nothing the budget or the relay learnt from answers."""
+        for seq in range(self.ctx.n_seq_max):
+            self.release(seq)
+        self.pool.clear()  # drafters learn across answers too (the head's step costs); built again when asked
+        self.cost = copy.deepcopy(self._calibrated)
+        # in place: the round, the prefiller and the placement hold them
+        self.budget.__dict__.update(DraftBudget(self.cost, self.pool, fair=self.budget.state.fair).__dict__)
+        self.chain.__dict__.update(DrafterChain(self.pool, self.budget).__dict__)
+        self.threads = ThreadGovernor(n_max=self.threads.n_max, fixed=self.threads.fixed)
 
     def grammar_tokenizer(self):
         """The target's tokenizer for grammar matchers (slow to build, so once per engine). Its end of

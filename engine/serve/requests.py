@@ -78,6 +78,24 @@ class Command:
     reply: Future | None = None
 
 
+MIN_CELLS_PER_SLOT = 64  # a cache smaller than this per slot could not hold a useful chat in every slot
+
+
+def check_sizes(n_ctx: int, n_seq_max: int, n_ctx_seq: int | None, threads: int | None) -> None:
+    """ValueError naming the setting where the cache, the slots, a slot's share or the threads cannot work."""
+    if n_seq_max < 1:
+        raise ValueError(f"need at least one slot, got {n_seq_max}")
+    if n_ctx < n_seq_max * MIN_CELLS_PER_SLOT:
+        raise ValueError(f"a cache of {n_ctx} cells cannot hold {n_seq_max} slots (at least "
+                         f"{MIN_CELLS_PER_SLOT} cells each): raise n_ctx to {n_seq_max * MIN_CELLS_PER_SLOT} "
+                         f"or use fewer slots")
+    if n_ctx_seq is not None and not MIN_CELLS_PER_SLOT <= n_ctx_seq <= n_ctx:
+        raise ValueError(f"a slot's share of the cache must be in [{MIN_CELLS_PER_SLOT}, {n_ctx}] cells, "
+                         f"got {n_ctx_seq}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+
+
 def check_prompt(prompt: list[int], n_vocab: int, limit: int) -> None:
     """ValueError with the reason where `prompt` is not token ids of this vocabulary that fit `limit` with an
     answer's first token."""
