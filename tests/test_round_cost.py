@@ -10,11 +10,15 @@ from engine.budget.tree_budget import BudgetState, plan
 from engine.cost.curve import CostModel
 from engine.serve.engine import Engine
 from engine.draft.tree import DraftTree
+from fresh import forgetting
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_target):
     return Engine(tiny_target, n_ctx=256, n_seq_max=4, calibrate=False)
+
+
+fresh_engines = forgetting("engine")
 
 
 def _curve(**kw) -> CostModel:

@@ -13,6 +13,7 @@ from engine.params import GenParams, SpecParams
 from engine.forward.prepack import prepack_linears
 from engine.sampling import Sampler, SamplerParams
 from engine.serve.engine import Engine
+from fresh import forgetting
 from test_engine import PROMPTS, SMALL_NGRAMS, tokens
 from tiny import WORDS, suite_dtype
 
@@ -26,6 +27,9 @@ def spec_params(types, n=40, n_max=6, temp=0.0, seed=0, rollback="auto"):
 def roomy(tiny_target):
     """An engine with room to spare: the reference for plain decoding."""
     return Engine(tiny_target, n_ctx=1024, n_seq_max=2, calibrate=False, drafter_params=SMALL_NGRAMS)
+
+
+fresh_engines = forgetting("roomy")
 
 
 def plain(engine, prompt, n, temp=0.0, seed=0):

@@ -14,6 +14,7 @@ from engine.sampling import Sampler, SamplerParams
 from engine.serve.engine import Engine
 from engine.draft.tree import DraftTree, tree_rows
 from engine.round.verify import tree_match
+from fresh import forgetting
 from test_engine import PROMPTS, SMALL_NGRAMS, tokens
 
 
@@ -88,6 +89,9 @@ def test_each_node_gets_the_logits_of_plain_decoding_of_its_path(tiny_target, ke
 @pytest.fixture(scope="module")
 def engine(tiny_target, tiny_draft):
     return Engine(tiny_target, draft=tiny_draft, n_ctx=768, n_seq_max=4, drafter_params=SMALL_NGRAMS)
+
+
+fresh_engines = forgetting("engine")
 
 
 def _run(engine, prompt, types, temp=0.0, seed=0, n=40, tree_nodes=12, rollback="auto"):
@@ -427,27 +431,21 @@ def test_budgeted_slots_that_rest_equal_running_alone(engine, temp):
         engine.release(seq)
     from engine.cost.curve import CostModel
 
-    state = engine.budget.state
-    state.rest_after = 0  # every slot rests between probe rounds: the path under test on every round
-    # rows that cost nothing, by a curve that no timing replaces: the tiny model's forwards take a millisecond,
-    # and balances measured on them move by more than a row costs, which would make the probes' drafts refused
-    policy = engine.budget.policy
-    calibrated, policy.cost = policy.cost, CostModel(sizes=[1, 32], seconds=[1.0, 1.0], min_seen=10**9)
-    try:
-        for s, p in enumerate(PROMPTS):
-            engine.start(p, GenParams(max_new_tokens=40, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=s),
-                                      spec=SpecParams(types=NGRAM_CHAIN + ["draft-simple"], n_max=12, adaptive=True,
-                                                      p_min=0.0, tree_nodes=12)), seq=s)
-        got, why = {s: [] for s in range(3)}, []
-        while engine.active():
-            for e in engine.step():
-                got[e.seq].extend(e.emitted)
-                why.append(e.budget_why or "")
-    finally:
-        state.rest_after = 2
-        policy.cost = calibrated
-        for seq in range(3):
-            engine.release(seq)
+    # settings of this test alone (the next test's engine forgets them): every slot rests between probe rounds,
+    # the path under test on every round; and rows that cost nothing, by a curve that no timing replaces: the
+    # tiny model's forwards take a millisecond, and balances measured on them move by more than a row costs,
+    # which would make the probes' drafts refused
+    engine.budget.state.rest_after = 0
+    engine.budget.policy.cost = CostModel(sizes=[1, 32], seconds=[1.0, 1.0], min_seen=10**9)
+    for s, p in enumerate(PROMPTS):
+        engine.start(p, GenParams(max_new_tokens=40, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=s),
+                                  spec=SpecParams(types=NGRAM_CHAIN + ["draft-simple"], n_max=12, adaptive=True,
+                                                  p_min=0.0, tree_nodes=12)), seq=s)
+    got, why = {s: [] for s in range(3)}, []
+    while engine.active():
+        for e in engine.step():
+            got[e.seq].extend(e.emitted)
+            why.append(e.budget_why or "")
     assert [got[s] for s in range(3)] == alone  # the same text, and at temp > 0 the same draws, as alone
     assert any("rests" in w for w in why), "no slot rested"
     # the tiny models' greedy text repeats, so the n-grams' probes find drafts; sampled text may give them none
