@@ -401,9 +401,12 @@ def test_shipped_head_is_lossless_on_the_embedded_model(embedded_engine, embedde
     assert n_acc > 0
 
 
-def test_eval_acceptance_sweep_counts_only_drafted_rounds_and_checks_losslessness(tmp_path, capsys):
+def test_eval_acceptance_sweep_counts_only_drafted_rounds_and_checks_losslessness(embedded, tmp_path, capsys,
+                                                                                   monkeypatch):
+    import engine.load.models
     from training import eval as head_eval
 
+    monkeypatch.setattr(engine.load.models, "load_model", lambda name, **kw: embedded)  # the session's, loaded once
     prompts = tmp_path / "one.jsonl"
     prompts.write_text((ROOT / "assets" / "prompts" / "heldout.jsonl").read_text().splitlines()[3] + "\n")
     rc = head_eval.main(["--no-speed", "--max-new-tokens", "16", "--p-min", "0.6", "--threads", "2",
