@@ -29,7 +29,13 @@ def roomy(tiny_target):
     return Engine(tiny_target, n_ctx=1024, n_seq_max=2, calibrate=False, drafter_params=SMALL_NGRAMS)
 
 
-fresh_engines = forgetting("roomy")
+@pytest.fixture(scope="module")
+def one_slot(tiny_target):
+    """One slot, short n-grams: built once for the tests that need nothing else (a build runs its load check)."""
+    return Engine(tiny_target, n_ctx=256, n_seq_max=1, calibrate=False, drafter_params=SMALL_NGRAMS)
+
+
+fresh_engines = forgetting("roomy", "one_slot")
 
 
 def plain(engine, prompt, n, temp=0.0, seed=0):
@@ -204,8 +210,8 @@ def state_after_first_partial_round(engine, prompt, name, rollback, temp):
 
 @pytest.mark.parametrize("name", ["ngram-map-k", "ngram-map-k4v", "ngram-mod"])
 @pytest.mark.parametrize("temp", [0.0, 0.8])
-def test_ngram_state_after_a_checkpoint_round_equals_the_range_removal_path(tiny_target, name, temp):
-    engine = Engine(tiny_target, n_ctx=256, n_seq_max=1, calibrate=False, drafter_params=SMALL_NGRAMS)
+def test_ngram_state_after_a_checkpoint_round_equals_the_range_removal_path(one_slot, name, temp):
+    engine = one_slot
     prompts = PROMPTS + [[1, 5, 6, 7, 5, 6, 8, 5, 6, 7, 5, 6, 9, 5, 6, 7, 5, 6]]
     n_compared = 0
     for prompt in prompts:
@@ -223,8 +229,8 @@ def test_ngram_state_after_a_checkpoint_round_equals_the_range_removal_path(tiny
 # ---- per-sequence counters ---------------------------------------------------------------------------
 
 
-def test_per_sequence_counters_record_the_durations_of_the_global_ones(tiny_target):
-    engine = Engine(tiny_target, n_ctx=256, n_seq_max=1, calibrate=False, drafter_params=SMALL_NGRAMS)
+def test_per_sequence_counters_record_the_durations_of_the_global_ones(one_slot):
+    engine = one_slot  # its global counters start at zero (the reset), as the sequence's do
     events = list(engine.generate(PROMPTS[0], spec_params(["ngram-simple", "synthetic"], n=30), seq=0))
     assert any(e.kind == "spec" for e in events)
     per_seq = engine.chain.seq_stats[0]
