@@ -10,6 +10,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import load_tiny, save_tiny, suite_dtype  # noqa: E402
 
 
+def pytest_runtest_setup(item):
+    """torch's global generator from one seed before each test and its fixtures: draws that nobody seeded do not
+    depend on the tests that ran before (pytest-randomly reseeds `random` and numpy, not torch)."""
+    import torch
+
+    torch.manual_seed(0)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The order's seed again at the end: pytest-randomly prints it in the header, which -q leaves out."""
+    if config.pluginmanager.hasplugin("randomly"):
+        terminalreporter.write_line(f"random order: rerun with -p randomly --randomly-seed="
+                                    f"{config.getoption('randomly_seed')}")
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")

@@ -78,15 +78,22 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def browser(server):
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        pg = browser.new_page(viewport={"width": 1600, "height": 1000})
-        pg.set_default_timeout(60_000)
-        pg.goto(server, wait_until="domcontentloaded")
-        pg.wait_for_selector("#msg textarea")
-        yield pg
-        browser.close()
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    """A tab of its own for each test: a session with an empty chat, whatever the tests before it did."""
+    pg = browser.new_page(viewport={"width": 1600, "height": 1000})
+    pg.set_default_timeout(60_000)
+    pg.goto(server, wait_until="domcontentloaded")
+    pg.wait_for_selector("#msg textarea")
+    yield pg
+    pg.close()
 
 
 def set_number(page, elem_id: str, value: int) -> None:
@@ -168,13 +175,17 @@ def test_chat_marks_rounds_compares_and_stops(page):
     print(f"browser test: {time.monotonic() - t0:.1f} s after the page loaded")
 
 
-def test_sessions_are_separate(page, server):
-    """Another tab is another session: it starts with an empty chat while the first keeps its answers."""
-    other = page.context.browser.new_page()
+def test_sessions_are_separate(page, browser, server):
+    """Another tab is another session: it starts with an empty chat while the first keeps its answer."""
+    set_number(page, "max-new", 8)
+    page.locator("#msg textarea").fill("Name three colours.")
+    page.locator("#send-btn").click()
+    wait_answer_done(page, 1)
+    other = browser.new_page()
     other.goto(server, wait_until="domcontentloaded")
     other.wait_for_selector("#chat .chat-empty")
     assert other.locator("#chat .msg-bot").count() == 0
-    assert answers(page).count() == 3
+    assert answers(page).count() == 1
     other.close()
 
 
@@ -242,9 +253,9 @@ def projector_screenshot(page, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def projector(page, server):
-    """Another tab (its own session, so the first tab's answers stay as its tests count them) at 1024x768."""
-    pg = page.context.browser.new_page(viewport=PROJECTOR)
+def projector(browser):
+    """A tab at 1024x768, a session of its own."""
+    pg = browser.new_page(viewport=PROJECTOR)
     pg.set_default_timeout(60_000)
     yield pg
     pg.close()
@@ -297,7 +308,7 @@ def test_projector_enter_sends_and_rejected_drafts_toggle(projector, server, tmp
     assert shot.stat().st_size > 10_000
 
 
-def test_an_api_client_streams_beside_a_browser_chat(page, server):
+def test_an_api_client_streams_beside_a_browser_chat(browser, server):
     """The openai client streams an answer from /v1/chat/completions while a browser tab chats: both are
     lossless, and /metrics grew by exactly the tokens both gave out (the page's answer, the API's answer and its
     plain reference), the page's comparison's two runs counted apart as a measurement."""
@@ -337,7 +348,7 @@ def test_an_api_client_streams_beside_a_browser_chat(page, server):
             api.update(text="".join(parts), timings=timings, plain=plain.choices[0].message.content,
                        plain_n=plain.usage.completion_tokens)
 
-    tab = page.context.browser.new_page(viewport={"width": 1600, "height": 1000})
+    tab = browser.new_page(viewport={"width": 1600, "height": 1000})
     tab.set_default_timeout(60_000)
     tab.goto(server, wait_until="domcontentloaded")
     tab.wait_for_selector("#msg textarea")

@@ -6,6 +6,7 @@ forward with SDPA per row, the path a card takes (no packed linears, no C kernel
 import pytest
 import torch
 
+from fresh import forgetting
 from devicecheck import DeviceMixError, strict_devices
 from engine.bench.random_models import random_model
 from engine.forward.device import resolve_device, synchronize
@@ -125,6 +126,9 @@ def grammar_engine():
     target = random_model("embedded", small=True)
     with strict_devices():
         return card_path(Engine(target, n_ctx=256, n_seq_max=2, calibrate=False)), target
+
+
+fresh_engines = forgetting("engine", "grammar_engine")
 
 
 @pytest.mark.parametrize("temp", [0.0, 0.8])

@@ -13,6 +13,7 @@ from engine.load.dflash import dflash_kind, read_dflash
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
+from fresh import forgetting
 from tiny_dflash import (BLOCK, MASK, as_stored_in_gguf, block_hidden, block_logits, draft_weights, features, fit,
                          markov_bias, save_tiny_target, write_gguf, write_hf)
 
@@ -54,6 +55,9 @@ def engines(ckpts):
     return {(name, layout): Engine(target, n_ctx=256, n_seq_max=2, calibrate=False, threads=1,
                                    drafter_params={name: DFlashParams(weights=ckpts[name][1][layout])})
             for name in KINDS for layout in ("hf", "gguf")}
+
+
+fresh_engines = forgetting("engines")
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
 from training.unroll import step_loss, unroll
+from fresh import forgetting
 
 PROMPTS = [
     [1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6],
@@ -120,7 +121,7 @@ def test_sampling_uses_rejection_with_a_valid_q_and_is_reproducible(engine):
 def test_p_min_left_to_the_head_is_its_own_and_an_explicit_one_overrides_it(engine):
     from engine.draft.base import DraftRequest
 
-    d = engine.pool["draft-head"]
+    d = engine.drafter("draft-head")  # built before the prefill, which gives it the prompt's features
     engine.start(PROMPTS[1] + [5], GenParams(max_new_tokens=2), seq=0)
     engine.step()
     own = d.params.p_min
@@ -284,9 +285,7 @@ def test_beside_other_slots_the_heads_tree_is_one_node_more_than_the_budget_last
     # stand below plain decoding from their first rounds and the fair budget lets nobody draft. The cap is what
     # this test is about; the budget's goodput alone still decides the nodes
     monkeypatch.setattr(engine.budget.state, "fair", False)
-    # and the gate must let the head draft in these short answers: what earlier tests' answers taught it about
-    # drafting at three slots (a timing on this machine) could rest it past their end
-    monkeypatch.setattr(engine.budget.gate, "by_crowd", {})
+    # and the gate must let the head draft in these short answers: it probes every round
     monkeypatch.setattr(engine.budget.gate.params, "probe_every", 1)
 
     def recording(requests):
@@ -377,6 +376,9 @@ def embedded_engine(embedded):
     return Engine(embedded, n_ctx=2048, n_seq_max=1, calibrate=False)
 
 
+fresh_engines = forgetting("engine", "embedded_engine")
+
+
 @pytest.fixture(scope="module")
 def embedded_plain(embedded, embedded_engine):
     """Three held-out prompts (two open, one copy) and plain decoding's answers to them."""
@@ -399,9 +401,12 @@ def test_shipped_head_is_lossless_on_the_embedded_model(embedded_engine, embedde
     assert n_acc > 0
 
 
-def test_eval_acceptance_sweep_counts_only_drafted_rounds_and_checks_losslessness(tmp_path, capsys):
+def test_eval_acceptance_sweep_counts_only_drafted_rounds_and_checks_losslessness(embedded, tmp_path, capsys,
+                                                                                   monkeypatch):
+    import engine.load.models
     from training import eval as head_eval
 
+    monkeypatch.setattr(engine.load.models, "load_model", lambda name, **kw: embedded)  # the session's, loaded once
     prompts = tmp_path / "one.jsonl"
     prompts.write_text((ROOT / "assets" / "prompts" / "heldout.jsonl").read_text().splitlines()[3] + "\n")
     rc = head_eval.main(["--no-speed", "--max-new-tokens", "16", "--p-min", "0.6", "--threads", "2",

@@ -15,6 +15,7 @@ from engine.draft.text_bridge import BridgeState, TextBridge, decode, encode
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
+from fresh import forgetting
 from test_engine import tokens
 from tiny import load_tiny, make_llama
 
@@ -79,6 +80,9 @@ def engine(pair):
     return Engine(target, draft=draft, n_ctx=1024, n_seq_max=2, calibrate=False)
 
 
+fresh_engines = forgetting("engine")
+
+
 def prompts(target) -> list[list[int]]:
     """8 prompts: 10 tokens of the paragraph from 8 places, after the BOS."""
     ids = target.encode(TEXT * 2)
@@ -101,7 +105,6 @@ def test_a_draft_model_of_another_vocabulary_drafts_through_text(engine):
 def test_greedy_is_plain_decoding_and_drafts_are_accepted(engine, pair, tree_nodes, capsys):
     target = pair[0]
     n_rounds = n_emitted = 0
-    engine.chain.stats.clear()
     for prompt in prompts(target):
         plain = tokens(run(engine, prompt, []))
         events = run(engine, prompt, ["draft-uni"], tree_nodes=tree_nodes)

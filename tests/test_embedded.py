@@ -9,6 +9,7 @@ import torch
 from engine.draft.registry import NGRAM_CHAIN
 from engine.params import GenParams, SpecParams
 from engine.serve.engine import Engine
+from fresh import forgetting
 from tiny import suite_dtype
 
 PROMPTS = [json.loads(line) for line in
@@ -19,6 +20,9 @@ N_NEW = 48
 @pytest.fixture(scope="module")
 def engine(embedded):
     return Engine(embedded, n_ctx=2048, n_seq_max=2)
+
+
+fresh_engines = forgetting("engine")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from engine.load.models import ModelLoadError, load_model
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
+from fresh import forgetting
 from tiny import load_tiny, suite_dtype
 
 # short n-grams: a tiny model's text is short and loops, so long keys would never match
@@ -44,6 +45,9 @@ def engine(tiny_target, tiny_draft):
 @pytest.fixture(scope="module")
 def self_draft_engine(tiny_target):
     return Engine(tiny_target, draft=tiny_target, n_ctx=512, n_seq_max=2)
+
+
+fresh_engines = forgetting("engine", "self_draft_engine")
 
 
 def hf_greedy(model, prompt, n):
@@ -199,6 +203,31 @@ def test_prefix_of_previous_turn_is_reused(engine):
         got += [t for e in engine.step() for t in e.emitted]
     engine.release(0)
     assert got == tokens(run(engine, prompt2, [], n=10))
+
+
+def test_an_engine_that_forgets_its_learning_is_a_fresh_engine(tiny_target, tiny_draft):
+    def build():
+        return Engine(tiny_target, draft=tiny_draft, n_ctx=512, n_seq_max=2, calibrate=False,
+                      drafter_params=SMALL_NGRAMS)
+
+    used, fresh = build(), build()
+    params = GenParams(max_new_tokens=24, ignore_eos=True,
+                       spec=SpecParams(types=NGRAM_CHAIN + ["draft-simple"], tree_nodes=8))
+    for seq, prompt in enumerate(PROMPTS[:2]):  # two slots: the gate learns what drafting pays beside another
+        used.start(prompt, params, seq=seq)
+    while used.active():
+        used.step()
+    used.start(PROMPTS[2], params, seq=0)
+    used.step()  # an answer under way, its cells in the cache
+    assert used.budget.gate.by_crowd and used.cost.seen and used.chain.stats
+    used.forget_learning()
+    assert used.budget.gate == fresh.budget.gate and used.budget.state == fresh.budget.state
+    assert used.cost == fresh.cost and not used.budget.records and not used.chain.stats
+    assert not used.slots and not used.pool and used.ctx.cache.n_used() == 0
+    assert used.budget.policy.cost is used.cost and used.round.budget is used.budget
+    # and it serves as before, through the objects the round and the relay hold
+    plain = tokens(run(fresh, PROMPTS[2], []))
+    assert tokens(run(used, PROMPTS[2], NGRAM_CHAIN + ["draft-simple"], adaptive=True)) == plain
 
 
 @pytest.mark.parametrize("make,match", [

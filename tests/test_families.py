@@ -16,6 +16,7 @@ from engine.memory.layer_kinds import FULL, SLIDING, LayerKinds, layer_kinds
 from engine.params import GenParams, SpecParams
 from engine.serve.engine import Engine
 from families import FAMILIES, REFUSED, WINDOW, build, save_family
+from fresh import forgetting
 from test_engine import SMALL_NGRAMS, tokens
 
 N_NEW = 3 * WINDOW
@@ -64,14 +65,21 @@ def stock(dirs):
 
 
 @pytest.fixture(scope="module")
-def engines(dirs):
-    cache = {}
+def built():
+    """family -> its engine, built at the first test that asks for it."""
+    return {}
 
+
+fresh_engines = forgetting("built")
+
+
+@pytest.fixture()
+def engines(dirs, built):
     def get(family: str) -> Engine:
-        if family not in cache:
-            cache[family] = Engine(load_model(str(dirs[family]), device="cpu"), n_ctx=512, n_seq_max=2,
+        if family not in built:
+            built[family] = Engine(load_model(str(dirs[family]), device="cpu"), n_ctx=512, n_seq_max=2,
                                    calibrate=False, drafter_params=SMALL_NGRAMS)
-        return cache[family]
+        return built[family]
 
     return get
 

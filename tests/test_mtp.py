@@ -10,6 +10,7 @@ from engine.draft.base import DraftRequest
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
+from fresh import forgetting
 from tiny import load_tiny
 from tiny_mtp import fewer_layers, save_tiny_mtp
 
@@ -28,6 +29,9 @@ def dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engines(dirs):
     return {k: Engine(load_tiny(dirs[k]), n_ctx=256, n_seq_max=2, calibrate=False) for k in ("one", "two")}
+
+
+fresh_engines = forgetting("engines")
 
 
 @pytest.fixture(scope="module")

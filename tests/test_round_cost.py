@@ -10,11 +10,15 @@ from engine.budget.tree_budget import SlotLedger, choose_nodes
 from engine.cost.curve import CostModel
 from engine.serve.engine import Engine
 from engine.draft.tree import DraftTree
+from fresh import forgetting
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_target):
     return Engine(tiny_target, n_ctx=256, n_seq_max=4, calibrate=False)
+
+
+fresh_engines = forgetting("engine")
 
 
 def _curve(**kw) -> CostModel:
@@ -67,6 +71,7 @@ def test_a_deep_sure_chain_pays_a_fixed_cost_that_one_node_alone_does_not():
 
 
 def _budget(engine, cost):
+    """The engine's budget on the curve `cost` for this test (the next test's engine forgets it: tests/fresh.py)."""
     engine.budget.policy.cost = cost
     return engine.budget
 
@@ -74,53 +79,43 @@ def _budget(engine, cost):
 def test_the_round_observes_its_draft_rows_against_a_plain_rounds_forward_and_work_after_it(engine):
     from engine.budget.reports import observe_cost
 
-    policy = engine.budget.policy
-    calibrated = policy.cost
     cost = _curve(min_seen=3)
-    try:
-        rnd = _budget(engine, cost)
-        slots = [SimpleNamespace(seq=seq, replay=None, tokens=[1]) for seq in range(4)]
-        plain = Batch()
-        for seq in range(4):
-            plain.add(7, 1, seq, True)
-        for _ in range(3):
-            cost.observe(4, 1.3)
-            observe_cost(cost, None, plain, slots, 1.3, 0.004)  # 1 ms a slot after a plain forward
-        assert cost.after_plain == pytest.approx(1e-3) and cost.n_after_plain == 3
-        drafted = Batch()
-        for seq in range(4):
-            drafted.add(7, 1, seq, True)
-            drafted.add(8, 2, seq, True)
-        budget = SimpleNamespace(n_base=4, cost=cost.for_cells(4, 0))
-        observe_cost(cost, budget, drafted, slots, 1.9, 0.010)
-        # x: the curve's 4 rows beyond 4, 0.4 s; y: 0.6 s of forward beyond 1.3, and 6 ms of work beyond 4
-        assert cost.step_sums[1] == pytest.approx(0.4) and cost.step_sums[2] == pytest.approx(0.606)
-    finally:
-        policy.cost = calibrated
+    _budget(engine, cost)
+    slots = [SimpleNamespace(seq=seq, replay=None, tokens=[1]) for seq in range(4)]
+    plain = Batch()
+    for seq in range(4):
+        plain.add(7, 1, seq, True)
+    for _ in range(3):
+        cost.observe(4, 1.3)
+        observe_cost(cost, None, plain, slots, 1.3, 0.004)  # 1 ms a slot after a plain forward
+    assert cost.after_plain == pytest.approx(1e-3) and cost.n_after_plain == 3
+    drafted = Batch()
+    for seq in range(4):
+        drafted.add(7, 1, seq, True)
+        drafted.add(8, 2, seq, True)
+    budget = SimpleNamespace(n_base=4, cost=cost.for_cells(4, 0))
+    observe_cost(cost, budget, drafted, slots, 1.9, 0.010)
+    # x: the curve's 4 rows beyond 4, 0.4 s; y: 0.6 s of forward beyond 1.3, and 6 ms of work beyond 4
+    assert cost.step_sums[1] == pytest.approx(0.4) and cost.step_sums[2] == pytest.approx(0.606)
 
 
 def test_a_slots_balance_is_charged_the_whole_round_against_a_whole_plain_round(engine):
-    policy = engine.budget.policy
-    calibrated = policy.cost
-    policy.cost = cost = _curve(min_seen=3)
+    cost = _budget(engine, _curve(min_seen=3)).policy.cost
     slots = [SimpleNamespace(seq=seq, replay=None, tokens=[1]) for seq in range(4)]
-    try:
-        sb = engine.budget.slots
-        # nothing timed: the calibrated forward of 4 rows (1.3 s), no work after it
-        assert sb.cost_ratio(None, slots, whole=1.56) == pytest.approx(1.2)
-        for _ in range(3):
-            cost.observe(4, 0.04)
-        assert sb.cost_ratio(None, slots, whole=0.066) == pytest.approx(0.066 / 0.04)
-        for _ in range(3):
-            cost.observe_after_plain(1e-3)
-        assert sb.cost_ratio(None, slots, whole=0.066) == pytest.approx(0.066 / 0.044)
-        replaying = slots[:3] + [SimpleNamespace(seq=3, replay=SimpleNamespace(tokens=[7, 8, 9]), tokens=[1])]
-        # 6 base rows (a replay's 3), none timed: the curve's step up from the 4 rows timed stands for them
-        assert sb.cost_ratio(None, replaying, whole=0.066) == pytest.approx(0.066 / (0.04 * 1.5 / 1.3 + 4e-3))
-        # three sequences, and no forward of 3 rows timed: the curve's step down from the 4 rows timed
-        assert sb.cost_ratio(None, slots[:3], whole=0.06) == pytest.approx(0.06 / (0.04 * 1.2 / 1.3 + 3e-3))
-    finally:
-        policy.cost = calibrated
+    sb = engine.budget.slots
+    # nothing timed: the calibrated forward of 4 rows (1.3 s), no work after it
+    assert sb.cost_ratio(None, slots, whole=1.56) == pytest.approx(1.2)
+    for _ in range(3):
+        cost.observe(4, 0.04)
+    assert sb.cost_ratio(None, slots, whole=0.066) == pytest.approx(0.066 / 0.04)
+    for _ in range(3):
+        cost.observe_after_plain(1e-3)
+    assert sb.cost_ratio(None, slots, whole=0.066) == pytest.approx(0.066 / 0.044)
+    replaying = slots[:3] + [SimpleNamespace(seq=3, replay=SimpleNamespace(tokens=[7, 8, 9]), tokens=[1])]
+    # 6 base rows (a replay's 3), none timed: the curve's step up from the 4 rows timed stands for them
+    assert sb.cost_ratio(None, replaying, whole=0.066) == pytest.approx(0.066 / (0.04 * 1.5 / 1.3 + 4e-3))
+    # three sequences, and no forward of 3 rows timed: the curve's step down from the 4 rows timed
+    assert sb.cost_ratio(None, slots[:3], whole=0.06) == pytest.approx(0.06 / (0.04 * 1.2 / 1.3 + 3e-3))
 
 
 def test_a_slot_that_left_ahead_of_plain_decoding_stays_in_the_plain_round_the_others_are_measured_against(engine):
@@ -128,30 +123,24 @@ def test_a_slot_that_left_ahead_of_plain_decoding_stays_in_the_plain_round_the_o
     their rounds are charged against a plain round with it, and only theirs (not a slot that came later)."""
     from engine.budget.slots import SlotTrees
 
-    policy = engine.budget.policy
-    calibrated = policy.cost
-    policy.cost = cost = _curve(min_seen=3)
-    try:
-        sb = SlotTrees(engine.budget.policy, engine.budget.gate)
-        sb.state.records.of(0).balance, sb.state.records.of(1).balance = 2.4, -0.5
-        sb.leave(0, [0, 1, 2])
-        sb.leave(1, [1, 2])  # behind plain decoding: nobody waits for it
-        assert sb.ghosts_of(1) == 1 and sb.ghosts_of(2) == 1 and sb.ghosts_of(0) == 0 and sb.ghosts_of(3) == 0
-        for _ in range(3):
-            cost.observe(2, 1.1)
-            cost.observe_after_plain(0.01)
-        slots = [SimpleNamespace(seq=seq, replay=None, tokens=[1]) for seq in (1, 2)]
-        # a round of the two slots left, 1.12 s: against the plain round of three it saves them the third's share
-        assert sb.cost_ratio(None, slots, whole=1.12, ghosts=1) == pytest.approx(1.12 / (1.2 * 1.1 / 1.1
-                                                                                                  + 0.03))
-        sb.begin(2)  # a new answer in slot 2 never shared a forward with slot 0
-        assert sb.ghosts_of(2) == 0 and sb.ghosts_of(1) == 1
-        sb.next_round()
-        assert sb.ghosts_of(1) == 1
-        sb.next_round()  # two rounds: slot 0 would have finished by now
-        assert sb.ghosts_of(1) == 0
-    finally:
-        policy.cost = calibrated
+    cost = _budget(engine, _curve(min_seen=3)).policy.cost
+    sb = SlotTrees(engine.budget.policy, engine.budget.gate)
+    sb.state.records.of(0).balance, sb.state.records.of(1).balance = 2.4, -0.5
+    sb.leave(0, [0, 1, 2])
+    sb.leave(1, [1, 2])  # behind plain decoding: nobody waits for it
+    assert sb.ghosts_of(1) == 1 and sb.ghosts_of(2) == 1 and sb.ghosts_of(0) == 0 and sb.ghosts_of(3) == 0
+    for _ in range(3):
+        cost.observe(2, 1.1)
+        cost.observe_after_plain(0.01)
+    slots = [SimpleNamespace(seq=seq, replay=None, tokens=[1]) for seq in (1, 2)]
+    # a round of the two slots left, 1.12 s: against the plain round of three it saves them the third's share
+    assert sb.cost_ratio(None, slots, whole=1.12, ghosts=1) == pytest.approx(1.12 / (1.2 * 1.1 / 1.1 + 0.03))
+    sb.begin(2)  # a new answer in slot 2 never shared a forward with slot 0
+    assert sb.ghosts_of(2) == 0 and sb.ghosts_of(1) == 1
+    sb.next_round()
+    assert sb.ghosts_of(1) == 1
+    sb.next_round()  # two rounds: slot 0 would have finished by now
+    assert sb.ghosts_of(1) == 0
 
 
 def test_the_budget_option_reaches_the_engine_from_the_app_and_the_bench(tiny_target, bench_prompts):

@@ -13,6 +13,7 @@ from engine.params import GenParams, SpecParams
 from engine.forward.prepack import prepack_linears
 from engine.sampling import Sampler, SamplerParams
 from engine.serve.engine import Engine
+from fresh import forgetting
 from test_engine import PROMPTS, SMALL_NGRAMS, tokens
 from tiny import WORDS, suite_dtype
 
@@ -26,6 +27,15 @@ def spec_params(types, n=40, n_max=6, temp=0.0, seed=0, rollback="auto"):
 def roomy(tiny_target):
     """An engine with room to spare: the reference for plain decoding."""
     return Engine(tiny_target, n_ctx=1024, n_seq_max=2, calibrate=False, drafter_params=SMALL_NGRAMS)
+
+
+@pytest.fixture(scope="module")
+def one_slot(tiny_target):
+    """One slot, short n-grams: built once for the tests that need nothing else (a build runs its load check)."""
+    return Engine(tiny_target, n_ctx=256, n_seq_max=1, calibrate=False, drafter_params=SMALL_NGRAMS)
+
+
+fresh_engines = forgetting("roomy", "one_slot")
 
 
 def plain(engine, prompt, n, temp=0.0, seed=0):
@@ -201,8 +211,8 @@ def state_after_first_partial_round(engine, prompt, name, rollback, temp):
 
 @pytest.mark.parametrize("name", ["ngram-map-k", "ngram-map-k4v", "ngram-mod"])
 @pytest.mark.parametrize("temp", [0.0, 0.8])
-def test_ngram_state_after_a_checkpoint_round_equals_the_range_removal_path(tiny_target, name, temp):
-    engine = Engine(tiny_target, n_ctx=256, n_seq_max=1, calibrate=False, drafter_params=SMALL_NGRAMS)
+def test_ngram_state_after_a_checkpoint_round_equals_the_range_removal_path(one_slot, name, temp):
+    engine = one_slot
     prompts = PROMPTS + [[1, 5, 6, 7, 5, 6, 8, 5, 6, 7, 5, 6, 9, 5, 6, 7, 5, 6]]
     n_compared = 0
     for prompt in prompts:
@@ -220,8 +230,8 @@ def test_ngram_state_after_a_checkpoint_round_equals_the_range_removal_path(tiny
 # ---- per-sequence counters ---------------------------------------------------------------------------
 
 
-def test_per_sequence_counters_record_the_durations_of_the_global_ones(tiny_target):
-    engine = Engine(tiny_target, n_ctx=256, n_seq_max=1, calibrate=False, drafter_params=SMALL_NGRAMS)
+def test_per_sequence_counters_record_the_durations_of_the_global_ones(one_slot):
+    engine = one_slot  # its global counters start at zero (the reset), as the sequence's do
     events = list(engine.generate(PROMPTS[0], spec_params(["ngram-simple", "synthetic"], n=30), seq=0))
     assert any(e.kind == "spec" for e in events)
     per_seq = engine.chain.seq_stats[0]

@@ -7,6 +7,7 @@ from engine.batch import output_limits
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
+from fresh import forgetting
 from test_engine import PROMPTS, SMALL_NGRAMS, tokens
 from tiny import suite_dtype
 
@@ -16,6 +17,9 @@ SYSTEM = [1, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42]  # a "system pr
 @pytest.fixture(scope="module")
 def engine(tiny_target):
     return Engine(tiny_target, n_ctx=512, n_seq_max=3, drafter_params=SMALL_NGRAMS, calibrate=False)
+
+
+fresh_engines = forgetting("engine")
 
 
 def params(types=("ngram-simple",), n=30, temp=0.0, seed=0, **spec):

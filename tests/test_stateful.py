@@ -10,6 +10,7 @@ from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
 from engine.memory.stateful import StatefulContext
+from fresh import forgetting
 from test_engine import SMALL_NGRAMS, tokens
 from tiny import load_tiny, save_arch
 
@@ -32,6 +33,9 @@ def arch_dirs(tmp_path_factory):
 def arch_engine(request, arch_dirs):
     target = load_tiny(arch_dirs[request.param])
     return request.param, Engine(target, n_ctx=512, n_seq_max=2, drafter_params=SMALL_NGRAMS, calibrate=False)
+
+
+fresh_engines = forgetting("arch_engine")
 
 
 def run(engine, prompt, types, temp=0.0, seed=0, n=40, rollback="auto"):

@@ -14,6 +14,7 @@ from engine.sampling import Sampler, SamplerParams
 from engine.serve.engine import Engine
 from engine.draft.tree import DraftTree, tree_rows
 from engine.round.verify import tree_match
+from fresh import forgetting
 from test_engine import PROMPTS, SMALL_NGRAMS, tokens
 
 
@@ -88,6 +89,9 @@ def test_each_node_gets_the_logits_of_plain_decoding_of_its_path(tiny_target, ke
 @pytest.fixture(scope="module")
 def engine(tiny_target, tiny_draft):
     return Engine(tiny_target, draft=tiny_draft, n_ctx=768, n_seq_max=4, drafter_params=SMALL_NGRAMS)
+
+
+fresh_engines = forgetting("engine")
 
 
 def _run(engine, prompt, types, temp=0.0, seed=0, n=40, tree_nodes=12, rollback="auto"):
@@ -427,27 +431,21 @@ def test_budgeted_slots_that_rest_equal_running_alone(engine, temp):
         engine.release(seq)
     from engine.cost.curve import CostModel
 
-    state = engine.budget.state
-    state.rest_after = 0  # every slot rests between probe rounds: the path under test on every round
-    # rows that cost nothing, by a curve that no timing replaces: the tiny model's forwards take a millisecond,
-    # and balances measured on them move by more than a row costs, which would make the probes' drafts refused
-    policy = engine.budget.policy
-    calibrated, policy.cost = policy.cost, CostModel(sizes=[1, 32], seconds=[1.0, 1.0], min_seen=10**9)
-    try:
-        for s, p in enumerate(PROMPTS):
-            engine.start(p, GenParams(max_new_tokens=40, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=s),
-                                      spec=SpecParams(types=NGRAM_CHAIN + ["draft-simple"], n_max=12, adaptive=True,
-                                                      p_min=0.0, tree_nodes=12)), seq=s)
-        got, why = {s: [] for s in range(3)}, []
-        while engine.active():
-            for e in engine.step():
-                got[e.seq].extend(e.emitted)
-                why.append(e.budget_why or "")
-    finally:
-        state.rest_after = 2
-        policy.cost = calibrated
-        for seq in range(3):
-            engine.release(seq)
+    # settings of this test alone (the next test's engine forgets them): every slot rests between probe rounds,
+    # the path under test on every round; and rows that cost nothing, by a curve that no timing replaces: the
+    # tiny model's forwards take a millisecond, and balances measured on them move by more than a row costs,
+    # which would make the probes' drafts refused
+    engine.budget.state.rest_after = 0
+    engine.budget.policy.cost = CostModel(sizes=[1, 32], seconds=[1.0, 1.0], min_seen=10**9)
+    for s, p in enumerate(PROMPTS):
+        engine.start(p, GenParams(max_new_tokens=40, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=s),
+                                  spec=SpecParams(types=NGRAM_CHAIN + ["draft-simple"], n_max=12, adaptive=True,
+                                                  p_min=0.0, tree_nodes=12)), seq=s)
+    got, why = {s: [] for s in range(3)}, []
+    while engine.active():
+        for e in engine.step():
+            got[e.seq].extend(e.emitted)
+            why.append(e.budget_why or "")
     assert [got[s] for s in range(3)] == alone  # the same text, and at temp > 0 the same draws, as alone
     assert any("rests" in w for w in why), "no slot rested"
     # the tiny models' greedy text repeats, so the n-grams' probes find drafts; sampled text may give them none
@@ -485,34 +483,28 @@ def test_beside_a_slot_that_cannot_pay_for_a_row_no_slot_drafts(engine):
     fair budget refuse every node: the others do not draft for nothing, and say why. Once it is ahead, they do."""
     from engine.cost.curve import CostModel
 
-    policy = engine.budget.policy
-    calibrated = policy.cost
-    policy.cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])  # every row costs a whole forward
+    # every row costs a whole forward (this test's curve: the next test's engine forgets it)
+    engine.budget.policy.cost = CostModel(sizes=[1, 2, 32], seconds=[1.0, 2.0, 32.0])
     state = engine.budget.state
     drafting = SpecParams(types=NGRAM_CHAIN, n_max=8, adaptive=True, p_min=0.0, tree_nodes=8)
-    try:
-        engine.start(PROMPTS[0] * 3, GenParams(max_new_tokens=12, ignore_eos=True, spec=drafting), seq=0)
-        engine.start(PROMPTS[1], GenParams(max_new_tokens=12, ignore_eos=True, spec=SpecParams(types=[])), seq=1)
-        engine.step()  # the prefills
-        calls = engine.chain.stats["ngram-simple"].n_call_draft
-        events = {e.seq: e for e in engine.step()}
-        assert engine.chain.stats["ngram-simple"].n_call_draft == calls  # nobody drafted
-        assert events[0].kind == "plain" and "slot 1 drafts nothing this round" in events[0].budget_why
-        state.records.of(1).balance = 5.0  # slot 1 is well ahead of plain decoding: it can pay for rows
-        engine.step()
-        assert engine.chain.stats["ngram-simple"].n_call_draft == calls + 1
-        # slot 1 behind again, but wanting more tokens than slot 0: slot 0 leaves first, and what it gains may
-        # pay slot 1 for its rows (the budget decides), so it drafts
-        engine.release(1)
-        engine.start(PROMPTS[1], GenParams(max_new_tokens=40, ignore_eos=True, spec=SpecParams(types=[])), seq=1)
-        engine.step({1})  # its prefill
-        state.records.of(1).balance = 0.0
-        engine.step()
-        assert engine.chain.stats["ngram-simple"].n_call_draft == calls + 2
-    finally:
-        policy.cost = calibrated
-        for seq in (0, 1):
-            engine.release(seq)
+    engine.start(PROMPTS[0] * 3, GenParams(max_new_tokens=12, ignore_eos=True, spec=drafting), seq=0)
+    engine.start(PROMPTS[1], GenParams(max_new_tokens=12, ignore_eos=True, spec=SpecParams(types=[])), seq=1)
+    engine.step()  # the prefills
+    calls = engine.chain.stats["ngram-simple"].n_call_draft
+    events = {e.seq: e for e in engine.step()}
+    assert engine.chain.stats["ngram-simple"].n_call_draft == calls  # nobody drafted
+    assert events[0].kind == "plain" and "slot 1 drafts nothing this round" in events[0].budget_why
+    state.records.of(1).balance = 5.0  # slot 1 is well ahead of plain decoding: it can pay for rows
+    engine.step()
+    assert engine.chain.stats["ngram-simple"].n_call_draft == calls + 1
+    # slot 1 behind again, but wanting more tokens than slot 0: slot 0 leaves first, and what it gains may
+    # pay slot 1 for its rows (the budget decides), so it drafts
+    engine.release(1)
+    engine.start(PROMPTS[1], GenParams(max_new_tokens=40, ignore_eos=True, spec=SpecParams(types=[])), seq=1)
+    engine.step({1})  # its prefill
+    state.records.of(1).balance = 0.0
+    engine.step()
+    assert engine.chain.stats["ngram-simple"].n_call_draft == calls + 2
 
 
 def test_beside_other_slots_a_round_drafted_for_nothing_counts_as_refused(engine):
@@ -527,19 +519,15 @@ def test_beside_other_slots_a_round_drafted_for_nothing_counts_as_refused(engine
         return {s.seq: DraftRequest(seq=s.seq, prompt=s.tokens, id_last=4, n_max=8, n_min=0, p_min=None,
                                     tree_max=tree_max) for s in slots}
 
-    try:
-        for n in (1, 2):
-            assert engine.budget.slots.choose_nodes(slots, offer_nothing(8)) is None
-            assert state.records[5].refused == state.records[6].refused == n
-        state.n_rounds = 4 * state.probe_max + 1  # not a probe round of any interval
-        assert state.rests(5) and state.rests(6)  # two rounds drafted for nothing: both rest
-        engine.budget.slots.choose_nodes(slots, offer_nothing(0))  # a chain round, outside the budget: not counted
-        assert state.records[5].refused == 2
-        engine.budget.slots.choose_nodes(slots[:1], offer_nothing(8))  # alone, a slot never rests: not counted either
-        assert state.records[5].refused == 2
-    finally:
-        for seq in (5, 6):
-            state.forget(seq)
+    for n in (1, 2):
+        assert engine.budget.slots.choose_nodes(slots, offer_nothing(8)) is None
+        assert state.records[5].refused == state.records[6].refused == n
+    state.n_rounds = 4 * state.probe_max + 1  # not a probe round of any interval
+    assert state.rests(5) and state.rests(6)  # two rounds drafted for nothing: both rest
+    engine.budget.slots.choose_nodes(slots, offer_nothing(0))  # a chain round, outside the budget: not counted
+    assert state.records[5].refused == 2
+    engine.budget.slots.choose_nodes(slots[:1], offer_nothing(8))  # alone, a slot never rests: not counted either
+    assert state.records[5].refused == 2
 
 
 def test_a_slot_that_leaves_early_pays_the_slots_it_leaves_for_its_rows():

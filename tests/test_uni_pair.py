@@ -10,6 +10,7 @@ from engine.draft.text_bridge import decode, encode
 from engine.load.packaged import GEMMA3, gemma3_installed
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
+from fresh import forgetting
 from test_draft_uni import walk_bridge
 from test_engine import tokens
 
@@ -91,12 +92,14 @@ def engines(models):
     return out
 
 
+fresh_engines = forgetting("engines")
+
+
 @pytest.mark.parametrize("tree_nodes", [0, 8], ids=["chain", "tree"])
 @pytest.mark.parametrize("target", ["gemma", "smol"], ids=["smol-drafts-for-gemma", "gemma-drafts-for-smol"])
 def test_greedy_is_plain_decoding_on_eight_prompts(engines, target, tree_nodes, capsys):
     engine, prompts, plain = engines[target]
     assert engine.draft_type == "draft-uni"
-    engine.chain.stats.clear()
     n_tree = 0
     for prompt, want in zip(prompts, plain):
         events = _run(engine, prompt, ["draft-uni"], tree_nodes=tree_nodes)

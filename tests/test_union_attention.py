@@ -13,6 +13,7 @@ from engine.load.models import load_model
 from engine.params import GenParams, SpecParams
 from engine.sampling import SamplerParams
 from engine.serve.engine import Engine
+from fresh import forgetting
 
 PROMPT = [1, 5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
 OTHER = [1, 40, 41, 40, 41, 40, 42, 43, 40, 41]
@@ -63,6 +64,9 @@ def engine(tiny_dirs):
     eng = Engine(target, n_ctx=512, n_seq_max=2, calibrate=False)
     eng.ctx.attention = RowAttention(eng.ctx.device, eng.ctx.cache.dtype, use_kernel=False, union=True)
     return eng
+
+
+fresh_engines = forgetting("engine")
 
 
 def params(types=(), tree=0, rollback="auto") -> GenParams:

@@ -62,14 +62,19 @@ class Engine:
         timed = config.calibrate and self.probe.can_speculate
         self.cost = self.calibrate() if timed else CostModel()
         self.threads.fixed = self.threads.fixed or not timed
+        self._calibrated = copy.deepcopy(self.cost)  # the curve before service observes forwards (forget_learning)
+        self.eos = target.eos_ids()
+        self._grammar_tokenizer = None  # llguidance's view of the target's tokenizer, built at the first grammar
         self._build_drafting(config)
+        self._build_serving()
+
+    def _build_serving(self) -> None:
+        """No slot, and the collaborators that run rounds and prefills over the relay and the budget."""
         self.slots: dict[int, Slot] = {}
         self.parked: dict[int, Slot] = {}  # seq -> a parked slot whose cells the sequence still holds
         self.placement = Placement(self.ctx, self.chain, self._holder, lambda: list(self.slots.values()))
-        self.eos = target.eos_ids()
-        self._grammar_tokenizer = None  # llguidance's view of the target's tokenizer, built at the first grammar
         self.round = Round(self.ctx, self.chain, self.budget, self.probe, self.limits, self.n_pos_max, self.eos,
-                           target.decode)
+                           self.target.decode)
         self.prefiller = Prefiller(self.ctx, self.chain, self.round.emit)
 
     def _build_memory(self, config: EngineConfig) -> None:
@@ -125,6 +130,18 @@ class Engine:
     def calibrate(self, passes: int = 7) -> CostModel:
         """Time the forwards the length policy and the round's budget read (engine/cost/calibrate.py)."""
         return time_forwards(self.ctx, self.limits, self.probe, passes)
+
+    def forget_learning(self) -> None:
+        """Back to what a fresh engine knows, without loading or calibrating again: an empty cache, the calibrated
+        cost curve and thread count, no drafter built, nothing the budget or the relay learnt from answers.
+        Tests share one engine per model this way and each still starts from a known state."""
+        for seq in range(self.ctx.n_seq_max):
+            self.release(seq)
+        self.cost = copy.deepcopy(self._calibrated)
+        self.threads = ThreadGovernor(n_max=self.threads.n_max, fixed=self.threads.fixed)
+        self._use_threads()
+        self._build_drafting(self.config)  # drafters learn across answers too (the head's step costs)
+        self._build_serving()
 
     def grammar_tokenizer(self):
         """The target's tokenizer for grammar matchers (slow to build, so once per engine). Its end of
