@@ -52,6 +52,10 @@ class RoundEvent:
     tree_parents: list[int] = field(default_factory=list)
     tree_drafters: list[str] = field(default_factory=list)
     tree_path: list[int] = field(default_factory=list)
+    # temperature > 0 with drafts drawn from q (engine/round/tree_rejection.py): each sampled draft tested, in order,
+    # as (depth, token, drafter, p, q, accepted); accepted with probability min(1, p / q), p renormalised after
+    # each rejection
+    tree_tries: list[tuple[int, int, str, float, float, bool]] = field(default_factory=list)
     tree_offered: int = 0  # draft nodes the drafters offered this slot, before the round's budget
     budget_why: str = ""  # the round's budget over all slots (engine/budget/tree_budget.py), one line
     # why this slot drafted less this round, one reason each: a model drafter the gate left out ("name: why"),

@@ -25,6 +25,11 @@ class SpecParams:
     # trees of drafts (engine/draft/tree.py): every drafter proposes and the target checks all proposals in one forward,
     # at most this many nodes per round; 0: one chain, from the first drafter that has one (llama.cpp's relay)
     tree_nodes: int = 0
+    # a tree at temperature > 0: "rejection" lets model drafters draw their chains from q and verifies by rejection
+    # sampling over the siblings (engine/round/tree_rejection.py: the target's distribution, more drafts kept);
+    # "walk" has them choose their most likely tokens and the target walk the tree with plain sampling's draws
+    # (the same text as plain decoding for the same seed)
+    tree_verify: str = "rejection"
     # the whole token sequence (prompt and answer) a measurement expects, for the oracle drafter to propose from
     # (engine/draft/oracle.py); None everywhere else
     reference: list[int] | None = None
@@ -41,6 +46,8 @@ class SpecParams:
         rates = self.synthetic_accept if isinstance(self.synthetic_accept, tuple) else (self.synthetic_accept,)
         if self.synthetic_accept is not None and not (rates and all(0.0 <= p <= 1.0 for p in rates)):
             raise ValueError(f"synthetic_accept must be in [0, 1] (one, or one per position), got {self.synthetic_accept}")
+        if self.tree_verify not in ("rejection", "walk"):
+            raise ValueError(f"tree_verify must be 'rejection' or 'walk', got {self.tree_verify!r}")
         if self.rollback not in ("auto", "checkpoint"):
             raise ValueError(f"rollback must be 'auto' or 'checkpoint', got {self.rollback!r}")
 

@@ -28,3 +28,17 @@ def test_bad_arguments_exit_2_with_a_reason(capsys):
         assert dist.main(argv) == 2
         err = capsys.readouterr().err
         assert why in err, err
+
+
+def test_trees_at_temperature_08_are_distributed_as_the_target():
+    """draft-simple's chain drawn from q, verified as a tree by rejection sampling over the siblings
+    (engine/round/tree_rejection.py): 2,000 two-token continuations against the exact distribution."""
+    assert dist.main(["--tree-nodes", "8", "--temp", "0.8", "--length", "2", "--samples", "2000", "--no-plain"]) == 0
+
+
+def test_a_tree_residual_that_ignores_the_draft_fails_the_check(monkeypatch, capsys):
+    from engine.round import tree_rejection
+
+    monkeypatch.setattr(tree_rejection, "residual", lambda p, q: p)
+    assert dist.main(["--tree-nodes", "8", "--temp", "0.8", "--length", "2", "--samples", "2000", "--no-plain"]) == 1
+    assert "FAIL" in capsys.readouterr().out

@@ -169,15 +169,16 @@ def test_sampling_uses_rejection_with_the_heads_q_and_is_reproducible(engines):
         assert abs(float(q.sum()) - 1) < 1e-5 and q[tok] > 0 and int((q > 0).sum()) <= d.params.top_k
 
 
-def test_same_seed_sample_and_match_in_trees_gives_plain_sampling(engines):
-    """A tree is verified by sample-and-match (tree_match), whatever q: the text is plain sampling's."""
+def test_trees_at_08_test_mtps_draws_by_rejection_sampling_and_repeat_for_a_seed(engines):
+    """MTP's drafts drawn from q in a tree are verified by rejection sampling over the siblings
+    (engine/round/tree_rejection.py): every try names draft-mtp with its q, and the same seed gives the same text."""
     engine, seed = engines["two"], 3
-    want = tokens(engine.generate(PROMPTS[2], GenParams(max_new_tokens=N_NEW, ignore_eos=True,
-                                                        sampling=SamplerParams(temp=0.8, seed=seed))))
     events = list(engine.generate(PROMPTS[2], spec_params(temp=0.8, seed=seed, tree=8)))
     spec = [e for e in events if e.kind == "spec"]
     assert spec and all(e.verify_mode == "tree" for e in spec)
-    assert tokens(events) == want
+    tries = [t for e in spec for t in e.tree_tries]
+    assert tries and all(drafter == "draft-mtp" and 0 < q <= 1 for _, _, drafter, _, q, _ in tries)
+    assert tokens(events) == tokens(engine.generate(PROMPTS[2], spec_params(temp=0.8, seed=seed, tree=8)))
 
 
 def test_a_target_without_mtp_layers_is_refused_with_the_reason(dirs):

@@ -35,8 +35,8 @@ def vocab(tiny_target):
     return Vocab.of(tiny_target.tokenizer)
 
 
-def run(engine, types, n=6, tree_nodes=0, rollback="auto"):
-    params = GenParams(max_new_tokens=n, ignore_eos=True, sampling=SamplerParams(temp=0.0),
+def run(engine, types, n=6, tree_nodes=0, rollback="auto", temp=0.0, seed=0):
+    params = GenParams(max_new_tokens=n, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=seed),
                        spec=SpecParams(types=list(types), n_max=4, adaptive=False, p_min=0.0,
                                        tree_nodes=tree_nodes, rollback=rollback))
     return list(engine.generate(PROMPTS[0], params))
@@ -85,6 +85,25 @@ def test_a_tree_round_says_its_cells_left_one_by_one_in_both_languages(engine, v
     strip = kv_html(ev, list(range(ev.seq_cells)), len(PROMPTS[0]), vocab).split('class="kv-legend"')[0]
     assert "seq_rm" not in strip and f"{freed} branch cell(s) freed one by one" in strip
     assert f"{1 + n_nodes} cells" in strip and strip.count('class="kv kv-freed"') == freed
+
+
+def test_a_tree_round_at_08_tells_the_sibling_tried_after_a_rejection(engine):
+    """Trees at temperature 0.8: draft-simple's chain drawn from q is tested by rejection sampling
+    (engine/round/tree_rejection.py); a rejection is told with p, q and min(1, p/q), in both languages."""
+    events = [ev for seed in range(8) for ev in run(engine, ["ngram-simple", "draft-simple"], n=12, tree_nodes=8,
+                                                     temp=0.8, seed=seed)]
+    tried = [ev for ev in events if ev.verify_mode == "tree" and ev.tree_tries]
+    assert tried, "no tree round tested a sampled draft"
+    ev = first(tried, tree_tries=lambda t: any(not ok for *_, ok in t))
+    depth, tok, drafter, p, q, _ = next(t for t in ev.tree_tries if not t[-1])
+    assert drafter == "draft-simple" and 0 < q <= 1 and 0 <= p < q  # rejected: p(d)/q(d) < 1 is its only chance
+    told = narration_html(ev, None)
+    assert f"at depth {depth}, #{tok} from draft-simple: p {p:.3f}, q {q:.3f}" in told and "rejected" in told
+    assert f"深度 {depth} 处 draft-simple 的 #{tok}" in chinese(told) and "拒绝" in chinese(told)
+    # a sibling's acceptance moves the walk: every accepted try at depth d is the path's token there
+    for ev in tried:
+        kept = [ev.tree_tokens[n] for n in ev.tree_path] + [ev.bonus]
+        assert all(kept[d] == tok for d, tok, _, _, _, ok in ev.tree_tries if ok)
 
 
 def test_a_checkpoint_round_says_restore_and_replay(engine, vocab):

@@ -94,21 +94,31 @@ def engine(tiny_target, tiny_draft):
 fresh_engines = forgetting("engine")
 
 
-def _run(engine, prompt, types, temp=0.0, seed=0, n=40, tree_nodes=12, rollback="auto"):
+def _run(engine, prompt, types, temp=0.0, seed=0, n=40, tree_nodes=12, rollback="auto", tree_verify="rejection"):
     params = GenParams(max_new_tokens=n, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=seed),
                        spec=SpecParams(types=list(types), n_max=12, adaptive=False, p_min=0.0,
-                                       tree_nodes=tree_nodes, rollback=rollback))
+                                       tree_nodes=tree_nodes, rollback=rollback, tree_verify=tree_verify))
     return list(engine.generate(prompt, params))
 
 
 @pytest.mark.parametrize("temp", [0.0, 0.9])
 @pytest.mark.parametrize("rollback", ["auto", "checkpoint"])
 def test_generation_through_trees_is_plain_decoding(engine, temp, rollback):
-    n_branched = n_kept = 0
+    """Token for token at temperature 0, and at 0.9 where the target walks (tree_verify "walk": the drafters
+    choose, the walk draws as plain sampling does). draft-simple's draws from q at 0.9 ("rejection") are verified
+    by rejection sampling: the same distribution (tests/test_bench_dist.py), the same text again for the same
+    seed, the cache as plain."""
+    n_branched = n_kept = n_tried = 0
     for seed, prompt in enumerate(PROMPTS):
         plain = tokens(_run(engine, prompt, [], temp=temp, seed=seed, tree_nodes=0))
+        if temp > 0:
+            walked = _run(engine, prompt, NGRAM_CHAIN + ["draft-simple"], temp=temp, seed=seed, rollback=rollback,
+                          tree_verify="walk")
+            assert tokens(walked) == plain and not any(e.tree_tries for e in walked)
         events = _run(engine, prompt, NGRAM_CHAIN + ["draft-simple"], temp=temp, seed=seed, rollback=rollback)
-        assert tokens(events) == plain
+        n_tried += sum(bool(e.tree_tries) for e in events)
+        again = _run(engine, prompt, NGRAM_CHAIN + ["draft-simple"], temp=temp, seed=seed, rollback=rollback)
+        assert tokens(events) == (plain if temp == 0 else tokens(again))
         trees = [e for e in events if e.verify_mode == "tree"]
         n_branched += sum(len(set(e.tree_parents)) < len(e.tree_parents) for e in trees)
         n_kept += sum(e.n_accepted for e in trees)
@@ -116,6 +126,7 @@ def test_generation_through_trees_is_plain_decoding(engine, temp, rollback):
         assert engine.ctx.cache.seq_cells(seq).numel() == len(engine.slots[seq].tokens)
     assert n_branched > 0, "no round verified a tree with branches"
     assert n_kept > 0, "no tree node was ever kept"
+    assert (n_tried > 0) == (temp > 0), "draws from q are tested by rejection sampling at temperature > 0 only"
 
 
 def test_slots_with_trees_equal_running_alone(engine):

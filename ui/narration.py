@@ -171,12 +171,29 @@ def corrected(ev) -> bool:
     return last in ev.tree_parents
 
 
+def tries_words(ev) -> tuple[str, str]:
+    """Rejection sampling over a tree's siblings (engine/round/tree_rejection.py): each sampled draft tested."""
+    en, zh = [], []
+    for depth, tok, drafter, p, q, ok in ev.tree_tries:
+        ratio = min(1.0, p / q) if q > 0 else 0.0
+        en.append(f"at depth {depth}, #{tok} from {html.escape(drafter)}: p {p:.3f}, q {q:.3f}, min(1, p/q) "
+                  f"{ratio:.3f}, {'accepted' if ok else 'rejected'}")
+        zh.append(f"深度 {depth} 处 {html.escape(drafter)} 的 #{tok}:p {p:.3f},q {q:.3f},min(1, p/q) {ratio:.3f},"
+                  f"{'接受' if ok else '拒绝'}")
+    return (" Sampled drafts tested by rejection sampling, each after the last was rejected (p then is what the "
+            "rejections left of the target's distribution): " + "; ".join(en) + ". Where none is accepted, the "
+            "target draws from what is left and walks on if a node holds its token.",
+            "采样得到的草稿用拒绝采样逐个检验,前一个被拒绝后再试下一个(此时的 p 是拒绝之后剩下的目标分布):" + ";".join(zh)
+            + "。若都被拒绝,目标从剩下的分布中抽取,若某个节点持有该 token 就继续走下去。")
+
+
 def accept_words(ev) -> tuple[str, str]:
     """What the target kept: a chain's longest agreeing prefix, a tree's walked path."""
     m = ev.n_accepted
     if ev.verify_mode == "tree":
-        return (f"<b>Accept.</b> The {m} node(s) on the target's path are kept, in the order it walked them.",
-                f"<b>接受。</b>保留目标模型走过的路径上的 {m} 个节点。")
+        en, zh = tries_words(ev) if ev.tree_tries else ("", "")
+        return (f"<b>Accept.</b> The {m} node(s) on the target's path are kept, in the order it walked them.{en}",
+                f"<b>接受。</b>保留目标模型走过的路径上的 {m} 个节点。{zh}")
     return (f"<b>Accept.</b> The target agrees with the first {m} of them: the longest agreeing prefix is kept.",
             f"<b>接受。</b>目标模型认可前 {m} 个:保留最长的一致前缀。")
 
@@ -232,7 +249,7 @@ def other_steps(ev) -> list[tuple[str, str]]:
 
 def steps(ev, roof) -> list[tuple[str, str]]:
     """(English, Chinese) of each step of the round, whatever its kind."""
-    if ev.kind == "spec" and (ev.drafted or ev.tree_tokens):
+    if ev.kind == "spec" and (ev.drafted or ev.tree_tokens or ev.tree_tries):
         return spec_steps(ev, roof)
     return other_steps(ev)
 

@@ -44,12 +44,15 @@ class DistParams:
     prune: float = 1e-7  # prefixes less likely than this are not expanded
     plain: bool = True  # also hold plain sampling to the tolerance
     parallel: int = 8  # seeds decoded together in slots (one forward per round for all: the speed on a tiny model)
+    tree_nodes: int = 0  # > 0: drafts as a tree of at most this many nodes (rejection sampling over siblings)
 
     def validate(self) -> None:
         if self.temp <= 0:
             raise ValueError("--temp must be > 0: at temp 0 every sampler is argmax and the bench compares tokens")
         if min(self.length, self.n_max, self.n_samples, self.n_null, self.parallel) < 1:
             raise ValueError("--length, --n-max, --samples, --null and --parallel must be >= 1")
+        if self.tree_nodes < 0:
+            raise ValueError("--tree-nodes must be >= 0")
         if not 0 < self.alpha < 1 or not 0 <= self.prune < 1:
             raise ValueError("--alpha must be in (0, 1) and --prune in [0, 1)")
 
@@ -113,7 +116,8 @@ def sample(engine, prompt: list[int], types: list[str], p: DistParams) -> tuple[
         for s in seeds[start:start + width]:
             params = GenParams(max_new_tokens=p.length + p.n_max, ignore_eos=True,
                                sampling=SamplerParams(temp=p.temp, seed=s),
-                               spec=SpecParams(types=list(types), n_max=p.n_max, adaptive=False, p_min=0.0))
+                               spec=SpecParams(types=list(types), n_max=p.n_max, adaptive=False, p_min=0.0,
+                                               tree_nodes=p.tree_nodes))
             events[engine.start(prompt, params).seq] = []
         while engine.active():
             for e in engine.step():
@@ -123,7 +127,8 @@ def sample(engine, prompt: list[int], types: list[str], p: DistParams) -> tuple[
         for seq, evs in events.items():
             engine.release(seq)
             counts[tuple(t for e in evs for t in e.emitted)[:p.length]] += 1
-            n_rejection += sum(e.verify_mode == "rejection" for e in evs if e.kind == "spec")
+            # a tree's round is rejection sampling where it tested a sampled draft (engine/round/tree_rejection.py)
+            n_rejection += sum(e.verify_mode == "rejection" or bool(e.tree_tries) for e in evs if e.kind == "spec")
             n_spec += sum(e.kind == "spec" for e in evs)
     return counts, n_rejection, n_spec
 
@@ -155,7 +160,8 @@ FLAGS = (("--temp", "temp", "sampling temperature (> 0)"), ("--length", "length"
          ("--seed", "seed", "first seed"), ("--alpha", "alpha", "chance that a perfect sampler fails"),
          ("--null", "n_null", "simulations of a perfect sampler (the tolerance)"),
          ("--prune", "prune", "prefixes less likely are not enumerated"),
-         ("--parallel", "parallel", "seeds decoded together in slots"))
+         ("--parallel", "parallel", "seeds decoded together in slots"),
+         ("--tree-nodes", "tree_nodes", "draft a tree of at most this many nodes (0: chains)"))
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, DistParams]:

@@ -146,7 +146,7 @@ class DrafterChain:
         prefixes once, at most tree_max nodes; the request keeps drafting for the next drafter. No length
         policy cut here: the round's budget chooses among all nodes (engine/budget/tree_budget.py). Returns the depth of
         what fitted."""
-        from engine.draft.tree import DraftTree
+        from engine.draft.tree import DraftTree, SampledChain
 
         if r.tree is None:
             r.tree = DraftTree()
@@ -155,6 +155,9 @@ class DrafterChain:
             nodes = r.tree.add_tree(r.result_tree, name, limit=r.tree_max)
             deepest = max((r.tree.depth(n) for n in nodes), default=0)
         else:
+            if r.result_q is not None and r.result:  # drawn from q: tested whole, whatever fits as nodes
+                n = min(len(r.result), r.draft_max, len(r.result_q))
+                r.tree.sampled.append(SampledChain(name, list(r.result[:n]), list(r.result_q[:n])))
             for tokens, share in [(r.result, r.result_share)] + r.result_alts:
                 chain = tokens[:r.draft_max]
                 if len(chain) >= max(r.n_min, 1):

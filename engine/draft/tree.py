@@ -18,6 +18,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
+
+@dataclass
+class SampledChain:
+    """A chain a drafter drew from its own distributions at temperature > 0, kept whole whatever part of it became
+    nodes: verification tests every token of it that hangs below the target's path (engine/round/tree_rejection.py),
+    since dropping a draw for its value (the budget's cut, the node limit) would tilt the output."""
+    drafter: str
+    tokens: list[int]
+    q: list[torch.Tensor]  # q[i]: the distribution [V] tokens[i] was drawn from, given tokens[:i]
+
 
 @dataclass
 class DraftTree:
@@ -29,6 +41,8 @@ class DraftTree:
     scores: list[float] = field(default_factory=list)
     # drafter -> the nodes it proposed, parents before children: how much of *its* draft was kept is its credit
     proposals: dict[str, list[int]] = field(default_factory=dict)
+    # the chains drawn from a drafter's q (temperature > 0), in relay order: rejection sampling over the tree
+    sampled: list[SampledChain] = field(default_factory=list)
     # node -> its children by token; rebuilt from parents when needed
     _children: dict[int, dict[int, int]] = field(default_factory=dict, repr=False)
 
@@ -167,6 +181,7 @@ class DraftTree:
             where[i] = out.add(where[self.parents[i]], self.tokens[i], self.drafters[i], self.scores[i])
         for name, mine in self.proposals.items():
             out._propose(name, [where[n] for n in mine if n in where])
+        out.sampled = list(self.sampled)
         return out
 
     @staticmethod

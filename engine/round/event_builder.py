@@ -25,6 +25,7 @@ class TreeShown:
     parents: list[int] = field(default_factory=list)
     drafters: list[str] = field(default_factory=list)
     path: list[int] = field(default_factory=list)
+    tries: list = field(default_factory=list)  # SiblingTry of each sampled draft tested (tree_rejection.py)
 
 
 @dataclass
@@ -121,6 +122,7 @@ def build(part: SlotRound, t_end: float = 0.0, n_cells_used: int = 0, seq_cells:
         n_seqs=part.n_seqs, n_cells_used=n_cells_used, seq_cells=seq_cells, text_delta=out.text_delta,
         done=out.done, stop_reason=out.stop_reason, t_end=t_end, notes=v.notes, tree_tokens=tree.tokens,
         tree_parents=tree.parents, tree_drafters=tree.drafters, tree_path=tree.path,
+        tree_tries=[(t.depth, t.token, t.drafter, t.p, t.q, t.accepted) for t in tree.tries],
         tree_offered=note.tree_offered, budget_why=note.budget_why, not_drafted=note.not_drafted,
         draft_pieces=v.draft_pieces, target_pieces=v.target_pieces, balance=note.balance,
         format_complete=out.format_complete, rm_cells=v.rm_cells, rm_positions=v.rm_positions,

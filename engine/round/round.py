@@ -151,7 +151,7 @@ class Round:
         spec = slot.params.spec
         return DraftRequest(
             seq=slot.seq, prompt=slot.tokens, id_last=slot.id_last, n_max=n_max, n_min=spec.n_min, p_min=spec.p_min,
-            want_q=slot.params.sampling.temp > 0 and tree_max == 0,
+            want_q=slot.params.sampling.temp > 0 and (tree_max == 0 or spec.tree_verify == "rejection"),
             grammar=slot.grammar.view() if slot.grammar is not None else None, tree_max=tree_max,
             tree_min_score=allowance.tree_min_score, model_tree_max=allowance.model_tree_max,
             probe=allowance.probe, token_seconds=allowance.token_seconds, allowance=allowance)
@@ -160,6 +160,11 @@ class Round:
         """The drafters' proposals for every request, then the budget's choice of tree nodes over all slots."""
         plan.winners = self._draft(list(plan.requests.values()), plan.failed)
         plan.nodes, plan.trees = self.budget.choose_nodes(slots, plan.requests)
+        for seq, r in plan.requests.items():
+            if plan.trees.get(seq) is None and r.tree is not None and r.tree.sampled:
+                # draws from q are tested from the root's row even where no node of theirs goes in: leaving
+                # them out would depend on the budget's view of their values
+                plan.trees[seq] = r.tree.keep([])
 
     def _batch(self, slots: list[Slot], plan: RoundPlan, n_cells_free: int) -> tuple[RoundBatch, list]:
         """`[sampled, d1..dk]` (a tree's nodes, or a replay's tokens) of every slot at contiguous positions in one

@@ -21,16 +21,22 @@ from engine.round.event_builder import Decision, SlotRound, TreeShown
 from engine.sampling import argmax_rows
 from engine.round.chain_verify import Verifying
 from engine.round.slot import Slot
+from engine.round.tree_rejection import SiblingTry, tree_rejection
 
 
 def verify_tree(v: Verifying, slot: Slot, r: DraftRequest, tree: DraftTree, logits, cells, ckpt,
                 drafter: str | None) -> tuple[SlotRound, list[int]]:
-    """The target walks the tree (verify.tree_match) the budget put in the forward for request `r`; the
+    """The target walks the tree (verify.tree_match; by rejection sampling where drafts were drawn from q,
+    tree_rejection.py) the budget put in the forward for request `r`; the
     branches it did not take leave the cache by cell, since they share positions with the path it took.
     Returns the slot's round and its kept rows."""
     t1 = time.perf_counter()
     top = argmax_rows(logits)  # the target's own choice per row, for the walk and the event
-    verdict, path = verify.tree_match(slot.sampler, logits, tree, top)
+    tries: list[SiblingTry] = []
+    if tree.sampled and not slot.sampler.greedy:  # drafts drawn from q: rejection sampling over the siblings
+        verdict, path, tries = tree_rejection(slot.sampler, logits, tree)
+    else:
+        verdict, path = verify.tree_match(slot.sampler, logits, tree, top)
     t_verify = v.t_forward_ms + (time.perf_counter() - t1) * 1e3
     v.chain.accept_tree(slot.seq, tree, path)
     k, m = len(tree), len(path)
@@ -64,7 +70,7 @@ def verify_tree(v: Verifying, slot: Slot, r: DraftRequest, tree: DraftTree, logi
         rm_positions=freed_positions(tree, path, p0) if rollback == "tree" else [],
         relay=take_relay(v.chain.records.of(slot.seq), r, Counter(tree.drafters), tree=True),
         tree=TreeShown(tokens=list(tree.tokens), parents=list(tree.parents), drafters=list(tree.drafters),
-                       path=list(path)))
+                       path=list(path), tries=tries))
     slot.round += 1
     out = v.emit(slot, verdict.tokens)
     if slot.state == "done":

@@ -18,8 +18,9 @@ round always makes progress.
   at its first forbidden token, so every draft token is allowed where it stands.
 * tree match: sample-and-match over a tree of drafts (engine/draft/tree.py). From the root row, draw the target's
   token; where a child holds it, keep it and go on from the child's row. One uniform per emitted token, as plain
-  sampling, so the same seed gives the same text. Rejection sampling is for chains only: over a tree it needs a
-  scheme proven lossless for children drafted without replacement (recursive rejection sampling), not built.
+  sampling, so the same seed gives the same text, where every draft is deterministic (n-grams, a top-k tree).
+  Where a drafter drew its chain from q at temperature > 0, the tree is verified by rejection sampling over the
+  siblings instead (engine/round/tree_rejection.py): the same distribution, more of the draws kept.
 * replay: after a checkpoint restore, re-run the sampler over already decided tokens so its stream advances
   exactly as it did the first time, deciding nothing new.
 """
