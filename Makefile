@@ -10,7 +10,7 @@ BF16_TESTS = tests/test_engine.py tests/test_slots.py tests/test_round_defects.p
 	tests/test_tree.py
 
 test: setup-dev
-	.venv/bin/python -m pytest -q $(ARGS)
+	.venv/bin/python -m pytest -q --durations=25 $(ARGS)
 	@if .venv/bin/python -c "from engine.load.dtype import native_bf16_flag as f; raise SystemExit(f() is None)"; then \
 		echo "bfloat16 pass:"; SPECPLAY_TEST_DTYPE=bfloat16 .venv/bin/python -m pytest -q $(BF16_TESTS); \
 	else echo "no native bfloat16 on this CPU: the bfloat16 pass is skipped"; fi
