@@ -68,6 +68,10 @@ _FACE = {  # public name -> (module, its name there)
     "ArenaParams": ("engine.bench.contest", "ArenaParams"),
     "run_arena": ("engine.bench.contest", "run_arena"),
     "scheduler_runner": ("engine.bench.contest", "scheduler_runner"),
+    # same distribution? N speculative and N plain answers' token at one position, with a chi-square test
+    "SameDistPlan": ("engine.bench.samedist", "SameDistPlan"),
+    "compare_distributions": ("engine.bench.samedist", "compare"),
+    "group_runner": ("engine.bench.samedist", "scheduler_runner"),
     "ARENA_COLUMNS": ("engine.bench.leaderboard", "COLUMNS"),
     "ARENA_POSITIONS": ("engine.bench.leaderboard", "N_POSITIONS"),
     "arena_leaderboard": ("engine.bench.leaderboard", "leaderboard"),

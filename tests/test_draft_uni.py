@@ -252,3 +252,22 @@ def walk_bridge(tt, td, ids: list[int], stride: int) -> BridgeState:
         if not st.text.endswith("\ufffd"):
             assert st.draft.tokens == encode(td, st.text)
     return st
+
+
+def test_the_same_distribution_check_passes_through_another_vocabulary(pair):
+    """The page's "Same distribution?" check (engine/bench/samedist.py) on the text bridge at temperature 2:
+    the second answer token over 1,000 speculative and 1,000 plain answers."""
+    from engine.bench.samedist import SameDistPlan, compare, engine_runner
+    from engine.draft.draft_model import DraftModelParams
+    from engine.draft.draft_uni import DraftUniParams
+
+    target, draft, _ = pair
+    wide = Engine(target, draft=draft, n_ctx=8 * 64, n_seq_max=8, calibrate=False,
+                  drafter_params={"draft-uni": DraftUniParams(model=DraftModelParams(n_seq_max=8))})
+    # temperature 2: the trained pair is sure of the paragraph, and a test of one token says nothing
+    params = GenParams(sampling=SamplerParams(temp=2.0),
+                       spec=SpecParams(types=["draft-uni"], n_max=3, adaptive=False, p_min=0.0))
+    report = compare(engine_runner(wide), prompts(target)[0], params, SameDistPlan(n=1000, width=8))
+    # most second tokens were a verification's (a drafted text may hold no whole target token: no draft then)
+    assert report.n_verified > 500 and report.n_accepted > 0
+    assert report.dof >= 3 and report.p_value > 0.01, report

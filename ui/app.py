@@ -8,7 +8,7 @@ from pathlib import Path
 import gradio as gr
 
 from engine import packaged_names
-from ui import arena_tab, bench_tab, handlers, lesson
+from ui import arena_tab, bench_tab, handlers, lesson, samedist_tab
 from ui.charts import acceptance_figure, plotly_figure, speed_figure
 from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
@@ -196,7 +196,7 @@ def lesson_views(app: AppState) -> tuple:
     return plotly_figure(lesson.curve_figure(roof)), lesson.free_lunch_text(roof)
 
 
-def detail_tabs(v: dict, app: AppState) -> tuple:
+def detail_tabs(v: dict, app: AppState, controls: dict) -> tuple:
     """The tabs under the chat; returns the free-lunch tab's (plot, text), refreshed at each page load."""
     with gr.Tabs():
         with gr.Tab("Rounds", elem_id="tab-rounds"):
@@ -211,6 +211,8 @@ def detail_tabs(v: dict, app: AppState) -> tuple:
             bench_tab.build(app)
         with gr.Tab("Arena", elem_id="tab-arena"):
             arena_tab.build(app)
+        with gr.Tab("Same distribution?", elem_id="tab-samedist"):
+            samedist_tab.build(app, controls)
         with gr.Tab("Why it pays here", elem_id="tab-lesson"):
             figure, text = lesson_views(app)
             plot = gr.Plot(figure, show_label=False, elem_id="lesson-plot")
@@ -237,7 +239,7 @@ def build(state: AppState, remote=None) -> gr.Blocks:
                 w = chat_column(load_examples(), v)
             with gr.Column(scale=5, min_width=420):
                 stats_column(v)
-        lesson_outputs = detail_tabs(v, state)
+        lesson_outputs = detail_tabs(v, state, controls)
         wire(state, demo, session, c, controls, v, w, remote)
         demo.load(lambda: lesson_views(state), None, list(lesson_outputs), show_progress="hidden")
     return demo
