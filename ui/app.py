@@ -8,7 +8,7 @@ from pathlib import Path
 import gradio as gr
 
 from engine import packaged_names
-from ui import arena_tab, bench_tab, handlers, lesson, samedist_tab
+from ui import arena_tab, bench_tab, formula_play, handlers, lesson, samedist_tab
 from ui.charts import acceptance_figure, plotly_figure, speed_figure
 from ui.examples import load_examples
 from ui.handlers import VIEWS, model_status
@@ -196,7 +196,7 @@ def lesson_views(app: AppState) -> tuple:
     return plotly_figure(lesson.curve_figure(roof)), lesson.free_lunch_text(roof)
 
 
-def detail_tabs(v: dict, app: AppState, controls: dict) -> tuple:
+def detail_tabs(v: dict, app: AppState, controls: dict, session: gr.State) -> tuple:
     """The tabs under the chat; returns the free-lunch tab's (plot, text), refreshed at each page load."""
     with gr.Tabs():
         with gr.Tab("Rounds", elem_id="tab-rounds"):
@@ -220,7 +220,39 @@ def detail_tabs(v: dict, app: AppState, controls: dict) -> tuple:
             gr.HTML('<div class="muted small">After each answer, the line under its speedup gives its acceptance '
                     'a, its round\'s cost c, the formula\'s prediction beside the measured speedup and the '
                     'acceptance at which speculation breaks even on this machine.</div>')
+            formula_sliders(session)
     return plot, words
+
+
+def formula_sliders(session: gr.State) -> None:
+    """The formula to play with (ui/formula_play.py): a, k and c on sliders, the last answer's point on the curve."""
+    a0, k0, c0 = 0.6, 4, 0.3
+    gr.Markdown("**The formula to play with:** speedup = (1 - a<sup>k+1</sup>) / ((1 - a)(c + 1)).")
+    with gr.Row():
+        a = gr.Slider(0, 1, value=a0, step=0.01, label="acceptance a", elem_id="formula-a")
+        k = gr.Slider(1, 16, value=k0, step=1, label="draft length k", elem_id="formula-k")
+        c = gr.Slider(0, 3, value=c0, step=0.01, label="a round's extra cost c", elem_id="formula-c")
+        mine = gr.Button("My last answer's a, k, c", elem_id="formula-mine", scale=0, min_width=160)
+    plot = gr.Plot(plotly_figure(formula_play.figure(a0, k0, c0)), show_label=False, elem_id="formula-plot")
+    words = gr.HTML(formula_play.text(a0, k0, c0), elem_id="formula-text")
+
+    def redraw(s, a_value, k_value, c_value):
+        point = s.explained if s is not None else None
+        k_int = max(1, int(round(k_value)))
+        return (plotly_figure(formula_play.figure(a_value, k_int, c_value, point)),
+                formula_play.text(a_value, k_int, c_value, point))
+
+    def take_mine(s):
+        x = s.explained if s is not None else None
+        if x is None:
+            gr.Info("Send a message first: its comparison with plain decoding measures a, k and c.")
+            return gr.skip(), gr.skip(), gr.skip()
+        return round(x.alpha, 2), max(1, min(16, round(x.k))), round(min(x.c, 3.0), 2)
+
+    for slider in (a, k, c):
+        slider.release(redraw, [session, a, k, c], [plot, words], show_progress="hidden")
+    mine.click(take_mine, session, [a, k, c], show_progress="hidden").then(
+        redraw, [session, a, k, c], [plot, words], show_progress="hidden")
 
 
 def build(state: AppState, remote=None) -> gr.Blocks:
@@ -239,7 +271,7 @@ def build(state: AppState, remote=None) -> gr.Blocks:
                 w = chat_column(load_examples(), v)
             with gr.Column(scale=5, min_width=420):
                 stats_column(v)
-        lesson_outputs = detail_tabs(v, state, controls)
+        lesson_outputs = detail_tabs(v, state, controls, session)
         wire(state, demo, session, c, controls, v, w, remote)
         demo.load(lambda: lesson_views(state), None, list(lesson_outputs), show_progress="hidden")
     return demo

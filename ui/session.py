@@ -15,6 +15,7 @@ from engine import ErrorEvent, WaitEvent
 from ui.formatcheck import format_html
 from ui.advisor import advice_html, advise
 from ui.compare import verdict_html
+from ui.lesson import explain
 from ui.render import user_bubble
 from ui.run import RunRecord
 from ui.conversation import dropped_note, fit_conversation, forget_turns, wait_text
@@ -206,6 +207,7 @@ def compare(app: AppState, session: SessionState, settings: Settings) -> Iterato
     quiet = yield from measure(app, session, settings, speculative=True, what="the speculative run, unseen")
     timed = quiet if quiet is not None and quiet.done and quiet.error is None and quiet.ids == run.ids else None
     session.advice = advise(timed or run, plain, app.runtime.roofline if app.runtime is not None else None)
+    session.explained = explain(timed or run, plain)  # the formula tab's point (ui/formula_play.py)
     checked = app.runtime is not None and app.runtime.lossless_checked()
     session.compare_base = verdict_html(run, timed, plain, sampled=settings.temp > 0 and run.used_rejection(),
                                         checked=checked)

@@ -161,6 +161,7 @@ class SessionState:
     compare_html: str = ""  # speedup + lossless badge of the last comparison
     compare_base: str = ""  # the comparison's lines without the advice (the advice's own run adds its result)
     advice: object = None  # ui.advisor.Advice for the last compared answer, None: none
+    explained: object = None  # ui.lesson.Explained of the last compared answer (a, k, c, speedups), None: none
     format_html: str = ""  # whether the last answer parses and follows its output format ("" for free text)
     format_spec: object = None  # the turn's output format (engine.grammar.GrammarSpec), None for free text
     active: Active | None = None  # generation in flight, if any
