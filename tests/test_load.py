@@ -107,7 +107,8 @@ def test_many_sessions_queue_and_stay_lossless(app):
 
     expected = {"empty": ("notice-warn", "Type a message first"),
                 "n_min > n_max": ("notice-warn", "n_min (4) must not exceed n_max (2)"),
-                "too long": ("notice-error", "does not fit the context")}
+                # refused by its length before it is tokenized (ui/turns.py check_length): bad input, a warning
+                "too long": ("notice-warn", "more than the model&#x27;s context can hold")}
     for label, (level, text) in expected.items():
         o = bad[label]
         assert o.finished and not o.error and level in o.notice and text in o.notice, f"{label}: {describe(o)}"

@@ -326,7 +326,8 @@ class Engine:
         # a slot prefilled in this step drafts from the next one on: round 0 stands alone, as in step mode
         generating = [s for s in self.active(only) if s.state == "generating" and s.seq not in prefilled]
         if generating:
-            self._make_room(generating)
+            idle = [seq for seq, s in self.slots.items() if s.state == "done"] + list(self.parked)
+            self.placement.make_room(generating, self.limits.per_seq, idle, self.release)
             events.extend(self.round.run(generating))
             self._govern_threads()
         for ev in events:
@@ -334,19 +335,6 @@ class Engine:
                 self.release(ev.seq)
         # every part of each slot's round is known now: its event is made, once (engine/round/event_builder.py)
         return assemble(events, time.perf_counter(), self.ctx.cache.n_used(), lambda seq: len(self.slots[seq].tokens))
-
-    def _make_room(self, generating: list[Slot]) -> None:
-        """Give the generating slots the cells that finished or parked slots keep for prefix reuse, when the
-        round could need them: an answer must not stop for 'context' while idle slots fill the cache."""
-        want = sum(1 + (min(s.params.spec.n_max, self.limits.per_seq - 1) if s.params.spec.types else 0)
-                   for s in generating)
-        idle = [seq for seq, s in self.slots.items() if s.state == "done"] + list(self.parked)
-        for seq in idle:
-            if self.ctx.n_ctx - self.ctx.cache.n_used() >= want:
-                return
-            self.release(seq)
-
-    # ---- convenience ------------------------------------------------------------------------------------
 
     def generate(self, prompt: list[int], params: GenParams, seq: int | None = None) -> Iterator[RoundEvent]:
         """Run one slot to completion, yielding each round's event (other slots advance too)."""

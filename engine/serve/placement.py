@@ -89,6 +89,16 @@ class Placement:
                     best = (other.seq, n)
         return best
 
+    def make_room(self, generating: list[Slot], per_seq: int, idle: list[int], release) -> None:
+        """Free the cells that finished or parked slots (`idle`, in order) keep for prefix reuse, each by
+        `release`, until the round of the `generating` slots has room: an answer must not stop for 'context'
+        while idle slots fill the cache. per_seq: the logits rows a sequence may use in a forward."""
+        want = sum(1 + (min(s.params.spec.n_max, per_seq - 1) if s.params.spec.types else 0) for s in generating)
+        for seq in idle:
+            if self.ctx.n_ctx - self.ctx.cache.n_used() >= want:
+                return
+            release(seq)
+
 
 def seats(engine, head, free: list[int]) -> list[int]:
     """The free sequences in the order the waiting request `head` takes them: a step-mode slot coming back its
