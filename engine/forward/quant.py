@@ -163,13 +163,15 @@ def _llama_reverse_permute(n_rows: int, n_heads: int) -> np.ndarray:
 
 def blocks_read(path: Path, device: str, model_type: str) -> str:
     """"Q4_1, Q8_0" (of Q4_1, Q4_0, Q5_0, Q8_0, Q4_K): the quantisations of this GGUF's matrices the float32 path on
-    `device` would read as stored; "" where none, where the kernel does not run here, or for a family whose names are not mapped (its
-    file is then not parsed: gguf-py reads a 262k-token vocabulary's strings one by one, a minute and more)."""
+    `device` would read as stored; "" where none, where the kernel does not run here, or for a family whose names
+    are not mapped."""
     if device != "cpu" or model_type not in MAPPED_FAMILIES or load_kernels()[2]:
         return ""
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGMLQuantizationType
 
-    found = {t.tensor_type for t in GGUFReader(str(path)).tensors if len(t.shape) == 2}
+    from engine.load.gguf_table import read_table
+
+    found = {t.tensor_type for t in read_table(path) if len(t.shape) == 2}
     return ", ".join(n for n in _GGML_KINDS if GGMLQuantizationType[n] in found)
 
 
@@ -186,11 +188,13 @@ def _matching(w: QuantWeight, weight: np.ndarray, heads: int) -> QuantWeight | N
 
 def read_gguf(path: Path) -> dict[str, QuantWeight]:
     """The Q4_1, Q4_0, Q5_0, Q8_0 and Q4_K (as Q4_1) tensors of a GGUF by llama.cpp name, unpacked."""
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGMLQuantizationType
 
-    kinds = {GGMLQuantizationType[name]: kind for name, kind in _GGML_KINDS.items()}
+    from engine.load.gguf_table import read_table  # the table alone: gguf-py builds the vocabulary first
+
+    kinds = {int(GGMLQuantizationType[name]): kind for name, kind in _GGML_KINDS.items()}
     out = {}
-    for t in GGUFReader(str(path)).tensors:
+    for t in read_table(path):
         kind = kinds.get(t.tensor_type)
         if kind is None or len(t.shape) != 2:
             continue
