@@ -3,7 +3,7 @@
 gguf-py's GGUFReader builds every metadata value as numpy views, one string at a time: the 49,152 tokens and
 48,900 merges of the embedded model's vocabulary take it about 11 s on a 2-core EPYC, for a table of 270 tensors
 the forward wants (a 262k-token vocabulary takes a minute). This reads the layout of the GGUF specification
-(github.com/ggml-org/ggml, docs/gguf.md) directly: the header, each key-value skipped by its length (a string
+(the gguf.md of github.com/ggml-org/ggml) directly: the header, each key-value skipped by its length (a string
 array by a loop over lengths, no object per item) except `general.alignment`, then the tensor infos, and maps
 the data. Versions 2 and 3 (64-bit counts), little-endian, as llama.cpp writes them.
 """
