@@ -13,7 +13,7 @@ import os
 import sys
 
 from ui.remote_page import add_remote_args, open_remote  # stdlib and ui.render only: --help stays fast
-from ui.sharing import add_sharing_args, model_load_allowed, settle_sharing_args
+from ui.sharing import add_sharing_args, local_only, model_load_allowed, settle_sharing_args
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -97,7 +97,8 @@ def load_state(args: argparse.Namespace):
                          n_rs=args.n_rs, queue_max=args.queue, dtype=args.dtype, device=args.device, budget=args.budget,
                          threads=args.threads, eagle3=args.draft if is_eagle3_dir(args.draft) else None,
                          dflash=args.draft if dflash_kind(args.draft) else None,
-                         allow_model_load=model_load_allowed(args), ctx_per_slot=args.ctx_per_slot or None,
+                         allow_model_load=model_load_allowed(args), remote_from_page=local_only(args),
+                         ctx_per_slot=args.ctx_per_slot or None,
                          share_prefix_cache=args.share_prefix_cache, model_choices=tuple(catalog.listed()))
 
     def start_loader(name: str):  # the host's own choice on the command line: their flag applies

@@ -150,3 +150,32 @@ def test_a_server_that_drafts_when_asked_not_to_gives_no_speedup_and_a_twin_does
         paired = turn(page_for(url, "--remote-plain", twin_url), SessionState())[-1]["summary"]
     assert "drafted 16 tokens when asked not to" in ignored and "pays" not in ignored
     assert "without speculation</span>" in paired and len(twin.requests) == 1
+
+
+def test_the_pages_field_names_a_server_only_where_the_app_is_local(server):
+    """A local-only app's page points its chat at a server typed into its field (and back to its own engine with
+    an empty one); a page reachable from other hosts refuses, so no visitor can aim the app at a host; a server
+    that cannot be reached leaves the chat where it was."""
+    pytest.importorskip("gradio")
+    from ui import handlers
+    from ui.state import AppOptions, AppState
+
+    fake, url = server
+    local = AppState(runtime=None, options=AppOptions(parallel=1, remote_from_page=True))
+    said = handlers.connect_remote(local, url)
+    assert local.remote is not None and "The chat talks to" in said and f"{fake.kind} serving fake/model" in said
+    updates = list(handlers.remote_send(local, local.remote, SessionState(), "Say it.", {"max_new_tokens": 32}))
+    assert "".join(WORDS) in updates[-1][handlers.VIEWS.index("chat")]
+    before = local.remote
+    assert "Cannot use http://127.0.0.1:9" in handlers.connect_remote(local, "http://127.0.0.1:9")
+    assert local.remote is before
+    assert "own engine" in handlers.connect_remote(local, "  ") and local.remote is None
+    shared = AppState(runtime=None, options=AppOptions(parallel=1, remote_from_page=False))
+    assert "operator names the remote server" in handlers.connect_remote(shared, url) and shared.remote is None
+    from argparse import Namespace
+
+    from ui.sharing import local_only  # what app.py sets remote_from_page from
+
+    assert local_only(app_module.parse_args([]))
+    assert not local_only(Namespace(host="0.0.0.0", share=False, allowed_host=[]))
+    assert not local_only(Namespace(host="127.0.0.1", share=True, allowed_host=[]))

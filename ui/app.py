@@ -114,6 +114,16 @@ def sidebar_controls(app: AppState) -> tuple[dict, dict]:
         c["load"] = gr.Button("Load models" if allowed else "Loading models is off on this shared demo",
                               variant="secondary", elem_id="load-btn", interactive=allowed)
         c["model_status"] = gr.HTML(model_status(app), elem_id="model-status")
+        with gr.Row():
+            c["remote_url"] = gr.Textbox(label="Remote server", scale=3, elem_id="remote-url",
+                                         value=app.remote.client.config.base if app.remote is not None else "",
+                                         placeholder="http://127.0.0.1:8080 (empty: this engine)",
+                                         interactive=app.options.remote_from_page,
+                                         info="an OpenAI-compatible server (llama-server, vLLM, another playground) "
+                                              "for the chat; this machine's page only")
+            c["remote_go"] = gr.Button("Use", scale=1, min_width=60, elem_id="remote-go",
+                                       interactive=app.options.remote_from_page)
+        c["remote_status"] = gr.HTML(elem_id="remote-status")
         spec = speculation_controls(app, c, d)
         gr.Markdown("### Sampling")
         temp = gr.Slider(0, 2, value=d.temp, step=0.05, label="temperature (0 = greedy)")
@@ -263,8 +273,11 @@ def build(state: AppState, remote=None) -> gr.Blocks:
         # at its first turn (SessionState.salt)
         session = gr.State(SessionState(), delete_callback=lambda s: close_turn(state, s),
                            time_to_live=SESSION_TTL_S)
+        state.remote = remote if remote is not None else state.remote
         c, controls = sidebar_controls(state)
-        gr.HTML(header_html() + (remote_header_html(remote) if remote is not None else ""))
+        gr.HTML(header_html())
+        c["remote_header"] = gr.HTML(remote_header_html(state.remote) if state.remote is not None else "",
+                                     elem_id="remote-header")
         v: dict = {}
         with gr.Row(equal_height=False):
             with gr.Column(scale=6, min_width=480):
@@ -288,8 +301,9 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: d
     def on_send(request: gr.Request, s, text, stepping, *values):
         s.visitor = app.visitor(request)
         values = dict(zip(controls, values))
-        turn = (handlers.send(app, s, text, stepping, values) if remote is None
-                else handlers.remote_send(app, remote, s, text, values))
+        page = app.remote  # read at each send: the page's remote field may have changed it
+        turn = (handlers.send(app, s, text, stepping, values) if page is None
+                else handlers.remote_send(app, page, s, text, values))
         for update in turn:
             yield wired(update)
 
@@ -327,6 +341,12 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: d
     c["preset"].input(lambda name: handlers.choose_preset(app, name), c["preset"],
                       [controls[k] for k in named] + [c["preset_note"]], show_progress="hidden")
     w["show_rej"].change(handlers.show_rejected, [session, w["show_rej"]], v["chat"], show_progress="hidden")
+    def on_remote(url):
+        status = handlers.connect_remote(app, url)
+        return status, remote_header_html(app.remote) if app.remote is not None else ""
+
+    c["remote_go"].click(on_remote, c["remote_url"], [c["remote_status"], c["remote_header"]],
+                         concurrency_limit=1, show_progress="hidden")
     c["load"].click(lambda t, d, types: handlers.load(app, t, d, types), [c["target"], c["draft"], controls["types"]],
                     [c["model_status"], controls["types"]], concurrency_limit=1, api_name="load_models")
     demo.load(on_open, session, outputs, show_progress="hidden", postprocess=False)

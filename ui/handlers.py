@@ -138,6 +138,26 @@ def choose_preset(app: AppState, name: str) -> tuple:
             p.adaptive, p.tree_nodes, f'<ul class="preset-note muted small">{note}</ul>' if note else "")
 
 
+def connect_remote(app: AppState, url: str) -> str:
+    """The page's remote-server field: the chat talks to the server at `url` (empty: to this engine again). Only
+    where the app is local-only; a server that cannot be reached leaves the chat where it was."""
+    from ui.remote_page import header_html, open_url
+
+    if not app.options.remote_from_page:
+        return notice_html("This page is reachable from other hosts: the operator names the remote server "
+                           "(app.py --remote URL).", "warn")
+    url = (url or "").strip()
+    if not url:
+        app.remote = None
+        return notice_html("The chat talks to this playground's own engine.", "info")
+    try:
+        page = open_url(url)
+    except (ValueError, RuntimeError, OSError) as e:
+        return notice_html(f"Cannot use {url}: {e}. The chat stays where it was.", "error")
+    app.remote = page
+    return header_html(page)
+
+
 def model_status(app: AppState, extra: str = "", level: str = "info") -> str:
     current = app.runtime.describe() if app.runtime is not None else "no model loaded"
     return f'<div class="model-status">{html.escape(current)}</div>' + notice_html(extra, level)

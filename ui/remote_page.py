@@ -77,6 +77,15 @@ def open_remote(args: argparse.Namespace) -> RemotePage | None:
     return RemotePage(client=client, info=read_server_info(client), shared=args.remote_shared, twin=twin)
 
 
+def open_url(url: str) -> RemotePage:
+    """The server at `url` named on the page of a local-only app, with the key of SPECPLAY_REMOTE_KEY if set;
+    asked what it runs. Raises ValueError (the URL) or RuntimeError (it cannot be reached or refuses)."""
+    from engine import RemoteClient, RemoteConfig, read_server_info
+
+    client = RemoteClient(RemoteConfig(url, key=os.environ.get(KEY_ENV, "").strip() or None))
+    return RemotePage(client=client, info=read_server_info(client))
+
+
 def header_html(page: RemotePage) -> str:
     return (f'<div class="notice notice-info">The chat talks to {html.escape(page.client.config.base)}: '
             f'{html.escape(page.info.describe())}. The rounds stay on the server; its counters are shown under '

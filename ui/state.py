@@ -50,6 +50,10 @@ class AppOptions:
     # page tab and API client reuses only its own, so nobody can probe another's prompt through cache_n
     share_prefix_cache: bool = False
     model_choices: tuple[str, ...] = ()  # the page's list of models to load (ui/catalog.py); () the packaged ones
+    # the page may name a remote server for its chat: only where only this machine reaches the app
+    # (ui/sharing.py local_only); elsewhere the operator names it with --remote, so no visitor can point the
+    # app at a host of their choosing
+    remote_from_page: bool = False
 
 
 @dataclass
@@ -113,6 +117,7 @@ class AppState:
     limits: ClientLimits = field(default_factory=lambda: ClientLimits(max_each=2))
     # gr.Request -> the visitor it comes from (app.py sets it from the guard's keys and sign-ins); None: its address
     identify: Callable | None = None
+    remote: object = None  # ui/remote_page.py RemotePage the chat talks to (--remote, or the page's field); None
 
     def visitor(self, request) -> str:
         """The visitor a page request comes from, named as the API names its clients (ui/visitors.py)."""
