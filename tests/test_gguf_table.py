@@ -1,10 +1,10 @@
-"""engine/load/gguf_table.py against gguf-py's GGUFReader: the same tensors (names, shapes, types, bytes) from a
+"""engine/forward/gguf_table.py against gguf-py's GGUFReader: the same tensors (names, shapes, types, bytes) from a
 file with every kind of metadata value, a non-default alignment, and clear refusals of what is not a GGUF."""
 
 import numpy as np
 import pytest
 
-from engine.load.gguf_table import GGUFTableError, read_table
+from engine.forward.gguf_table import GGUFTableError, read_table
 
 
 def write(path, alignment=None):

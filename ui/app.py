@@ -230,39 +230,8 @@ def detail_tabs(v: dict, app: AppState, controls: dict, session: gr.State) -> tu
             gr.HTML('<div class="muted small">After each answer, the line under its speedup gives its acceptance '
                     'a, its round\'s cost c, the formula\'s prediction beside the measured speedup and the '
                     'acceptance at which speculation breaks even on this machine.</div>')
-            formula_sliders(session)
+            formula_play.build(session)
     return plot, words
-
-
-def formula_sliders(session: gr.State) -> None:
-    """The formula to play with (ui/formula_play.py): a, k and c on sliders, the last answer's point on the curve."""
-    a0, k0, c0 = 0.6, 4, 0.3
-    gr.Markdown("**The formula to play with:** speedup = (1 - a<sup>k+1</sup>) / ((1 - a)(c + 1)).")
-    with gr.Row():
-        a = gr.Slider(0, 1, value=a0, step=0.01, label="acceptance a", elem_id="formula-a")
-        k = gr.Slider(1, 16, value=k0, step=1, label="draft length k", elem_id="formula-k")
-        c = gr.Slider(0, 3, value=c0, step=0.01, label="a round's extra cost c", elem_id="formula-c")
-        mine = gr.Button("My last answer's a, k, c", elem_id="formula-mine", scale=0, min_width=160)
-    plot = gr.Plot(plotly_figure(formula_play.figure(a0, k0, c0)), show_label=False, elem_id="formula-plot")
-    words = gr.HTML(formula_play.text(a0, k0, c0), elem_id="formula-text")
-
-    def redraw(s, a_value, k_value, c_value):
-        point = s.explained if s is not None else None
-        k_int = max(1, int(round(k_value)))
-        return (plotly_figure(formula_play.figure(a_value, k_int, c_value, point)),
-                formula_play.text(a_value, k_int, c_value, point))
-
-    def take_mine(s):
-        x = s.explained if s is not None else None
-        if x is None:
-            gr.Info("Send a message first: its comparison with plain decoding measures a, k and c.")
-            return gr.skip(), gr.skip(), gr.skip()
-        return round(x.alpha, 2), max(1, min(16, round(x.k))), round(min(x.c, 3.0), 2)
-
-    for slider in (a, k, c):
-        slider.release(redraw, [session, a, k, c], [plot, words], show_progress="hidden")
-    mine.click(take_mine, session, [a, k, c], show_progress="hidden").then(
-        redraw, [session, a, k, c], [plot, words], show_progress="hidden")
 
 
 def build(state: AppState, remote=None) -> gr.Blocks:
@@ -288,6 +257,16 @@ def build(state: AppState, remote=None) -> gr.Blocks:
         wire(state, demo, session, c, controls, v, w, remote)
         demo.load(lambda: lesson_views(state), None, list(lesson_outputs), show_progress="hidden")
     return demo
+
+
+def wire_remote(app: AppState, c: dict) -> None:
+    """The sidebar's remote-server field (local-only apps): the chat's server, and the header that names it."""
+    def on_remote(url):
+        status = handlers.connect_remote(app, url)
+        return status, remote_header_html(app.remote) if app.remote is not None else ""
+
+    c["remote_go"].click(on_remote, c["remote_url"], [c["remote_status"], c["remote_header"]],
+                         concurrency_limit=1, show_progress="hidden")
 
 
 def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: dict, v: dict, w: dict,
@@ -341,12 +320,7 @@ def wire(app: AppState, demo: gr.Blocks, session: gr.State, c: dict, controls: d
     c["preset"].input(lambda name: handlers.choose_preset(app, name), c["preset"],
                       [controls[k] for k in named] + [c["preset_note"]], show_progress="hidden")
     w["show_rej"].change(handlers.show_rejected, [session, w["show_rej"]], v["chat"], show_progress="hidden")
-    def on_remote(url):
-        status = handlers.connect_remote(app, url)
-        return status, remote_header_html(app.remote) if app.remote is not None else ""
-
-    c["remote_go"].click(on_remote, c["remote_url"], [c["remote_status"], c["remote_header"]],
-                         concurrency_limit=1, show_progress="hidden")
+    wire_remote(app, c)
     c["load"].click(lambda t, d, types: handlers.load(app, t, d, types), [c["target"], c["draft"], controls["types"]],
                     [c["model_status"], controls["types"]], concurrency_limit=1, api_name="load_models")
     demo.load(on_open, session, outputs, show_progress="hidden", postprocess=False)

@@ -6,15 +6,15 @@ a: the chance each draft token is kept given the ones before it were; k: draft t
 round's time over a plain step's, minus one (ui/lesson.py `explain` measures all three on an answer). Three
 conclusions follow from the formula: as a -> 1 the speedup tends to (k + 1) / (c + 1), so the cost c, hidden in the
 lesson's "verify K ~= generate 1", caps it; below break-even speculation is slower than plain decoding; and each
-further draft token adds only a^k tokens a round, so long drafts stop paying. Pure: numbers in, a figure and HTML
-out.
+further draft token adds only a^k tokens a round, so long drafts stop paying. `figure` and `text` are pure
+(numbers in, a figure and HTML out); `build` puts them on sliders in the page's lesson tab.
 """
 
 from __future__ import annotations
 
 from engine import plotstyle
 from engine import speedup_formula as formula
-from ui.charts import layout
+from ui.charts import layout, plotly_figure
 from ui.lesson import break_even
 
 ALPHA_OFF = 0.3  # rule of thumb: acceptance that stays below this, turn speculation off
@@ -85,3 +85,36 @@ def text(a: float, k: int, c: float, point=None) -> str:
             f"<li><b>Kept / drafted = {hit:.2f}</b> (llama.cpp's #acc tokens / #gen tokens). Rule of thumb: below "
             f"{HIT_LOW} the drafts are poor: change the drafter or lower k"
             f"{' (here it is below)' if hit < HIT_LOW else ''}.</li>{mine}</ul></div>")
+
+
+def build(session) -> None:
+    """The sliders, the figure and the words, inside the lesson tab; session: the page's gr.State."""
+    import gradio as gr
+
+    a0, k0, c0 = 0.6, 4, 0.3
+    gr.Markdown("**The formula to play with:** speedup = (1 - a<sup>k+1</sup>) / ((1 - a)(c + 1)).")
+    with gr.Row():
+        a = gr.Slider(0, 1, value=a0, step=0.01, label="acceptance a", elem_id="formula-a")
+        k = gr.Slider(1, 16, value=k0, step=1, label="draft length k", elem_id="formula-k")
+        c = gr.Slider(0, 3, value=c0, step=0.01, label="a round's extra cost c", elem_id="formula-c")
+        mine = gr.Button("My last answer's a, k, c", elem_id="formula-mine", scale=0, min_width=160)
+    plot = gr.Plot(plotly_figure(figure(a0, k0, c0)), show_label=False, elem_id="formula-plot")
+    words = gr.HTML(text(a0, k0, c0), elem_id="formula-text")
+
+    def redraw(s, a_value, k_value, c_value):
+        point = s.explained if s is not None else None
+        k_int = max(1, int(round(k_value)))
+        return (plotly_figure(figure(a_value, k_int, c_value, point)),
+                text(a_value, k_int, c_value, point))
+
+    def take_mine(s):
+        x = s.explained if s is not None else None
+        if x is None:
+            gr.Info("Send a message first: its comparison with plain decoding measures a, k and c.")
+            return gr.skip(), gr.skip(), gr.skip()
+        return round(x.alpha, 2), max(1, min(16, round(x.k))), round(min(x.c, 3.0), 2)
+
+    for slider in (a, k, c):
+        slider.release(redraw, [session, a, k, c], [plot, words], show_progress="hidden")
+    mine.click(take_mine, session, [a, k, c], show_progress="hidden").then(
+        redraw, [session, a, k, c], [plot, words], show_progress="hidden")

@@ -169,7 +169,7 @@ def blocks_read(path: Path, device: str, model_type: str) -> str:
         return ""
     from gguf import GGMLQuantizationType
 
-    from engine.load.gguf_table import read_table
+    from engine.forward.gguf_table import read_table
 
     found = {t.tensor_type for t in read_table(path) if len(t.shape) == 2}
     return ", ".join(n for n in _GGML_KINDS if GGMLQuantizationType[n] in found)
@@ -190,7 +190,7 @@ def read_gguf(path: Path) -> dict[str, QuantWeight]:
     """The Q4_1, Q4_0, Q5_0, Q8_0 and Q4_K (as Q4_1) tensors of a GGUF by llama.cpp name, unpacked."""
     from gguf import GGMLQuantizationType
 
-    from engine.load.gguf_table import read_table  # the table alone: gguf-py builds the vocabulary first
+    from engine.forward.gguf_table import read_table  # the table alone: gguf-py builds the vocabulary first
 
     kinds = {int(GGMLQuantizationType[name]): kind for name, kind in _GGML_KINDS.items()}
     out = {}
