@@ -172,3 +172,14 @@ def test_compiled_grammars_are_kept_apart_by_client_unless_shared(monkeypatch):
     shared.prepare(a, client="A")
     shared.prepare(b, client="B")
     assert len(held.calls) == 3 and b.template is a.template and set(shared.compiled) == {(None, "regex", "(red|blue)")}
+
+
+def test_the_child_compiles_at_a_lower_priority():
+    """A visitor's compile yields the cores to the engine's rounds: the child runs at nice + CHILD_NICE."""
+    from engine.serve.compiler import CHILD_NICE
+
+    child = ChildCompile(GrammarSpec("json_schema", slow_schema()).compile())
+    try:
+        wait_until(lambda: os.getpriority(os.PRIO_PROCESS, child.pid) >= os.nice(0) + CHILD_NICE, 10.0)
+    finally:
+        child.kill()

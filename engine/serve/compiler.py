@@ -17,9 +17,12 @@ import subprocess
 import sys
 
 # reads the llguidance grammar string on stdin, writes llguidance's verdict: "" (compiles), "WARNING: ..." or the
-# error; no tokenizer here (it takes 0.5 s to build): what depends on it is checked when the matcher is built
+# error; no tokenizer here (it takes 0.5 s to build): what depends on it is checked when the matcher is built.
+# At a lower priority (nice 10): one visitor's compile must not take the cores from every answer's rounds
+CHILD_NICE = 10
 CHILD_CODE = (
-    "import sys\n"
+    "import os, sys\n"
+    f"os.nice({CHILD_NICE})\n"
     "from llguidance import LLMatcher\n"
     "sys.stdout.write(LLMatcher.validate_grammar(sys.stdin.read(), None))\n"
 )
