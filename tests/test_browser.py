@@ -325,11 +325,17 @@ def test_an_api_client_streams_beside_a_browser_chat(browser, server):
                 for f in text_string_to_metric_families(text) for s in f.samples}
 
     def idle() -> dict:
-        """/metrics once nothing generates or waits (an earlier test's comparison may still be running)."""
-        deadline = time.monotonic() + 60
-        while ((m := metrics())["slots_busy"] > 0 or m["requests_waiting"] > 0) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return m
+        """/metrics once nothing generates or waits and the counters stood still for 2 s: an earlier test's
+        comparison may still be running, and between its two runs no slot is busy."""
+        deadline = time.monotonic() + 90
+        last = None
+        while time.monotonic() < deadline:
+            m = metrics()
+            if m["slots_busy"] == 0 and m["requests_waiting"] == 0 and m == last:
+                return m
+            last = m if m["slots_busy"] == 0 and m["requests_waiting"] == 0 else None
+            time.sleep(2.0)
+        return metrics()
 
     before = idle()
     api: dict = {}
