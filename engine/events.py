@@ -22,6 +22,14 @@ class RoundEvent:
     emitted: list[int] = field(default_factory=list)  # tokens given to the user (accepted + bonus, cut at stop)
     p_target: list[float] = field(default_factory=list)  # target p of each emitted token
     p_draft_rows: list[float] = field(default_factory=list)  # target p of each drafted token (row i judges d_i+1)
+    # the target's entropy in bits (softmax at temperature 1) at each emitted token's row; only with
+    # GenParams.explain, else empty
+    entropy: list[float] = field(default_factory=list)
+    # rejection sampling (verify_mode "rejection"): the uniform u drawn for each judged draft token (kept where
+    # u <= min(1, p/q)), and after a rejection the residual norm(max(0, p - q))'s top tokens (id, probability)
+    # the correction was drawn from
+    uniforms: list[float] = field(default_factory=list)
+    residual_top: list[tuple[int, float]] = field(default_factory=list)
     target_top: list[int] = field(default_factory=list)  # the target's most likely token at each batch row
     q_draft: list[float] | None = None  # draft q of each drafted token, when the drafter has a distribution
     verify_mode: str = "match"  # "match" (sample-and-match, argmax at temp 0) | "rejection" | "synthetic" | "tree"

@@ -66,6 +66,9 @@ class GenParams:
     # who asked: the partition of per-client caches and limits (compiled grammars, compilations running at
     # once: engine/serve/grammars.py); None: the operator / tests
     client: str | None = None
+    # each event carries its emitted tokens' target entropy (RoundEvent.entropy, the page's hover): a softmax over
+    # the emitted rows, which a benchmark need not pay for
+    explain: bool = False
 
     def validate(self) -> None:
         if self.max_new_tokens < 1:

@@ -25,6 +25,14 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     return logits.numpy().argmax(axis=-1).reshape(-1).tolist()
 
 
+def entropy_bits(logits: torch.Tensor) -> list[float]:
+    """Each row's entropy in bits under the model's own softmax (temperature 1, no cut): how unsure the target
+    is at that place, whatever the sampler then does with it. logits: [n, V]."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    h = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(dim=-1) / 0.6931471805599453
+    return h.reshape(-1).tolist()
+
+
 SEED_LIMIT = 2 ** 63  # seeds below it stay below 2^64 after the drafters' XOR with their own mix, as manual_seed needs
 # a temperature below it is greedy (vLLM's _SAMPLING_EPS): dividing logits by 1e-40 overflows to inf, softmax to NaN
 GREEDY_BELOW = 1e-5

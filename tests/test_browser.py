@@ -378,3 +378,116 @@ def test_an_api_client_streams_beside_a_browser_chat(browser, server):
     assert after[compared] - before[compared] == 2 * page_n
     assert after["spec_decode_num_draft_tokens_total"] - before["spec_decode_num_draft_tokens_total"] > \
         api["timings"]["draft_n"]  # the page's answer drafted too
+
+
+OPEN_ASK = "Describe a day in the life of a lighthouse keeper."
+NARRATED = ("<b>Relay.</b>", "<b>Verify.</b>", "<b>Accept.</b>", "<b>Its own token.</b>", "<b>Cut the cache.</b>")
+
+
+def walk_to(pg, wanted: str, max_steps: int) -> str:
+    """Press Step until the step view holds `wanted` (a JS predicate on the #step element `s`); its HTML."""
+    for _ in range(max_steps):
+        before = pg.locator("#step").inner_text()
+        if "Finished:" in before:
+            pytest.fail(f"the answer ended before a round with {wanted}: {pg.locator('#chat').inner_text()[-400:]!r}")
+        pg.locator("#step-btn").click()
+        # the next round's view, not the old one under Gradio's progress line while the click is served
+        pg.wait_for_function("b => { const n = t => { const m = t.match(/Round (\\d+)/); return m ? +m[1] : -1; }; "
+                             "const t = document.querySelector('#step').innerText; "
+                             "return n(t) > n(b) && !/processing|queue:/.test(t); }", arg=before)
+        if pg.evaluate(f"() => {{ const s = document.querySelector('#step'); return Boolean({wanted}); }}"):
+            return pg.locator("#step").inner_html()
+    pytest.fail(f"no round with {wanted} in {max_steps} steps; last: {pg.locator('#step').inner_text()[:800]!r}")
+
+
+def start_stepping(pg, preset: str, ask: str, temp: float = 0.0, rollback: str = "auto", tree_nodes: int = 0,
+                   n_max: int = 16) -> None:
+    """A new chat in step mode with a preset's drafters, its message sent: the first Step runs the prefill."""
+    pg.locator("#stop-btn").click()  # the last walk's answer, still open in step mode
+    time.sleep(0.5)
+    pg.locator("#clear-btn").click()
+    pg.locator("#preset").get_by_label(preset, exact=True).check()
+    time.sleep(1.0)  # the preset's values reach the controls
+    set_number(pg, "tree-nodes", tree_nodes)
+    set_number(pg, "n-max", n_max)
+    pg.locator("#adaptive input").uncheck()  # verify every draft: rejections come sooner
+    pg.locator("#rollback").get_by_label(rollback, exact=True).check()
+    temperature = pg.get_by_label("number input for temperature (0 = greedy)")
+    temperature.fill(str(temp))
+    temperature.press("Enter")
+    set_number(pg, "max-new", 200)
+    step_mode = pg.locator("#step-mode input")
+    if not step_mode.is_checked():
+        step_mode.check()
+    msg = pg.locator("#msg textarea")
+    msg.fill(ask)
+    msg.press("Enter")
+    pg.wait_for_function("() => document.querySelector('#notice').innerText.includes('press Step')")
+
+
+def kv_caption(pg) -> str:
+    pg.locator("button[role=tab]", has_text="KV cache").click()
+    text = pg.locator("#kv .kv-caption").inner_text()
+    pg.locator("button[role=tab]", has_text="Step mode").click()
+    return text
+
+
+def shoot(pg, name: str, tmp_path: Path) -> None:
+    """The step view of one round kind, into docs/ with SPECPLAY_SCREENSHOT_DIR set (docs/ui.md shows them)."""
+    folder = Path(os.environ.get(SCREENSHOT_DIR_ENV) or tmp_path)
+    folder = folder if folder.is_absolute() else ROOT / folder
+    folder.mkdir(parents=True, exist_ok=True)
+    pg.locator("#step").screenshot(path=str(folder / f"step-{name}.png"))
+
+
+def test_step_mode_tells_every_round_kind_truthfully(browser, server, tmp_path):
+    """Stepping through the embedded model's rounds: a chain with a rejection, a tree with pruned branches, a
+    checkpoint restore and its replay, a rejection at temperature 0.8, and an empty relay. Each is narrated in the
+    lesson's order, and the KV strip names the rollback the engine did (seq_rm only for a range cut)."""
+    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    pg.set_default_timeout(90_000)
+    pg.goto(server, wait_until="domcontentloaded")
+    pg.wait_for_selector("#msg textarea")
+    pg.locator("button[role=tab]", has_text="Step mode").click()
+    copy = f"{QUOTE_ASK}\n\n{QUOTE}"
+
+    start_stepping(pg, "llama.cpp", copy)
+    step = walk_to(pg, "s.innerHTML.includes('seq_rm(seq') && s.innerHTML.includes('d1 accepted')", 60)
+    assert all(word in step for word in NARRATED) and "<b>Draft.</b>" in step and "Asked in order" in step
+    assert "longest agreeing prefix" in step and "seq_rm [" in kv_caption(pg)
+    shoot(pg, "chain", tmp_path)
+
+    start_stepping(pg, "playground", OPEN_ASK, tree_nodes=16, n_max=6)  # open text: the head drafts a tree
+    step = walk_to(pg, "s.innerText.includes('freed one by one') && /, ([2-9]|\\d\\d) leaves/.test(s.innerText) && "
+                       "/from its sampled token: [1-9]/.test(s.innerText)", 60)
+    assert all(word in step for word in NARRATED) and "<b>Draft a tree.</b>" in step and "node(s)" in step
+    caption = kv_caption(pg)
+    assert "branch cell(s) freed one by one" in caption and "seq_rm" not in caption
+    shoot(pg, "tree", tmp_path)
+
+    start_stepping(pg, "llama.cpp", copy, rollback="checkpoint", n_max=4)  # short drafts: rejections mid-answer
+    step = walk_to(pg, "s.innerHTML.includes('checkpoint restored') && s.innerHTML.includes('d1 accepted') && "
+                       "!s.innerText.includes('Finished:')", 60)  # a replay round follows
+    assert all(word in step for word in NARRATED) and "state saved before drafting is restored" in step
+    caption = kv_caption(pg)
+    assert "restore: all" in caption and "seq_rm" not in caption
+    shoot(pg, "checkpoint", tmp_path)
+    step = walk_to(pg, "true", 1)
+    assert "<b>Replay.</b>" in step and "replay wrote the decided tokens back" in kv_caption(pg)
+
+    start_stepping(pg, "llama.cpp", OPEN_ASK, temp=0.8)
+    step = walk_to(pg, "s.querySelector('.verify-rows') && s.innerHTML.includes(' rejected;')", 80)
+    rows = pg.locator("#step .verify-rows").inner_text()
+    assert "min(1, p/q)" in rows and "uniform u" in rows and "rejected" in rows
+    assert pg.locator("#step .residual .res-bar").count() >= 1 and "drawn" in pg.locator("#step .residual").inner_text()
+    assert "min(1, p(d)/q(d))" in step and "<b>Relay.</b>" in step
+    shoot(pg, "temperature", tmp_path)
+
+    start_stepping(pg, "llama.cpp", OPEN_ASK)
+    step = walk_to(pg, "s.innerHTML.includes('<b>Plain step.</b>') && s.innerHTML.includes('<b>Relay.</b>')", 60)
+    assert "nothing (" in step and "plain decoding step" in step and "(no draft)" in kv_caption(pg)
+    shoot(pg, "empty-relay", tmp_path)
+
+    tips = pg.locator("#chat .tok:not(.tok-rej)").evaluate_all("els => els.map(e => e.dataset.tip)")
+    assert tips and all("target entropy" in t for t in tips if "pos " in t), tips[:3]
+    pg.close()

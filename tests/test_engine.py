@@ -71,6 +71,27 @@ def test_greedy_speculation_is_token_identical_to_plain_and_hf(engine, tiny_targ
     assert n_spec > 0, "no draft was ever verified: the test would not test speculation"
 
 
+@pytest.mark.parametrize("tree_nodes", [0, 8])
+def test_explained_events_carry_the_targets_entropy_at_each_emitted_token(engine, tiny_target, tree_nodes):
+    """GenParams.explain: each emitted token's entropy is the target's softmax entropy at the row that chose it,
+    the same as a plain forward over the whole text gives there (chains, trees, the prefill's first token)."""
+    prompt = PROMPTS[0]
+    params = GenParams(max_new_tokens=24, ignore_eos=True, explain=True,
+                       spec=SpecParams(types=["ngram-simple", "draft-simple"], n_max=4, adaptive=False, p_min=0.0,
+                                       tree_nodes=tree_nodes))
+    events = list(engine.generate(prompt, params))
+    assert any(e.n_accepted for e in events), "no draft kept: the accepted rows would go untested"
+    text = tokens(events)
+    with torch.inference_mode():
+        logp = torch.log_softmax(tiny_target.model(torch.tensor([prompt + text])).logits[0].float(), dim=-1)
+    want = (-(logp.exp() * logp).sum(-1) / torch.log(torch.tensor(2.0)))[len(prompt) - 1:-1]
+    got = [h for e in events for h in e.entropy]
+    assert len(got) == len(text)
+    tol = 1e-3 if suite_dtype() == "float32" else 0.05
+    assert torch.allclose(torch.tensor(got), want, atol=tol)
+    assert all(e.entropy == [] for e in run(engine, prompt, ["draft-simple"], n=8))  # off by default
+
+
 def test_partial_acceptances_happen_and_cut_the_cache(engine):
     events = run(engine, PROMPTS[0], ["draft-simple"], n=60)
     partial = [e for e in events if e.kind == "spec" and e.n_accepted < len(e.drafted)]

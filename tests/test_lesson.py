@@ -216,6 +216,31 @@ def test_the_load_probe_leaves_out_a_drafter_that_cannot_pay(tiny_target, tiny_d
     assert "at best" in probe_model_drafters(other, prompt, ["draft-simple"], steep, 0.0)["draft-simple"]
 
 
+def test_presets_draft_in_trees_only_where_the_probe_timed_them_faster(tiny_target):
+    """Trees only at TREE_MARGIN over the chain, a tie to the chain; the playground and fastest-here presets and
+    the page's slider follow the choice, with the measured why in the preset's note."""
+    from types import SimpleNamespace
+
+    from ui.presets import TREE_MARGIN, choose_trees, preset, probe_trees
+    from ui.settings import default_tree_nodes
+
+    assert choose_trees(16, 100.0, 100.0 * TREE_MARGIN).nodes == 16
+    slower = choose_trees(16, 100.0, 100.0)
+    assert slower.nodes == 0 and slower.why.startswith("chains: 100 tok/s in trees of 16 nodes against 100")
+    chain = ["ngram-simple", "draft-head"]
+    for name in ("playground", "fastest here"):
+        p = preset(name, chain, {}, trees=slower)
+        assert p.tree_nodes == 0 and slower.why in p.notes
+        assert preset(name, chain, {}, trees=choose_trees(16, 1.0, 2.0)).tree_nodes == 16
+    assert preset("playground", chain, {}).tree_nodes == 16  # unmeasured: Settings' default
+    assert default_tree_nodes(SimpleNamespace(trees=slower)) == 0 and default_tree_nodes(None) == 16
+    engine = Engine(tiny_target, n_ctx=512, n_seq_max=1, calibrate=False)
+    measured = probe_trees(engine, tiny_target, ["ngram-simple", "ngram-map-k"], nodes=8)
+    assert measured.chain_tps > 0 and measured.tree_tps > 0 and measured.nodes in (0, 8)
+    assert measured.nodes == choose_trees(8, measured.chain_tps, measured.tree_tps).nodes
+    assert probe_trees(engine, tiny_target, []).nodes == 0  # nothing drafts: nothing to time
+
+
 def test_the_advice_is_anchored_to_the_answers_own_rounds():
     """Rounds that took twice what the load's curve says make every predicted cost twice as dear."""
     from ui.advisor import anchor

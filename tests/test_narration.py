@@ -56,7 +56,7 @@ def first(events, **want):
 
 
 def chinese(html_text: str) -> str:
-    return html_text.split("<summary>中文</summary>", 1)[1]
+    return html_text.split("<summary>中文 (Chinese)</summary>", 1)[1]
 
 
 def test_a_chain_round_with_a_rejection_says_seq_rm_with_its_range(chain_events, vocab):

@@ -104,6 +104,17 @@ def test_token_tooltip_has_position_drafter_p_and_q(vocab):
     assert "pos 13" in bonus and "p 0.550" in bonus  # the correction takes the first rejected position
 
 
+def test_token_tooltip_has_the_acceptance_probability_and_the_targets_entropy(vocab):
+    out = round_html(spec_event(entropy=[0.5, 1.25, 3.0]), vocab, context=[1, 4])
+    tips = re.findall(r'data-tip="([^"]*)"', out)
+    accepted, first_rej = tips[0], tips[2]
+    assert "min(1, p/q) 1.000" in accepted and "target entropy 0.50 bits" in accepted  # 0.91 / 0.7 capped at 1
+    assert "min(1, p/q) 0.200" in first_rej and "entropy" not in first_rej  # 0.1 / 0.5; never emitted
+    correction = re.findall(r'class="tok tok-bonus tok-fix" data-tip="([^"]*)"', out)[0]
+    assert "target entropy 3.00 bits" in correction and "min(1" not in correction  # the target's own: no q
+    assert "entropy" not in round_html(spec_event(), vocab, context=[1, 4])  # events without GenParams.explain
+
+
 def test_full_accept_is_a_bonus_and_plain_rounds_are_target_tokens(vocab):
     full = round_html(spec_event(drafted=[5, 6], n_accepted=2, rm_range=None, emitted=[5, 6, 11]), vocab, [])
     assert classes(full, "tok-rej") == 0 and classes(full, "tok-bonus") == 1 and "tok-fix" not in full
@@ -180,6 +191,21 @@ def test_step_view_lists_the_batch_row_by_row(vocab):
     assert out.count("<tr>") == 1 + 5  # header + [sampled, d1..d4]
     assert "d1 accepted" in out and "d3 rejected" in out and "discarded" in out
     assert "seq_rm(seq 0, 13, -1)" in out and "[13, 15)" in out
+
+
+def test_step_view_at_temperature_shows_p_q_the_uniform_and_the_residual(vocab):
+    ev = spec_event(verify_mode="rejection", uniforms=[0.2, 0.5, 0.9], residual_top=[(11, 0.6), (12, 0.3), (13, 0.1)])
+    out = step_html(ev, vocab, context=[1, 4], sampled=4)
+    rows = re.findall(r"<tr><td>(.*?)</tr>", out.split('class="verify-rows"')[1].split("</table>")[0])
+    assert len(rows) == 4  # d1..d4
+    assert "0.100</td><td>0.500</td><td>0.200</td><td>0.900" in rows[2] and "d3 rejected" in rows[2]
+    assert "d1 accepted" in rows[0] and "1.000" in rows[0] and "not judged" in rows[3]
+    residual = out.split('class="residual"')[1]
+    assert residual.count('class="res-bar') == 3 and 'res-bar res-drawn' in residual and "drawn: <b> on</b>" in residual
+    assert "width:60.0%" in residual
+    assert "min(1, p(d)/q(d))" in out  # the narration says how the verdicts came about
+    assert 'class="residual"' not in step_html(spec_event(verify_mode="rejection", n_accepted=4, emitted=[5, 6, 7, 8, 9],
+                                                          uniforms=[0.1] * 4), vocab, context=[1, 4], sampled=4)
 
 
 def test_kv_strip_marks_sampled_kept_freed_and_next(vocab):

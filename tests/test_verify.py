@@ -105,6 +105,34 @@ def test_rejection_sampling_first_token_is_distributed_as_p():
     assert 0.5 * float((freq - q).abs().sum()) > 0.3
 
 
+def test_rejection_verdict_records_each_uniform_and_the_residual_it_drew_from():
+    """The event's numbers (RoundEvent.uniforms, residual_top) are the ones that decided: every kept token had
+    u <= p/q, the refused one u > p/q, and the residual's top tokens are norm(max(0, p - q))'s, largest first."""
+    p_logits = torch.tensor([2.0, 1.5, 0.2, -1.0, 0.7, 0.0])
+    q = torch.tensor([0.05, 0.05, 0.5, 0.3, 0.05, 0.05])
+    target = Sampler(SamplerParams(temp=1.0, seed=3))
+    p = target.probs(p_logits)
+    want = torch.clamp(p - q, min=0.0)
+    want = want / want.sum()
+    logits = torch.stack([p_logits] * 4)
+    seen_rejection = False
+    for _ in range(40):
+        v = verify.rejection(target, logits, [2, 3, 2], [q, q, q])
+        m = v.n_accepted
+        assert len(v.uniforms) == min(m + 1, 3)
+        for i, u in enumerate(v.uniforms):
+            ratio = float(p[v.tokens[i] if i < m else [2, 3, 2][i]]) / float(q[[2, 3, 2][i]])
+            assert (u <= ratio) == (i < m)
+        if m < 3:
+            seen_rejection = True
+            ids, probs = zip(*v.residual_top)
+            assert list(ids) == torch.topk(want, 5).indices.tolist()
+            assert torch.allclose(torch.tensor(probs), torch.topk(want, 5).values, atol=1e-6)
+        else:
+            assert v.residual_top == []
+    assert seen_rejection, "a draft the target dislikes was never refused: the residual went untested"
+
+
 def test_wrong_residual_would_be_caught():
     """Sampling rejected tokens from p instead of norm(max(0, p - q)) biases the output; the check sees it."""
     p_logits = torch.tensor([2.0, 1.5, 0.2, -1.0, 0.7, 0.0])

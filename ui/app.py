@@ -16,7 +16,8 @@ from ui.remote_page import header_html as remote_header_html
 from ui.render import legend_html
 from ui.turns import close_turn
 from ui.presets import PRESETS
-from ui.settings import ALL_TYPES, FORMAT_EXAMPLES, FORMATS, Settings, default_chain, format_box, own_p_min_text
+from ui.settings import (ALL_TYPES, FORMAT_EXAMPLES, FORMATS, Settings, default_chain, default_tree_nodes, format_box,
+                         own_p_min_text)
 from ui.state import SESSION_TTL_S, AppOptions, AppState, SessionState, session_capacity
 from ui.views import all_views
 from ui.wire import wire_values
@@ -56,13 +57,14 @@ def speculation_controls(app: AppState, c: dict, d: Settings) -> dict:
     rt = app.runtime
     gr.Markdown("### Speculation")
     left_out = getattr(rt, "left_out", None) or {}
-    # the page starts on the default chain: without the drafters the load's probe found unable to pay here
-    c["preset"] = gr.Radio(list(PRESETS), value="fastest here" if left_out else "playground", label="Preset",
-                           elem_id="preset",
-                           info="playground: every drafter the models allow, in trees; llama.cpp: its chains and "
-                                "defaults; fastest here (the default where a drafter cannot pay on this machine): "
-                                "without those drafters; plain: none")
-    c["preset_note"] = gr.HTML(handlers.choose_preset(app, "fastest here")[-1] if left_out else "",
+    # the page starts on the default chain: without the drafters the load's probe found unable to pay here, in
+    # trees only where the probe timed them faster than chains here
+    start = "fastest here" if left_out else "playground"
+    c["preset"] = gr.Radio(list(PRESETS), value=start, label="Preset", elem_id="preset",
+                           info="playground: every drafter the models allow, in trees where they pay here; "
+                                "llama.cpp: its chains and defaults; fastest here (the default where a drafter "
+                                "cannot pay on this machine): without those drafters; plain: none")
+    c["preset_note"] = gr.HTML(handlers.choose_preset(app, start)[-1] if rt is not None else "",
                                elem_id="preset-note")
     types = gr.Dropdown(ALL_TYPES, value=default_chain(rt, app.options.eagle3), multiselect=True,
                         label="Drafter chain, in relay order",
@@ -79,7 +81,8 @@ def speculation_controls(app: AppState, c: dict, d: Settings) -> dict:
     p_min_own.change(lambda own: gr.update(interactive=not own), p_min_own, p_min)
     adaptive = gr.Checkbox(value=d.adaptive, label="Adaptive draft length (cut drafts that do not pay)",
                            elem_id="adaptive")
-    tree_nodes = gr.Slider(0, 32, value=d.tree_nodes, step=1, elem_id="tree-nodes",
+    tree_nodes = gr.Slider(0, 32, value=default_tree_nodes(rt) if rt is not None else d.tree_nodes, step=1,
+                           elem_id="tree-nodes",
                            label="Tree of drafts: nodes per round at most (0 = one chain)",
                            info="every drafter proposes, the draft head branches, and one forward checks the "
                                 "whole tree; with adaptive length one budget keeps the nodes that pay")

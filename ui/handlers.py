@@ -132,7 +132,7 @@ def choose_preset(app: AppState, name: str) -> tuple:
     rt = app.runtime
     mod = rt.engine.drafter_params_of("ngram-mod") if rt is not None else None
     p = preset(name, full_chain(rt, app.options.eagle3), getattr(rt, "left_out", {}) or {},
-               getattr(mod, "n_match", None))
+               getattr(mod, "n_match", None), getattr(rt, "trees", None))
     note = "".join(f"<li>{html.escape(n)}</li>" for n in p.notes)
     return (p.types, p.n_max, p.n_min, p.p_min is None, p.p_min if p.p_min is not None else gr.skip(),
             p.adaptive, p.tree_nodes, f'<ul class="preset-note muted small">{note}</ul>' if note else "")

@@ -7,9 +7,9 @@ loaded."""
 
 from __future__ import annotations
 
-from ui.presets import PROBE_PROMPT, probe_model_drafters
+from ui.presets import PROBE_PROMPT, probe_model_drafters, probe_trees
 from ui.session import UserError
-from ui.settings import full_chain
+from ui.settings import default_chain, full_chain
 from ui.state import AppOptions, AppState, Runtime
 from ui.tokens import Vocab
 
@@ -36,6 +36,7 @@ def make_runtime(target, draft, options: AppOptions, on_event=None) -> Runtime:
     # before its scheduler starts: the probe drafts on the engine directly, with nobody else on it
     runtime.left_out = probe_model_drafters(engine, target.encode_chat([{"role": "user", "content": PROBE_PROMPT}]),
                                             full_chain(runtime, options.eagle3), runtime.roofline)
+    runtime.trees = probe_trees(engine, target, default_chain(runtime, options.eagle3))
     runtime.scheduler = Scheduler(engine, options.queue_max, on_event=on_event)
     return runtime
 

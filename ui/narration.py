@@ -194,6 +194,14 @@ def accept_words(ev) -> tuple[str, str]:
         en, zh = tries_words(ev) if ev.tree_tries else ("", "")
         return (f"<b>Accept.</b> The {m} node(s) on the target's path are kept, in the order it walked them.{en}",
                 f"<b>接受。</b>保留目标模型走过的路径上的 {m} 个节点。{zh}")
+    if ev.verify_mode == "rejection":
+        return (f"<b>Accept.</b> By rejection sampling: each draft token d is kept when a uniform u is at most "
+                f"min(1, p(d)/q(d)), target over draft; {m} of them were kept before the first refusal. Where one "
+                f"is refused, the target's token is drawn from the residual norm(max(0, p &minus; q)), so the text "
+                f"is distributed exactly as plain sampling's.",
+                f"<b>接受。</b>拒绝采样:当均匀随机数 u 不超过 min(1, p(d)/q(d))(目标概率比草稿概率)时保留草稿 token d;"
+                f"在第一次拒绝之前保留了 {m} 个。被拒绝处,目标的 token 从残差分布 norm(max(0, p &minus; q)) 中抽取,"
+                f"因此输出的分布与普通采样完全相同。")
     return (f"<b>Accept.</b> The target agrees with the first {m} of them: the longest agreeing prefix is kept.",
             f"<b>接受。</b>目标模型认可前 {m} 个:保留最长的一致前缀。")
 
@@ -272,5 +280,5 @@ def narration_html(ev, roof) -> str:
     zh = "".join(f"<li>{z}</li>" for _, z in told)
     total = len(ev.emitted)
     return (f'<div class="narration"><p><b>This round in the lesson\'s order</b>: {total} token(s) for one '
-            f"forward.</p><ol>{en}</ol><details><summary>中文</summary><p><b>按课程顺序讲解本轮</b>:一次前向得到 "
+            f"forward.</p><ol>{en}</ol><details><summary>中文 (Chinese)</summary><p><b>按课程顺序讲解本轮</b>:一次前向得到 "
             f"{total} 个 token。</p><ol>{zh}</ol></details></div>")

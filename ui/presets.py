@@ -12,6 +12,7 @@ measured fastest on this machine at load, and plain decoding.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 PRESETS = ("playground", "llama.cpp", "fastest here", "plain")
@@ -19,6 +20,20 @@ LLAMA_CPP = dict(n_max=16, n_min=0, p_min=0.75)  # common_params_speculative's d
 NGRAM_MOD_WARN = 16  # llama.cpp warns when ngram-mod's match length is below this
 PROBE_PROMPT = "Write a short note to a neighbour about a parcel you took in for them."
 PROBE_TOKENS = 32  # tokens the probe generates with each model drafter alone
+# the tree probe's prompts: one open (the model drafters' ground), one that copies (the n-grams')
+TREE_PROBE_PROMPTS = (PROBE_PROMPT, "Repeat this list twice, one item a line: apples, bread, milk, eggs, tea.")
+TREE_PROBE_TOKENS = 48  # tokens per prompt and configuration
+TREE_MARGIN = 1.05  # trees are chosen only this much faster than chains: a tie goes to the simpler chain
+
+
+@dataclass(frozen=True)
+class TreeChoice:
+    """Chains or trees for the presets that draft with every drafter, as the load's probe measured them here."""
+
+    nodes: int  # tree nodes a round may verify: 0 = chains
+    chain_tps: float = 0.0  # decode tokens/s of the chain on the probe (0: not measured)
+    tree_tps: float = 0.0  # the same drafters in trees
+    why: str = ""  # one line for the page
 
 
 @dataclass(frozen=True)
@@ -37,14 +52,19 @@ def is_model_drafter(name: str) -> bool:
     return name.startswith("draft-")
 
 
-def preset(name: str, chain: list[str], left_out: dict[str, str], ngram_mod_match: int | None = None) -> Preset:
+def preset(name: str, chain: list[str], left_out: dict[str, str], ngram_mod_match: int | None = None,
+           trees: TreeChoice | None = None) -> Preset:
     """The preset `name` for a page whose starting chain is `chain`; left_out: the model drafters the load's
-    probe found unable to pay here, with why."""
+    probe found unable to pay here, with why; trees: chains or trees as the load's probe found (None: trees of
+    Settings.tree_nodes, unmeasured)."""
     from ui.settings import Settings
 
     d = Settings()
+    trees = trees or TreeChoice(nodes=d.tree_nodes)
+    tree_note = [trees.why] if trees.why else []
     if name == "playground":
-        return Preset(name, list(chain), n_max=d.n_max, n_min=d.n_min, adaptive=True, tree_nodes=d.tree_nodes)
+        return Preset(name, list(chain), n_max=d.n_max, n_min=d.n_min, adaptive=True, tree_nodes=trees.nodes,
+                      notes=tree_note)
     if name == "llama.cpp":
         order = [t for t in chain if not is_model_drafter(t)] + [t for t in chain if is_model_drafter(t)]
         notes = ["linear chains, n-grams first then model drafters, llama.cpp's n_max 16 / n_min 0 / p_min 0.75, "
@@ -58,7 +78,8 @@ def preset(name: str, chain: list[str], left_out: dict[str, str], ngram_mod_matc
         kept = [t for t in chain if t not in left_out]
         notes = [f"{t} left out: {why}" for t, why in left_out.items()] or [
             "every drafter of the chain can pay on this machine"]
-        return Preset(name, kept, n_max=d.n_max, n_min=d.n_min, adaptive=True, tree_nodes=d.tree_nodes, notes=notes)
+        return Preset(name, kept, n_max=d.n_max, n_min=d.n_min, adaptive=True, tree_nodes=trees.nodes,
+                      notes=notes + tree_note)
     if name == "plain":
         return Preset(name, [], adaptive=False, notes=["plain decoding: one token a forward"])
     raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {name!r}")
@@ -96,3 +117,47 @@ def probe_model_drafters(engine, prompt: list[int], chain: list[str], roof, p_mi
             left_out[name] = (f"its call costs {calls_ms:.1f} ms against a {step_ms:.1f} ms step and it kept "
                               f"{first:.0%} at the first position on the probe: at best {best:.2f}x here")
     return left_out
+
+
+def _decode_tps(engine, prompt: list[int], chain: list[str], nodes: int, n_new: int = TREE_PROBE_TOKENS
+                ) -> tuple[int, float]:
+    """(tokens after the first, seconds after the prefill) of one greedy answer drafted by `chain`."""
+    from engine import GenParams, SpecParams
+
+    params = GenParams(max_new_tokens=n_new, ignore_eos=True,
+                       spec=SpecParams(types=list(chain), n_max=16, adaptive=True, tree_nodes=nodes))
+    t0 = time.perf_counter()
+    events = list(engine.generate(list(prompt), params))
+    t_prefill = events[0].t_end if events and events[0].t_end else t0
+    return sum(len(e.emitted) for e in events[1:]), time.perf_counter() - t_prefill
+
+
+def probe_trees(engine, target, chain: list[str], nodes: int | None = None) -> TreeChoice:
+    """At load, before anyone is served: the chain and the same drafters in trees of `nodes` (default
+    Settings.tree_nodes), greedy, on an open and a copying prompt, in turn (chain first, then tree first), timed
+    on this machine. Trees are the presets' choice only where they decoded TREE_MARGIN faster: a tree verifies more
+    rows and runs every drafter, which pays only where a forward's extra rows are nearly free here."""
+    from ui.settings import Settings
+
+    nodes = Settings().tree_nodes if nodes is None else nodes
+    if nodes <= 0 or not chain or not engine.supports_trees:
+        return TreeChoice(nodes=0, why="chains: trees are off for this model" if nodes > 0 and chain else "")
+    done = {0: [0, 0.0], nodes: [0, 0.0]}
+    prompts = [target.encode_chat([{"role": "user", "content": text}]) for text in TREE_PROBE_PROMPTS]
+    for n in (0, nodes):  # a first answer pays one-off costs (buffers, a drafter's first call): not timed
+        _decode_tps(engine, prompts[0], chain, n, n_new=8)
+    for i, prompt in enumerate(prompts):
+        for n in ((0, nodes) if i % 2 == 0 else (nodes, 0)):
+            tokens, seconds = _decode_tps(engine, prompt, chain, n)
+            done[n][0] += tokens
+            done[n][1] += seconds
+    chain_tps, tree_tps = (done[n][0] / max(done[n][1], 1e-9) for n in (0, nodes))
+    return choose_trees(nodes, chain_tps, tree_tps)
+
+
+def choose_trees(nodes: int, chain_tps: float, tree_tps: float) -> TreeChoice:
+    """Trees of `nodes` where they decoded TREE_MARGIN faster than the chain, else chains; the why in numbers."""
+    measured = f"{tree_tps:.0f} tok/s in trees of {nodes} nodes against {chain_tps:.0f} as a chain on the load's probe"
+    if tree_tps >= TREE_MARGIN * chain_tps:
+        return TreeChoice(nodes, chain_tps, tree_tps, f"trees: {measured}")
+    return TreeChoice(0, chain_tps, tree_tps, f"chains: {measured} (trees only at {TREE_MARGIN:.2f}x or more)")

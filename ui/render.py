@@ -49,8 +49,23 @@ def fmt_prob(label: str, values: list[float] | None, i: int) -> str:
     return f"{label} {float(values[i]):.3f}"
 
 
-def token_span(kind: str, piece: str, tok: int, pos: int, vocab: Vocab, ev, p: str, q: str) -> str:
-    """One token as a span; hovering shows what happened (from its class), position, drafter, p and q."""
+def judged_line(ev, p_rows: list[float] | None, i: int, emitted: bool) -> str:
+    """The hover's verification line for the token at index i of the round: min(1, p/q) where a drafter gave q,
+    and the target's entropy at the token's row (GenParams.explain) for an emitted token."""
+    parts = []
+    q = ev.q_draft[i] if ev.q_draft is not None and i < len(ev.q_draft) else None
+    p = p_rows[i] if p_rows is not None and i < len(p_rows) else None
+    if q is not None and p is not None and q > 0:
+        parts.append(f"min(1, p/q) {min(1.0, float(p) / float(q)):.3f}")
+    entropy = getattr(ev, "entropy", None) or []
+    if emitted and i < len(entropy):
+        parts.append(f"target entropy {float(entropy[i]):.2f} bits")
+    return "  ".join(parts)
+
+
+def token_span(kind: str, piece: str, tok: int, pos: int, vocab: Vocab, ev, p: str, q: str, judged: str = "") -> str:
+    """One token as a span; hovering shows what happened (from its class), position, drafter, p, q, the
+    acceptance probability min(1, p/q) and the target's entropy there."""
     classes = CLASSES[kind]
     shown = visible(piece, inline=kind == "rej")
     if vocab.is_special(tok):
@@ -58,7 +73,7 @@ def token_span(kind: str, piece: str, tok: int, pos: int, vocab: Vocab, ev, p: s
         shown = html.escape(vocab.raw(tok))
     drafter = f"drafter {ev.drafter}" if kind in ("acc", "forced", "rej") and ev.drafter else ""
     probs = "  ".join(x for x in (p, q) if x)
-    data = tip([f"pos {pos} · round {ev.round}", drafter, probs, f"#{tok} {vocab.raw(tok)!r}"])
+    data = tip([f"pos {pos} · round {ev.round}", drafter, probs, judged, f"#{tok} {vocab.raw(tok)!r}"])
     return f'<span class="{classes}" data-tip="{data}">{shown}</span>'
 
 
@@ -86,7 +101,7 @@ def round_html(ev, vocab: Vocab, context: list[int]) -> str:
     parts = []
     for i, tok in enumerate(emitted[:m]):
         parts.append(token_span(emitted_kind(ev, i), pieces[i], tok, ev.p0 + i, vocab, ev, fmt_prob("p", ev.p_target, i),
-                                fmt_prob("q", ev.q_draft, i)))
+                                fmt_prob("q", ev.q_draft, i), judged_line(ev, ev.p_target, i, True)))
     if len(emitted) > m and ev.rejected:  # cut at a stop inside the accepted run: the rest was never shown
         rej_pieces = vocab.pieces(context + emitted[:m], ev.rejected)
         spans = []
@@ -96,12 +111,12 @@ def round_html(ev, vocab: Vocab, context: list[int]) -> str:
             if p and j > m:
                 p += " (after a rejected token)"
             spans.append(token_span("rej", rej_pieces[j - m], tok, ev.p0 + j, vocab, ev, p,
-                                    fmt_prob("q", ev.q_draft, j)))
+                                    fmt_prob("q", ev.q_draft, j), judged_line(ev, ev.p_draft_rows, j, False)))
         tag = html.escape(drafter_tag(ev.drafter))
         parts.append(f'<s class="rej-group"><span class="rej-tag">{tag}</span>{"".join(spans)}</s>')
     for i in range(m, len(emitted)):
         parts.append(token_span(emitted_kind(ev, i), pieces[i], emitted[i], ev.p0 + i, vocab, ev,
-                                fmt_prob("p", ev.p_target, i), ""))
+                                fmt_prob("p", ev.p_target, i), "", judged_line(ev, None, i, True)))
     return f'<span class="rnd" data-round="{ev.round}" data-kind="{html.escape(ev.kind)}">{"".join(parts)}</span>'
 
 
@@ -115,7 +130,8 @@ def legend_html() -> str:
     ]
     spans = "".join(f'<span class="legend-item"><span class="tok {cls}">{html.escape(name)}</span>'
                     f'<span class="legend-text">{html.escape(text)}</span></span>' for cls, name, text in items)
-    return f'<div class="legend">{spans}<span class="legend-hint">hover a token for p, q and its position</span></div>'
+    hint = "hover a token for p, q, min(1, p/q), the target&#39;s entropy and its position"
+    return f'<div class="legend">{spans}<span class="legend-hint">{hint}</span></div>'
 
 
 def user_bubble(text: str) -> str:

@@ -92,6 +92,13 @@ def default_chain(runtime, eagle3: str | None = None) -> list[str]:
     return [t for t in full_chain(runtime, eagle3) if t not in left_out]
 
 
+def default_tree_nodes(runtime) -> int:
+    """The tree nodes a page (or an API request) starts with: 0 (chains) where the load's probe timed trees no
+    faster than chains here (ui/presets.py, probe_trees), else Settings.tree_nodes."""
+    trees = getattr(runtime, "trees", None)
+    return Settings.tree_nodes if trees is None else int(trees.nodes)
+
+
 def chain_for_target(types: list[str], target) -> tuple[list[str], str]:
     """The chain after a new target is loaded: draft-head joins it where the head fits the target and leaves
     it where it does not (it would refuse to draft). Returns (types, a note for the user, or "")."""
@@ -143,8 +150,9 @@ class Settings:
             types.insert(0, GRAMMAR_TYPE)
         return types
 
-    def gen_params(self, speculative: bool = True) -> GenParams:
-        """GenParams for the engine; speculative=False is the plain baseline with the same sampler and seed.
+    def gen_params(self, speculative: bool = True, explain: bool = True) -> GenParams:
+        """GenParams for the engine; speculative=False is the plain baseline with the same sampler and seed;
+        explain: the events carry each token's target entropy, for the answer's hover (the API leaves it off).
         Raises ValueError with a message for the user (validated here so nothing is submitted on bad input)."""
         params = GenParams(
             max_new_tokens=int(self.max_new_tokens),
@@ -155,7 +163,7 @@ class Settings:
                             adaptive=bool(self.adaptive), tree_nodes=int(self.tree_nodes),
                             rollback=str(self.rollback or "auto")),
             # the plain baseline is constrained too, so the lossless check compares like with like
-            grammar=self.grammar(),
+            grammar=self.grammar(), explain=explain,
         )
         params.validate()
         return params

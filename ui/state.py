@@ -67,6 +67,7 @@ class Runtime:
     vocab: Vocab
     roofline: object = None  # engine.cost.roofline.Roofline: the forward's cost by rows beside the weights' floor
     left_out: dict = field(default_factory=dict)  # model drafters the load's probe found unable to pay here: why
+    trees: object = None  # ui.presets.TreeChoice: chains or trees, as the load's probe timed them here
     text_chars: int = 0  # the most characters a text may hold before it is tokenized (ui/limits.py; 0: not yet)
 
     def lossless_checked(self) -> bool:

@@ -11,6 +11,7 @@ import html
 from ui.narration import narration_html, relay_line
 from ui.tokens import Vocab, tip, visible
 from ui.treeview import tree_html, tree_summary
+from ui.verifyview import rejection_html
 
 MAX_ROWS = 120  # rows shown live; older ones are summarised in one line (the answer keeps every token)
 
@@ -134,6 +135,8 @@ def step_html(ev, vocab: Vocab, context: list[int], sampled: int | None, roof=No
             "<th>verdict</th></tr>")
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
                    for row in step_rows(ev, vocab, context, sampled))
+    table = (rejection_html(ev, vocab, context) if ev.verify_mode == "rejection" and ev.drafted
+             else f"<table>{head}{body}</table>")
     k, m = len(ev.drafted), ev.n_accepted
     removed = f'<p class="{"v-rej" if ev.rollback != "none" else "v-acc" if k else "muted"}">{removed_text(ev)}</p>'
     mode = ("rejection sampling min(1, p/q)" if ev.verify_mode == "rejection"
@@ -146,7 +149,7 @@ def step_html(ev, vocab: Vocab, context: list[int], sampled: int | None, roof=No
         what = "a replay of the decided tokens" if ev.kind == "replay" else "no draft, one row"
         intro = f'<p><b>Round {ev.round}</b>: {what}.</p>'
     done = f'<p class="muted">Finished: {html.escape(ev.stop_reason or "")}.</p>' if ev.done else ""
-    return f'<div class="step">{intro}<table>{head}{body}</table>{removed}{done}{narration_html(ev, roof)}</div>'
+    return f'<div class="step">{intro}{table}{removed}{done}{narration_html(ev, roof)}</div>'
 
 
 def removed_text(ev) -> str:

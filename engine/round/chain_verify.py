@@ -21,7 +21,7 @@ from engine.memory.probe import RS
 from engine.round import verify
 from engine.round.event_builder import Decision, Emission, SlotRound, Timing
 from engine.round.slot import Slot
-from engine.sampling import argmax_rows
+from engine.sampling import argmax_rows, entropy_bits
 
 
 @dataclass
@@ -66,6 +66,8 @@ def verify_chain(v: Verifying, slot: Slot, r: DraftRequest, logits, ckpt, drafte
         seq=slot.seq, round=slot.round, kind="spec" if k > 0 else "plain", drafter=drafter,
         pos_sampled=p_sampled, p0=p0, drafted=list(r.result), n_accepted=m, bonus=verdict.tokens[-1],
         p_target=verdict.p_target, p_draft_rows=verdict.p_draft_rows, q_draft=draft_probs(r),
+        entropy=entropy_bits(logits[: m + 1]) if slot.params.explain else [],
+        uniforms=verdict.uniforms, residual_top=verdict.residual_top,
         target_top=top, verify_mode=mode, rollback=rollback, rm_range=rm_range,
         rm_cells=rm_range[1] - rm_range[0] if rm_range else 0,
         rs_undone=k - m if rollback == "seq_rm" and v.probe_kind == RS else 0,

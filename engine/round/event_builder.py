@@ -42,6 +42,9 @@ class Decision:
     bonus: int = -1
     p_target: list[float] = field(default_factory=list)
     p_draft_rows: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+    uniforms: list[float] = field(default_factory=list)
+    residual_top: list[tuple[int, float]] = field(default_factory=list)
     target_top: list[int] = field(default_factory=list)
     q_draft: list[float] | None = None
     verify_mode: str = "match"
@@ -116,7 +119,8 @@ def build(part: SlotRound, t_end: float = 0.0, n_cells_used: int = 0, seq_cells:
     return RoundEvent(
         seq=v.seq, round=v.round, kind=v.kind, drafter=v.drafter, pos_sampled=v.pos_sampled, p0=v.p0,
         drafted=v.drafted, n_accepted=v.n_accepted, bonus=v.bonus, emitted=out.emitted, p_target=v.p_target,
-        p_draft_rows=v.p_draft_rows, target_top=v.target_top, q_draft=v.q_draft, verify_mode=v.verify_mode,
+        p_draft_rows=v.p_draft_rows, entropy=v.entropy, uniforms=v.uniforms,
+        residual_top=v.residual_top, target_top=v.target_top, q_draft=v.q_draft, verify_mode=v.verify_mode,
         rollback=v.rollback, rm_range=v.rm_range, t_draft_ms=tm.t_draft_ms, t_verify_ms=tm.t_verify_ms,
         t_forward_ms=tm.t_forward_ms, t_rollback_ms=tm.t_rollback_ms, batch_rows=tm.batch_rows,
         n_seqs=part.n_seqs, n_cells_used=n_cells_used, seq_cells=seq_cells, text_delta=out.text_delta,

@@ -18,7 +18,7 @@ from engine.memory import checkpoint
 from engine.round import verify
 from engine.draft.tree import DraftTree
 from engine.round.event_builder import Decision, SlotRound, TreeShown
-from engine.sampling import argmax_rows
+from engine.sampling import argmax_rows, entropy_bits
 from engine.round.chain_verify import Verifying
 from engine.round.slot import Slot
 from engine.round.tree_rejection import SiblingTry, tree_rejection
@@ -65,6 +65,7 @@ def verify_tree(v: Verifying, slot: Slot, r: DraftRequest, tree: DraftTree, logi
     decided = Decision(
         seq=slot.seq, round=slot.round, kind="spec", drafter=drafter, pos_sampled=p_sampled, p0=p0,
         drafted=display_chain(tree, path), n_accepted=m, bonus=verdict.tokens[-1], p_target=verdict.p_target,
+        entropy=entropy_bits(logits[kept]) if slot.params.explain else [],
         target_top=top, verify_mode="tree", rollback=rollback, rm_range=rm_range,
         rm_cells=0 if rollback == "none" else k - m if rollback == "tree" else 1 + k,
         rm_positions=freed_positions(tree, path, p0) if rollback == "tree" else [],

@@ -27,7 +27,7 @@ round always makes progress.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,6 +41,12 @@ class Verdict:
     p_target: list[float]  # p of each emitted token under the target (for display)
     p_draft_rows: list[float]  # p of each draft token under the target, rows 0..k-1 (for display)
     n_draws: int = 0  # uniforms taken from the sampler's stream (a replay takes as many)
+    uniforms: list[float] = field(default_factory=list)  # rejection sampling: the uniform u drawn for each judged d
+    # rejection sampling, after a rejection: the residual norm(max(0, p - q))'s most likely tokens (id, probability)
+    residual_top: list[tuple[int, float]] = field(default_factory=list)
+
+
+RESIDUAL_SHOWN = 5  # tokens of the residual an event carries
 
 
 def p_of(probs: torch.Tensor, token: int) -> float:
@@ -160,6 +166,8 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
     n_draws0 = sampler.n_draws
     tokens: list[int] = []
     p_target: list[float] = []
+    uniforms: list[float] = []
+    shown: list[tuple[int, float]] = []
     for i, d in enumerate(draft):
         p_i = probs[i]
         q_i = align_q(q[i].to(probs.device, probs.dtype), p_i.shape[-1])  # the draft may run on another device
@@ -169,14 +177,18 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
         p_d = p_of(p_i, d)
         # the uniform comes from the target sampler's own stream: independent of how the draft was drawn
         u = sampler.uniform()
+        uniforms.append(u)
         # p_d > 0: a uniform of exactly 0 must not keep a token the target cannot emit (or does not even have)
         if q_d > 0 and p_d > 0 and u * q_d <= p_d:
             tokens.append(d)
             p_target.append(p_d)
             continue
-        tok = sampler.sample_probs(residual(p_i, q_i))
+        left = residual(p_i, q_i)
+        tok = sampler.sample_probs(left)
         tokens.append(tok)
         p_target.append(float(p_i[tok]))
+        top = torch.topk(left / left.sum(), min(RESIDUAL_SHOWN, left.shape[-1]))
+        shown = list(zip(top.indices.tolist(), top.values.tolist()))
         break
     else:
         tok = sampler.sample_probs(probs[len(draft)])
@@ -184,7 +196,7 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
         p_target.append(float(probs[len(draft), tok]))
     p_draft_rows = [p_of(probs[i], d) for i, d in enumerate(draft)]
     return Verdict(tokens=tokens, n_accepted=len(tokens) - 1, p_target=p_target, p_draft_rows=p_draft_rows,
-                   n_draws=sampler.n_draws - n_draws0)
+                   n_draws=sampler.n_draws - n_draws0, uniforms=uniforms, residual_top=shown)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -173,6 +173,10 @@ class Engine:
         with another; None without a draft model."""
         return None if self.draft_model is None else "draft-uni" if self.draft_mismatch is not None else "draft-simple"
 
+    @property
+    def supports_trees(self) -> bool:  # whether the target's memory keeps a tree's branches (a cell cache does)
+        return bool(getattr(self.ctx, "supports_trees", False))
+
     # ---- slots -------------------------------------------------------------------------------------------
 
     def free_seq(self) -> int:
@@ -235,7 +239,7 @@ class Engine:
             slot.n_max_effective = min(params.spec.n_max, self.limits.per_seq - 1)
         no_q = [name for name in params.spec.types if self.drafter(name).needs_model and not self.drafter(name).gives_q]
         slot.notes += setting_notes(params, self.limits.per_seq - 1,
-                                    slot.trees_off(getattr(self.ctx, "supports_trees", False)), no_q)
+                                    slot.trees_off(self.supports_trees), no_q)
         if params.spec.synthetic_accept is not None:
             # a stream per slot: the sampler's seed and the slot, so concurrent slots toss independent coins
             coin_seed = params.sampling.seed ^ 0x5BD1E995 ^ (seq * 0x9E3779B1)

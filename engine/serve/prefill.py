@@ -18,6 +18,7 @@ from engine.batch import Batch
 from engine.events import ErrorEvent, failure
 from engine.round.event_builder import Decision, Emission, SlotRound, Timing
 from engine.round.slot import Slot
+from engine.sampling import entropy_bits
 
 N_BATCH = 512  # rows per forward: prompt chunks during prefill, and the cap on logits rows of a verification
 # a step's prompt rows in all while other slots are generating: bounds how long prompts in prefill hold their
@@ -91,7 +92,8 @@ class Prefiller:
         slot.id_last = tok
         slot.state = "generating"
         decided = Decision(seq=slot.seq, round=0, kind="prefill", drafter=None, pos_sampled=len(slot.tokens) - 1,
-                       p0=len(slot.tokens), bonus=tok, p_target=[p], notes=list(slot.notes))
+                       p0=len(slot.tokens), bonus=tok, p_target=[p], notes=list(slot.notes),
+                       entropy=entropy_bits(logits.reshape(1, -1)) if slot.params.explain else [])
         timing = Timing(t_verify_ms=slot.prefill_ms + (time.perf_counter() - t0) * 1e3, batch_rows=slot.prefill_rows)
         slot.round = 1
         return SlotRound(decided, self.emit(slot, [tok]), timing)

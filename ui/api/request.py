@@ -58,7 +58,7 @@ class ChatRequest:
         the limit when the request sets none. Raises ApiError with the engine's own message."""
         self.settings.max_new_tokens = self.max_tokens if self.max_tokens is not None else max(1, room)
         try:
-            params = self.settings.gen_params(speculative=self.speculative)
+            params = self.settings.gen_params(speculative=self.speculative, explain=False)
             params.ignore_eos = self.ignore_eos
             params.validate()
         except ValueError as e:
@@ -217,9 +217,10 @@ def salt_of(raw) -> str:
     return raw
 
 
-def parse_chat(body, chain: list[str], max_chars: int | None = None) -> ChatRequest:
-    """Check a request body and build its ChatRequest; `chain`: the page's default drafter chain; max_chars: the
-    most characters the messages may hold (ui/api/routes.py: the context's tokens times the longest token)."""
+def parse_chat(body, chain: list[str], max_chars: int | None = None, tree_nodes: int | None = None) -> ChatRequest:
+    """Check a request body and build its ChatRequest; `chain` and `tree_nodes`: the page's default drafter chain
+    and tree nodes (None: Settings'); max_chars: the most characters the messages may hold (ui/api/routes.py: the
+    context's tokens times the longest token)."""
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object")
     refuse_unsupported(body)
@@ -233,7 +234,8 @@ def parse_chat(body, chain: list[str], max_chars: int | None = None) -> ChatRequ
         seed=secrets.randbelow(SEED_LIMIT) if seed is None else seed,
         n_max=number(body, "speculative.n_max", d.n_max, int), n_min=number(body, "speculative.n_min", d.n_min, int),
         p_min=number(body, "speculative.p_min", d.p_min), p_min_own=body.get("speculative.p_min") is None,
-        compare=False, output_format=output_format, format_text=format_text)
+        compare=False, output_format=output_format, format_text=format_text,
+        tree_nodes=d.tree_nodes if tree_nodes is None else tree_nodes)
     flags = {key: body.get(key, default) for key, default in (("stream", False), ("speculative", True),
                                                                 ("ignore_eos", False))}
     for key, value in flags.items():

@@ -36,7 +36,7 @@ from ui.api.answer import StopCut, Tally
 from ui.api.request import ApiError, ChatRequest, parse_body, parse_chat
 from ui.limits import text_bound
 from ui.metrics import exposition, registry_for
-from ui.settings import default_chain
+from ui.settings import default_chain, default_tree_nodes
 from ui.state import AppState, Runtime
 from ui.visitors import ClientLimits, DuplicateHeader, ShareExceeded, bearer, digest, single_header, visitor_id
 
@@ -158,7 +158,7 @@ class Api:
 
     def prepare(self, runtime: Runtime, raw: bytes, client: str):
         """The body checked and submitted (on the pool): (chat, prompt ids, generation)."""
-        chat = parse_chat(parse_body(raw), self.chain(runtime), text_bound(runtime))
+        chat = parse_chat(parse_body(raw), self.chain(runtime), text_bound(runtime), default_tree_nodes(runtime))
         salt = None if self.app.options.share_prefix_cache else f"{client}/{chat.cache_salt}"
         return (chat, *submit(runtime, chat, salt, client))
 
