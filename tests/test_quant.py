@@ -81,6 +81,24 @@ def test_q4_k_blocks_are_read_as_q4_1_groups_with_gguf_pys_bits():
     assert np.array_equal(mine.dequantize(), dequantize(raw, GGMLQuantizationType.Q4_K).reshape(6, 512))
 
 
+def test_q6_k_blocks_are_read_with_gguf_pys_bits():
+    """Every 6-bit quant in place (ggml's interleaved low nibbles and high pairs) and each sub-block of 16 its
+    own scale: the same float32 weights as gguf-py's dequantize, the blocks of llama.cpp's layout."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from engine.load.kquants import quantize_q6_k
+
+    rng = np.random.default_rng(6)
+    values = rng.normal(0, 0.05, (5, 768)).astype(np.float32)
+    values[2, :16] *= 20  # one sub-block far wider than the rest: its scale differs from its neighbours'
+    raw = quantize_q6_k(values)
+    mine = quant._unpack("q6_k", raw, 5, 768)
+    assert mine.q.dtype == np.int8 and mine.q.min() >= -32 and mine.q.max() <= 31 and mine.d.shape == (5, 48)
+    assert np.array_equal(mine.dequantize(), dequantize(raw, GGMLQuantizationType.Q6_K).reshape(5, 768))
+    assert len(set(mine.d[2, :3].tolist())) == 3
+
+
 def test_the_embedded_models_linears_are_taken_only_where_their_blocks_are_exact():
     from engine.load.models import embedded_gguf_path, load_model
 

@@ -1,4 +1,4 @@
-"""A GGUF's Q4_1 / Q4_0 / Q5_0 / Q8_0 blocks times 8-bit inputs, summed in integers (engine/forward/kernels/small_gemm_qdot.c,
+"""A GGUF's Q4_1 / Q4_0 / Q5_0 / Q8_0 / Q6_K blocks times 8-bit inputs, summed in integers (engine/forward/kernels/small_gemm_qdot.c,
 engine/forward/quant_dot.py): llama.cpp's arithmetic to the rounding of its float32 steps, a row's bits the same in any
 batch and either vector width, the embedded model lossless on it, and the dtype choice that takes it."""
 
@@ -16,6 +16,10 @@ LAYOUTS = [()] + ([("BLOCK8",)] if NB == 16 else [])
 
 def _weight(kind: str, n: int, k: int, seed: int) -> quant.QuantWeight:
     rng = np.random.default_rng(seed)
+    if kind == "q6_k":  # q - 32 in [-32, 31], a scale (float16 d times an int8) per sub-block of 16
+        d = (rng.uniform(1e-4, 1e-3, (n, k // 16)).astype(np.float16).astype(np.float32)
+             * rng.integers(-128, 128, (n, k // 16)).astype(np.float32))
+        return quant.QuantWeight(kind, rng.integers(-32, 32, (n, k), dtype=np.int8), d, None)
     groups = (n, k // quant.GROUP)
     d = rng.uniform(0.001, 0.05, groups).astype(np.float16).astype(np.float32)
     if kind == "q4_1":
@@ -26,20 +30,23 @@ def _weight(kind: str, n: int, k: int, seed: int) -> quant.QuantWeight:
     return quant.QuantWeight(kind, rng.integers(-128, 128, (n, k), dtype=np.int8), d, None)
 
 
-KINDS = ["q4_1", "q8_0", "q4_0", "q5_0"]
+KINDS = ["q4_1", "q8_0", "q4_0", "q5_0", "q6_k"]
 
 
 def _llama_cpp(w: quant.QuantWeight, x: np.ndarray) -> np.ndarray:
     """y [M, N] in float64 from llama.cpp's quantities: each row's groups of 32 as d = max|x| / 127 and
-    q = round(x / d) (ggml's quantize_row_q8_1), then d_w d_x sum(q_w q_x) (+ m_w d_x sum(q_x) for Q4_1)."""
+    q = round(x / d) (ggml's quantize_row_q8_1), then d_w d_x sum(q_w q_x) (+ m_w d_x sum(q_x) for Q4_1), summed
+    per weight group (16 for Q6_K's sub-blocks, else 32)."""
     m_rows, k = x.shape
     xg = x.reshape(m_rows, k // 32, 32)
     d = np.abs(xg).max(-1) / np.float32(127)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
-    q = np.rint(xg * inv[..., None]).astype(np.int64)
-    wq = w.q.reshape(w.q.shape[0], k // 32, 32).astype(np.int64) - quant._OFFSET.get(w.kind, 0)
+    gs = w.group
+    q = np.rint(xg * inv[..., None]).astype(np.int64).reshape(m_rows, k // gs, gs)
+    wq = w.q.reshape(w.q.shape[0], k // gs, gs).astype(np.int64) - quant._OFFSET.get(w.kind, 0)
     dots = np.einsum("mgk,ngk->mng", q, wq).astype(np.float64)
-    y = (dots * (w.d[None].astype(np.float64) * d[:, None, :])).sum(-1)
+    d_x = np.repeat(d, 32 // gs, axis=1)  # each weight group's inputs' scale
+    y = (dots * (w.d[None].astype(np.float64) * d_x[:, None, :])).sum(-1)
     if w.m is not None:
         y += (w.m[None].astype(np.float64) * (d * q.sum(-1))[:, None, :]).sum(-1)
     return y
@@ -78,6 +85,10 @@ def test_the_integer_sums_hold_at_the_extreme_quants(kind):
     d = np.full((n, k // quant.GROUP), 0.01, np.float32)
     if kind == "q4_1":
         w = quant.QuantWeight(kind, np.full((n, k), 15, np.uint8), d, -8 * d)
+    elif kind == "q6_k":  # the most negative quant at the largest scale, then the most positive
+        q = np.full((n, k), -32, np.int8)
+        q[NB:] = 31
+        w = quant.QuantWeight(kind, q, np.full((n, k // 16), 0.01, np.float32), None)
     elif kind in ("q4_0", "q5_0"):  # the largest stored quants, then the smallest (most negative once offset)
         q = np.full((n, k), 2 * quant._OFFSET[kind] - 1, np.uint8)
         q[NB:] = 0

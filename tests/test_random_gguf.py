@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from engine.load import random_gguf as rg
 from engine.load.kquants import quantize_q4_k, quantize_q6_k
@@ -118,14 +119,27 @@ def test_q4_0_and_q5_0_blocks_stay_quantised_on_the_integer_path(cache):
     q4_0 = cache / "tiny-int8.Q4_0.gguf"
     rg.write(q4_0, TINY, "Q4_0", seed=4)
     # 320 wide: Q4_K_M's rows of 320 fall back to Q5_0 (and Q6_K's to Q8_0), its 512-wide ffn_down stays Q4_K
-    # (read as Q4_1 groups) / Q6_K (float32)
+    # (read as Q4_1 groups) / Q6_K; the Q4_0 file's head (the tied embedding) is Q6_K
     q5_0 = cache / "tiny-320.Q4_K_M.gguf"
     rg.write(q5_0, replace(TINY, hidden=320), "Q4_K_M", seed=5)
-    for path, expected in ((q4_0, "our float32 kernel 1, our q4_0_dot kernel 14"),
-                           (q5_0, "our float32 kernel 1, our q4_1_dot kernel 1, our q5_0_dot kernel 11, our q8_0_dot kernel 2")):
+    for path, expected in ((q4_0, "our q4_0_dot kernel 14, our q6_k_dot kernel 1"),
+                           (q5_0, "our q4_1_dot kernel 1, our q5_0_dot kernel 11, our q6_k_dot kernel 1, "
+                                  "our q8_0_dot kernel 2")):
         loaded = load_model(str(path), dtype="int8")
         assert loaded.dtype == "int8" and linear_paths(loaded.model) == expected, linear_paths(loaded.model)
+        if path == q4_0:  # the Q6_K head's logits against the dequantised blocks': the inputs' 8-bit rounding apart
+            from engine.forward.quant import read_gguf
+
+            ids = torch.tensor([loaded.encode("The sea is calm and the sky is clear")])
+            with torch.inference_mode():
+                hidden = loaded.model.model(ids).last_hidden_state[0]
+                ours = loaded.model.lm_head(hidden).double()
+            ref = hidden.double() @ torch.from_numpy(read_gguf(path)["token_embd.weight"].dequantize()).double().T
+            error = float((ours - ref).abs().max() / ref.abs().max())
+            assert 1e-6 < error < 0.02, error
         engine = Engine(loaded, n_ctx=64, n_seq_max=1, calibrate=False)
+        # the lean forward's C layers (lean_layers.c, a kind per block type) against transformers' forward
+        assert engine.load_check.passed is True, engine.load_check.detail
         params = GenParams(max_new_tokens=4, ignore_eos=True)
         out = [t for ev in engine.generate(loaded.encode("The sea is"), params) for t in ev.emitted]
         assert len(out) == 4

@@ -20,7 +20,7 @@ from engine.forward.kernels import registry
 
 _NAMES = ("q", "k", "v", "o", "gate", "up", "down")
 # how lean_layers.c reads a weight: float32, GGUF blocks as float32, or GGUF blocks by integer dot products
-_KINDS = {"": 0, "q4_1": 1, "q8_0": 2, "q4_1_dot": 3, "q8_0_dot": 4, "q4_0_dot": 5, "q5_0_dot": 6}
+_KINDS = {"": 0, "q4_1": 1, "q8_0": 2, "q4_1_dot": 3, "q8_0_dot": 4, "q4_0_dot": 5, "q5_0_dot": 6, "q6_k_dot": 7}
 
 
 def _pointers(tensors) -> ctypes.Array:

@@ -1,4 +1,4 @@
-"""A GGUF model's linears read from their Q4_1 / Q4_0 / Q5_0 / Q8_0 blocks instead of their float32 copies.
+"""A GGUF model's linears read from their Q4_1 / Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K blocks, not float32 copies.
 
 transformers loads a GGUF by dequantising every weight to float32 (gguf-py's `dequantize`): the embedded model's
 linears, stored at 0.625 bytes a weight (Q4_1) and its LM head at 1.06 (Q8_0), become 4 bytes each, and a
@@ -14,7 +14,8 @@ another family or quantisation, a linear with a bias, or a weight that differs k
 
 Read as float32, Q4_0 and Q5_0 go through the Q4_1 and Q8_0 kernels (m = -8 d; q - 16 as int8): every product of a
 float16 scale and a quant of 5 bits or fewer is exact in float32, so the weights keep their bits. Times 8-bit inputs
-each has its own kernel, at its stored size (small_gemm_qdot.c).
+each has its own kernel, at its stored size (small_gemm_qdot.c). Q6_K (d * scale * (q - 32) per sub-block of 16, exact
+in float32 too: 11 + 8 + 6 bits) runs only times 8-bit inputs, a byte a weight; read as float32 it keeps its copy.
 """
 
 from __future__ import annotations
@@ -39,15 +40,19 @@ _LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
 
 @dataclass
 class QuantWeight:
-    kind: str  # "q4_1", "q4_0", "q5_0" or "q8_0"
-    q: np.ndarray  # [N, K] uint8 as stored (0..15, or 0..31 for q5_0), int8 for q8_0
-    d: np.ndarray  # [N, K / 32] float32, each block's scale
+    kind: str  # "q4_1", "q4_0", "q5_0", "q8_0" or "q6_k"
+    q: np.ndarray  # [N, K] uint8 as stored (0..15, or 0..31 for q5_0), int8 for q8_0, int8 q - 32 for q6_k
+    d: np.ndarray  # [N, K / 32] float32, each block's scale ([N, K / 16] for q6_k: each sub-block's d * scale)
     m: np.ndarray | None  # [N, K / 32] float32, each block's minimum (q4_1)
+
+    @property
+    def group(self) -> int:
+        return Q6_K_SUB if self.kind == "q6_k" else GROUP
 
     def dequantize(self) -> np.ndarray:
         """[N, K] float32 as gguf-py computes it: (d * q) + m, or d * (q - offset)."""
         n, k = self.q.shape
-        q = self.q.reshape(n, k // GROUP, GROUP).astype(np.float32) - _OFFSET.get(self.kind, 0)
+        q = self.q.reshape(n, k // self.group, self.group).astype(np.float32) - _OFFSET.get(self.kind, 0)
         w = self.d[:, :, None] * q if self.m is None else (self.d[:, :, None] * q) + self.m[:, :, None]
         return w.reshape(n, k)
 
@@ -65,8 +70,25 @@ class QuantWeight:
 
 _OFFSET = {"q4_0": 8, "q5_0": 16}  # what the stored quants carry above the signed ones
 # the types read as stored; Q4_K as Q4_1 groups (below)
-_GGML_KINDS = {"Q4_1": "q4_1", "Q4_0": "q4_0", "Q5_0": "q5_0", "Q8_0": "q8_0", "Q4_K": "q4_k"}
+_GGML_KINDS = {"Q4_1": "q4_1", "Q4_0": "q4_0", "Q5_0": "q5_0", "Q8_0": "q8_0", "Q4_K": "q4_k", "Q6_K": "q6_k"}
 QK_K = 256  # weights per K-quant super-block
+Q6_K_SUB = 16  # weights per Q6_K sub-block (one int8 scale each)
+
+
+def _unpack_q6_k(raw: np.ndarray, n: int, k: int) -> QuantWeight:
+    """Q6_K blocks [N, K / 256 * 210] (ggml's block_q6_K: ql [128] low nibbles, qh [64] high bit pairs, scales
+    [16] int8, d float16) -> q - 32 as int8 and d * scale per sub-block of 16. Within each half of 128: ql[l]
+    holds weights l (low nibble) and 64 + l (high), ql[32 + l] weights 32 + l and 96 + l; qh[l] bits 0-1, 2-3,
+    4-5, 6-7 are the high pairs of weights l, 32 + l, 64 + l, 96 + l (dequantize_row_q6_K)."""
+    blocks = raw.reshape(n, k // QK_K, -1)
+    ql = blocks[..., 0:128].reshape(n, -1, 2, 64)
+    qh = blocks[..., 128:192].reshape(n, -1, 2, 32)
+    scales = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)
+    d = blocks[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    lo = np.concatenate([ql[..., :32] & 0x0F, ql[..., 32:] & 0x0F, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=-1)
+    hi = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)
+    q = ((lo | (hi << 4)).astype(np.int16) - 32).astype(np.int8).reshape(n, k)
+    return QuantWeight("q6_k", q, (d[..., None] * scales).reshape(n, k // Q6_K_SUB), None)
 
 
 def _unpack_q4_k(raw: np.ndarray, n: int, k: int) -> QuantWeight:
@@ -91,6 +113,8 @@ def _unpack(kind: str, raw: np.ndarray, n: int, k: int) -> QuantWeight:
     """GGUF blocks [N, K / 32 * block bytes] (Q4_K: [N, K / 256 * 144]) -> q, d, m."""
     if kind == "q4_k":
         return _unpack_q4_k(raw, n, k)
+    if kind == "q6_k":
+        return _unpack_q6_k(raw, n, k)
     blocks = raw.reshape(n, k // GROUP, -1)
     d = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
     if kind == "q4_1":  # d, m (float16), then 16 bytes: element i in byte i's low nibble, i + 16 in its high one
@@ -148,9 +172,10 @@ def pack_dot(w: QuantWeight, nb: int) -> torch.Tensor:
             fifth = sum(((lo[..., p, :] >> 4) << (2 * p)) | ((hi[..., p, :] >> 4) << (2 * p + 1)) for p in range(4))
             parts.append(fifth.astype(np.uint8).transpose(0, 2, 1, 3).reshape(n // nb, g, -1))
         parts.append(quads.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1))
-    else:
+    else:  # q8_0, and q6_k with the scales of its two halves of 16 ahead of the bytes
         biased = (q.astype(np.int16) + 128).astype(np.uint8).reshape(n // nb, nb, g, 8, 4)
-        parts = [by_block(w.d, nb), biased.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
+        scales = [by_block(w.d[:, 0::2], nb), by_block(w.d[:, 1::2], nb)] if w.kind == "q6_k" else [by_block(w.d, nb)]
+        parts = scales + [biased.transpose(0, 2, 3, 1, 4).reshape(n // nb, g, -1)]
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(-1))
 
 
@@ -162,9 +187,9 @@ def _llama_reverse_permute(n_rows: int, n_heads: int) -> np.ndarray:
 
 
 def blocks_read(path: Path, device: str, model_type: str) -> str:
-    """"Q4_1, Q8_0" (of Q4_1, Q4_0, Q5_0, Q8_0, Q4_K): the quantisations of this GGUF's matrices the float32 path on
-    `device` would read as stored; "" where none, where the kernel does not run here, or for a family whose names
-    are not mapped."""
+    """"Q4_1, Q8_0" (of Q4_1, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K; Q6_K times 8-bit inputs only): the quantisations of this
+    GGUF's matrices our path on `device` would read as stored; "" where none, where the kernel does not run here, or
+    for a family whose names are not mapped."""
     if device != "cpu" or model_type not in MAPPED_FAMILIES or load_kernels()[2]:
         return ""
     from gguf import GGMLQuantizationType
@@ -187,7 +212,7 @@ def _matching(w: QuantWeight, weight: np.ndarray, heads: int) -> QuantWeight | N
 
 
 def read_gguf(path: Path) -> dict[str, QuantWeight]:
-    """The Q4_1, Q4_0, Q5_0, Q8_0 and Q4_K (as Q4_1) tensors of a GGUF by llama.cpp name, unpacked."""
+    """The Q4_1, Q4_0, Q5_0, Q8_0, Q4_K (as Q4_1) and Q6_K tensors of a GGUF by llama.cpp name, unpacked."""
     from gguf import GGMLQuantizationType
 
     from engine.forward.gguf_table import read_table  # the table alone: gguf-py builds the vocabulary first
@@ -199,7 +224,7 @@ def read_gguf(path: Path) -> dict[str, QuantWeight]:
         if kind is None or len(t.shape) != 2:
             continue
         k, n = (int(s) for s in t.shape)  # GGUF lists the fastest-moving axis first
-        if k % (QK_K if kind == "q4_k" else GROUP) == 0:
+        if k % (QK_K if kind in ("q4_k", "q6_k") else GROUP) == 0:
             out[t.name] = _unpack(kind, np.asarray(t.data), n, k)
     return out
 
@@ -229,7 +254,7 @@ def load_kernels(defines: tuple[str, ...] = ()) -> tuple[dict[str, object], int,
     lib, where = registry.load("small_gemm_q", defines)
     if lib is None:
         return {}, 0, where
-    dots = ("q4_1_dot", "q8_0_dot", "q4_0_dot", "q5_0_dot")
+    dots = ("q4_1_dot", "q8_0_dot", "q4_0_dot", "q5_0_dot", "q6_k_dot")
     kinds = ("q4_1", "q8_0") + (dots if lib.small_gemm_qdot_ok() else ())
     return {kind: getattr(lib, f"small_gemm_{kind}") for kind in kinds}, lib.small_gemm_f32_block(), ""
 
@@ -252,6 +277,8 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool =
     with torch.no_grad():
         for name, (module, heads) in _targets(model).items():
             w = stored.get(name)
+            if w is not None and w.kind == "q6_k" and not dot:
+                continue  # no float32-arithmetic kernel for Q6_K: it keeps its float32 copy
             weight = module.weight
             if w is None or weight.dtype != torch.float32 or weight.shape != w.q.shape or weight.shape[0] % nb \
                     or module.bias is not None:

@@ -25,7 +25,7 @@
 #include "small_gemm_qdot.h"
 
 /* one linear: kind 0 float32 (packed [N/NB][K][NB]), 1 Q4_1 and 2 Q8_0 blocks read as float32 (small_gemm_q.c),
- * 3 Q4_1, 4 Q8_0, 5 Q4_0 and 6 Q5_0 blocks by integer dot products (small_gemm_qdot.c); nonzero where it could
+ * 3 Q4_1, 4 Q8_0, 5 Q4_0, 6 Q5_0 and 7 Q6_K blocks by integer dot products (small_gemm_qdot.c); nonzero where it could
  * not run */
 static int linear(int kind, const float *x, const void *w, float *y, const float *other, int64_t t, int64_t k,
                   int64_t n, int post) {
@@ -35,6 +35,7 @@ static int linear(int kind, const float *x, const void *w, float *y, const float
     else if (kind == 4) return small_gemm_q8_0_dot(x, w, y, other, t, k, n, post);
     else if (kind == 5) return small_gemm_q4_0_dot(x, w, y, other, t, k, n, post);
     else if (kind == 6) return small_gemm_q5_0_dot(x, w, y, other, t, k, n, post);
+    else if (kind == 7) return small_gemm_q6_k_dot(x, w, y, other, t, k, n, post);
     else small_gemm_f32(x, w, y, other, t, k, n, post);
     return 0;
 }

@@ -51,7 +51,7 @@ class Library:
 
 
 _Q_KINDS = ("q4_1", "q8_0")  # read as float32 (Q4_0 and Q5_0 go as Q4_1 and Q8_0: engine/forward/quant.py)
-_QDOT_KINDS = ("q4_1", "q8_0", "q4_0", "q5_0")  # times 8-bit inputs
+_QDOT_KINDS = ("q4_1", "q8_0", "q4_0", "q5_0", "q6_k")  # times 8-bit inputs
 
 LIBRARIES = {lib.name: lib for lib in (
     Library("small_gemm", ("small_gemm.c",), ("avx512_bf16",),
@@ -72,7 +72,7 @@ LIBRARIES = {lib.name: lib for lib in (
             (*(Function(f"small_gemm_{k}", _LINEAR, label=k) for k in _Q_KINDS),
              *(Function(f"small_gemm_{k}_dot", _LINEAR, _C, label=f"{k}_dot") for k in _QDOT_KINDS),
              Function("small_gemm_qdot_ok", (), _C), Function("small_gemm_f32_block", (), _C)),
-            "our Q4_1 / Q4_0 / Q5_0 / Q8_0 kernels", f"the GGUF's weights as float32 (our float32 kernel or {_ONEDNN})"),
+            "our Q4_1 / Q4_0 / Q5_0 / Q8_0 / Q6_K kernels", f"the GGUF's weights as float32 (our float32 kernel or {_ONEDNN})"),
     Library("cell_attention", ("cell_attention.c",), (),
             (Function("cell_attention", (_P, _P, _P, _I, _P, _P, _P, _I, _C, _C, _C, _F), _C),),
             "C kernel per row", "torch per row"),

@@ -1,4 +1,4 @@
-/* y = x W^T for weights stored as GGUF's Q4_1, Q4_0, Q5_0 or Q8_0 blocks, in llama.cpp's CPU arithmetic: each row of x is
+/* y = x W^T for weights stored as GGUF's Q4_1, Q4_0, Q5_0, Q8_0 or Q6_K blocks, in llama.cpp's CPU arithmetic: each row of x is
  * quantised to 8 bits per group of 32 inputs (Q8_1: a scale d and the group's sum), and each group's dot
  * product is summed in integers by VNNI's vpdpbusd (64 byte products a zmm instruction, four times the
  * multiply-adds of a float32 fused multiply-add), then scaled once in float32 (ggml_vec_dot_q4_1_q8_1 and
@@ -15,6 +15,8 @@
  * m_w the block's scale and minimum, d_x the row's scale, s_x = d_x * sum of its quants, i the integer dot):
  *     Q4_1: acc = fma(float(i), d_w * d_x, acc); acc = fma(m_w, s_x, acc)
  *     Q8_0, Q4_0, Q5_0: acc = fma(float(i), d_w * d_x, acc)
+ *     Q6_K: per half of 16 (its sub-blocks' own scales d_h = d * scale), the same step for the low half, then
+ *           the high one
  * so plain decoding and verification agree, and the 16-wide and 8-wide builds give the same bits.
  *
  * vpdpbusd multiplies unsigned by signed bytes. Q4_1's quants are unsigned (0..15); Q8_0's are signed, so they
@@ -29,6 +31,8 @@
  *   Q4_0 group: d [NB] f32, then Q4_1's 4 vectors of nibbles (20 NB bytes for 32 NB weights)
  *   Q5_0 group: d [NB] f32, one vector of 4 NB bytes of fifth bits (byte 4 j + i: bit 2p that of q[4p + i][j],
  *               bit 2p + 1 that of q[16 + 4p + i][j]), then Q4_1's 4 vectors of low nibbles (24 NB bytes)
+ *   Q6_K group: d of inputs 0..15 [NB] f32, d of 16..31 [NB] f32, then Q8_0's 8 vectors of q - 32 + 128 (a byte
+ *               a weight: 40 NB bytes for 32 NB weights, against Q6_K's 26.25 as stored; 6-bit packing is left)
  * Built where the CPU has AVX512-VNNI (16 outputs a vector), AVX-VNNI (8) or AVX2 alone (8, in byte pairs, see
  * QDOT_PAIRS); small_gemm_qdot_ok() says so.
  */
@@ -97,10 +101,12 @@ int small_gemm_qdot_ok(void) { return QDOT_OK; }
 #define QK_Q4_1 1
 #define QK_Q4_0 2
 #define QK_Q5_0 3
+#define QK_Q6_K 4
 #define QD41_GROUP (2 * NB * 4 + 16 * NB)
 #define QD80_GROUP (NB * 4 + 32 * NB)
 #define QD40_GROUP (NB * 4 + 16 * NB)
 #define QD50_GROUP (NB * 4 + 4 * NB + 16 * NB)
+#define QD6K_GROUP (2 * NB * 4 + 32 * NB)
 
 #if QDOT_OK
 #if NB == 16
@@ -118,7 +124,7 @@ int small_gemm_qdot_ok(void) { return QDOT_OK; }
 /* One row's inputs as Q8_1 groups: xq[k] int8, and per group d (scale), s = d * sum(q), and the sum itself.
  * d = max |x| / 127, q = x * (1 / d) rounded to nearest even (the vector conversion's rounding), from the row
  * alone: the same in any batch, and in either vector width (max and integer sums are exact in any order). */
-static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float *xs, int32_t *xi) {
+static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float *xs, int32_t *xi, int32_t *xh) {
     for (int64_t g = 0; g < k / 32; g++) {
         const float *v = x + g * 32;
         vec mx = VZERO;
@@ -136,16 +142,18 @@ static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float
         const __m512i q0 = VROUND_I32(VMUL(VLOAD(v), vid)), q1 = VROUND_I32(VMUL(VLOAD(v + 16), vid));
         _mm_storeu_si128((__m128i *)(xq + g * 32), _mm512_cvtepi32_epi8(q0));
         _mm_storeu_si128((__m128i *)(xq + g * 32 + 16), _mm512_cvtepi32_epi8(q1));
-        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        const int32_t half = _mm512_reduce_add_epi32(q0);
+        const int32_t sum = half + _mm512_reduce_add_epi32(q1);
 #else
-        int32_t q[32], sum = 0;
+        int32_t q[32], sum = 0, half = 0;
         for (int j = 0; j < 32; j += NB) ISTORE(q + j, VROUND_I32(VMUL(VLOAD(v + j), vid)));
         for (int j = 0; j < 32; j++) {
             xq[g * 32 + j] = (int8_t)q[j];
             sum += q[j];
+            half += j < 16 ? q[j] : 0;
         }
 #endif
-        xd[g] = d, xs[g] = d * (float)sum, xi[g] = sum;
+        xd[g] = d, xs[g] = d * (float)sum, xi[g] = sum, xh[g] = half;
     }
 }
 
@@ -174,6 +182,7 @@ typedef struct {
     const int8_t *q;  /* [M, K] */
     const float *d, *s; /* [M, K / 32] */
     const int32_t *sum;
+    const int32_t *half; /* the sum of each group's first 16 quants (Q6_K's halves) */
     int64_t groups;
 } qrows;
 
@@ -184,7 +193,8 @@ static inline bvec fifth_bit(bvec hb, const int b) {
 }
 
 static inline int64_t group_bytes(const int kind) {
-    return kind == QK_Q4_1 ? QD41_GROUP : kind == QK_Q4_0 ? QD40_GROUP : kind == QK_Q5_0 ? QD50_GROUP : QD80_GROUP;
+    return kind == QK_Q4_1 ? QD41_GROUP : kind == QK_Q4_0 ? QD40_GROUP : kind == QK_Q5_0 ? QD50_GROUP
+         : kind == QK_Q6_K ? QD6K_GROUP : QD80_GROUP;
 }
 
 /* one group's integer dots of B blocks by m rows for the nibble kinds (Q4_1, Q4_0, Q5_0): isum [B][m] */
@@ -232,15 +242,17 @@ static inline __attribute__((always_inline)) void nibble_dots(const int kind, co
     }
 }
 
-/* one group's integer dots of B blocks by m rows for Q8_0: isum [B][m] */
+/* one group's integer dots of B blocks by m rows for Q8_0 (vectors p0..p1 - 1 of quants after `head` bytes of
+ * scales: Q6_K takes 0..3 and 4..7, one half each): isum [B][m] */
 static inline __attribute__((always_inline)) void byte_dots(const uint8_t *const *g, const int B, const int8_t *xq,
-                                                            int64_t k, int64_t k0, const int m, bvec isum[4][QDMB]) {
-    for (int p = 0; p < 8; p++) {
+                                                            int64_t k, int64_t k0, const int m, bvec isum[4][QDMB],
+                                                            const int64_t head, const int p0, const int p1) {
+    for (int p = p0; p < p1; p++) {
         bvec w[4];
 #if QDOT_PAIRS
         bvec aw[4];
         for (int bb = 0; bb < B; bb++) {
-            w[bb] = _mm256_xor_si256(BLOAD(g[bb] + NB * 4 + p * 4 * NB), BSET1_I8((char)0x80));
+            w[bb] = _mm256_xor_si256(BLOAD(g[bb] + head + p * 4 * NB), BSET1_I8((char)0x80));
             aw[bb] = _mm256_abs_epi8(w[bb]);
         }
         for (int r = 0; r < m; r++) {
@@ -250,7 +262,7 @@ static inline __attribute__((always_inline)) void byte_dots(const uint8_t *const
                     isum[bb][r], WIDEN16(_mm256_maddubs_epi16(aw[bb], _mm256_sign_epi8(xp, w[bb]))));
         }
 #else
-        for (int bb = 0; bb < B; bb++) w[bb] = BLOAD(g[bb] + NB * 4 + p * 4 * NB);
+        for (int bb = 0; bb < B; bb++) w[bb] = BLOAD(g[bb] + head + p * 4 * NB);
         for (int r = 0; r < m; r++) {
             const bvec xp = BSET1_I32(quad(xq + r * k + k0 + 4 * p));
             for (int bb = 0; bb < B; bb++) isum[bb][r] = DPBUSD(isum[bb][r], w[bb], xp);
@@ -262,7 +274,32 @@ static inline __attribute__((always_inline)) void byte_dots(const uint8_t *const
 /* what each group's integer dot carries beyond llama.cpp's sum of q x: the stored quants' offset times the row's
  * quant sum (Q8_0 on the AVX2 build takes its offset off before multiplying) */
 static inline int32_t quant_offset(const int kind) {
-    return kind == QK_Q4_0 ? 8 : kind == QK_Q5_0 ? 16 : kind == QK_Q8_0 && !QDOT_PAIRS ? 128 : 0;
+    return kind == QK_Q4_0 ? 8 : kind == QK_Q5_0 ? 16 : (kind == QK_Q8_0 || kind == QK_Q6_K) && !QDOT_PAIRS ? 128 : 0;
+}
+
+/* Q6_K: one group's two halves of 16, each its integer dot and its own scale, low half first; g moves on */
+static inline __attribute__((always_inline)) void six_bit_halves(const qrows *xr, const uint8_t **g, const int B,
+                                                                 const int8_t *xq, int64_t k, int64_t k0, const int m,
+                                                                 int64_t m0, int64_t gi, vec acc[4][QDMB]) {
+    for (int h = 0; h < 2; h++) {
+        bvec isum[4][QDMB];
+        for (int bb = 0; bb < B; bb++)
+            for (int r = 0; r < m; r++) isum[bb][r] = BZERO;
+        byte_dots(g, B, xq, k, k0, m, isum, 2 * NB * 4, 4 * h, 4 * h + 4);
+        for (int bb = 0; bb < B; bb++) {
+            const vec dw = VLOAD((const float *)g[bb] + h * NB);
+            for (int r = 0; r < m; r++) {
+                const int64_t at = (m0 + r) * xr->groups + gi;
+                bvec i = isum[bb][r];
+                if (quant_offset(QK_Q6_K)) {
+                    const int32_t s = h == 0 ? xr->half[at] : xr->sum[at] - xr->half[at];
+                    i = BSUB(i, BSET1_I32(quant_offset(QK_Q6_K) * s));
+                }
+                acc[bb][r] = VFMA(BTOF(i), VMUL(dw, VSET1(xr->d[at])), acc[bb][r]);
+            }
+        }
+    }
+    for (int bb = 0; bb < B; bb++) g[bb] += QD6K_GROUP;
 }
 
 static inline __attribute__((always_inline)) void qd_pass(const int kind, const qrows *xr, int64_t m0, const int m,
@@ -284,7 +321,11 @@ static inline __attribute__((always_inline)) void qd_pass(const int kind, const 
         for (int bb = 0; bb < B; bb++)
             for (int64_t line = 0; line < group; line += 64)
                 _mm_prefetch((const char *)(g[bb] + QD_PF_GROUPS * group + line), _MM_HINT_T0);
-        if (kind == QK_Q8_0) byte_dots(g, B, xq, k, k0, m, isum);
+        if (kind == QK_Q6_K) {
+            six_bit_halves(xr, g, B, xq, k, k0, m, m0, gi, acc);
+            continue;
+        }
+        if (kind == QK_Q8_0) byte_dots(g, B, xq, k, k0, m, isum, NB * 4, 0, 8);
         else nibble_dots(kind, g, B, xq, k, k0, m, isum);
         for (int bb = 0; bb < B; bb++) {
             const vec dw = VLOAD((const float *)g[bb]);
@@ -316,16 +357,17 @@ typedef void (*qd_pass_fn)(const qrows *, int64_t, int64_t, const uint8_t *, int
 #define QDPS(kind)                                                                                    \
     QDP3(kind, 1) QDP3(kind, 2) QDP3(kind, 3) QDP3(kind, 4) QDP3(kind, 5) QDP3(kind, 6) QDP3(kind, 7) \
     QDP3(kind, 8) QDP3(kind, 9) QDP3(kind, 10) QDP3(kind, 11) QDP3(kind, 12)
-QDPS(0) QDPS(1) QDPS(2) QDPS(3)
+QDPS(0) QDPS(1) QDPS(2) QDPS(3) QDPS(4)
 #define QDROW(kind, bb)                                                                                          \
     {0, qd_pass_##kind##_1_##bb, qd_pass_##kind##_2_##bb, qd_pass_##kind##_3_##bb, qd_pass_##kind##_4_##bb,             \
      qd_pass_##kind##_5_##bb, qd_pass_##kind##_6_##bb, qd_pass_##kind##_7_##bb, qd_pass_##kind##_8_##bb,                \
      qd_pass_##kind##_9_##bb, qd_pass_##kind##_10_##bb, qd_pass_##kind##_11_##bb, qd_pass_##kind##_12_##bb}
 /* [kind][log2 of the blocks][rows] */
-static const qd_pass_fn qd_passes[4][3][13] = {{QDROW(0, 1), QDROW(0, 2), QDROW(0, 4)},
+static const qd_pass_fn qd_passes[5][3][13] = {{QDROW(0, 1), QDROW(0, 2), QDROW(0, 4)},
                                                {QDROW(1, 1), QDROW(1, 2), QDROW(1, 4)},
                                                {QDROW(2, 1), QDROW(2, 2), QDROW(2, 4)},
-                                               {QDROW(3, 1), QDROW(3, 2), QDROW(3, 4)}};
+                                               {QDROW(3, 1), QDROW(3, 2), QDROW(3, 4)},
+                                               {QDROW(4, 1), QDROW(4, 2), QDROW(4, 4)}};
 
 static inline int log2_blocks(int64_t b) { return b >= 4 ? 2 : b >= 2 ? 1 : 0; }
 
@@ -346,19 +388,20 @@ static int gemm_qdot(const int kind, const float *x, const uint8_t *wq, float *y
     const int64_t G = K / 32;
     int8_t *xq = malloc((size_t)(M * K));
     float *xd = malloc(sizeof(float) * M * G), *xs = malloc(sizeof(float) * M * G);
-    int32_t *xi = malloc(sizeof(int32_t) * M * G);
-    if (!(xq && xd && xs && xi)) {
-        free(xq), free(xd), free(xs), free(xi);
+    int32_t *xi = malloc(sizeof(int32_t) * M * G), *xh = malloc(sizeof(int32_t) * M * G);
+    if (!(xq && xd && xs && xi && xh)) {
+        free(xq), free(xd), free(xs), free(xi), free(xh);
         return -1;
     }
-    const qrows xr = {xq, xd, xs, xi, G};
+    const qrows xr = {xq, xd, xs, xi, xh, G};
     const int64_t nblocks = N / NB, n_pass = (M + QDMB - 1) / QDMB;
     const int64_t first = M / n_pass + (M % n_pass > 0);
     const int64_t B = task_blocks(nblocks, first), ntasks = (nblocks + B - 1) / B;
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < M; r++) quantize_row(x + r * K, K, xq + r * K, xd + r * G, xs + r * G, xi + r * G);
+    for (int64_t r = 0; r < M; r++)
+        quantize_row(x + r * K, K, xq + r * K, xd + r * G, xs + r * G, xi + r * G, xh + r * G);
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < ntasks; task++) {
         const int64_t b0 = task * B, end = b0 + B < nblocks ? b0 + B : nblocks;
@@ -372,7 +415,7 @@ static int gemm_qdot(const int kind, const float *x, const uint8_t *wq, float *y
         }
     }
     }
-    free(xq), free(xd), free(xs), free(xi);
+    free(xq), free(xd), free(xs), free(xi), free(xh);
     return 0;
 }
 #else
@@ -401,4 +444,9 @@ int small_gemm_q4_0_dot(const float *x, const uint8_t *wq, float *y, const float
 int small_gemm_q5_0_dot(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
                         int64_t N, int post) {
     return gemm_qdot(QK_Q5_0, x, wq, y, other, M, K, N, post);
+}
+
+int small_gemm_q6_k_dot(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
+                        int64_t N, int post) {
+    return gemm_qdot(QK_Q6_K, x, wq, y, other, M, K, N, post);
 }

@@ -1,4 +1,4 @@
-/* GGUF's Q4_1, Q4_0, Q5_0 and Q8_0 blocks times 8-bit inputs, summed in integers (small_gemm_qdot.c): llama.cpp's CPU
+/* GGUF's Q4_1, Q4_0, Q5_0, Q8_0 and Q6_K blocks times 8-bit inputs, summed in integers (small_gemm_qdot.c): llama.cpp's CPU
  * arithmetic.
  *
  * x [M, K] float32, wq packed as small_gemm_qdot.c lays it out (K a multiple of 32, N of small_gemm_f32_block()),
@@ -19,6 +19,8 @@ int small_gemm_q8_0_dot(const float *x, const uint8_t *wq, float *y, const float
 int small_gemm_q4_0_dot(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
                         int64_t N, int post);
 int small_gemm_q5_0_dot(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
+                        int64_t N, int post);
+int small_gemm_q6_k_dot(const float *x, const uint8_t *wq, float *y, const float *other, int64_t M, int64_t K,
                         int64_t N, int post);
 
 #endif
