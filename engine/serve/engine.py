@@ -169,8 +169,7 @@ class Engine:
 
     @property
     def draft_type(self) -> str | None:
-        """The drafter a loaded draft model drafts through: draft-simple with the target's vocabulary, draft-uni
-        with another; None without a draft model."""
+        """The drafter a loaded draft model drafts through: draft-simple, draft-uni (another vocabulary), or None."""
         return None if self.draft_model is None else "draft-uni" if self.draft_mismatch is not None else "draft-simple"
 
     @property
