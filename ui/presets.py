@@ -119,7 +119,7 @@ def probe_model_drafters(engine, prompt: list[int], chain: list[str], roof, p_mi
     return left_out
 
 
-def _decode_tps(engine, prompt: list[int], chain: list[str], nodes: int, n_new: int = TREE_PROBE_TOKENS
+def _decode_time(engine, prompt: list[int], chain: list[str], nodes: int, n_new: int = TREE_PROBE_TOKENS
                 ) -> tuple[int, float]:
     """(tokens after the first, seconds after the prefill) of one greedy answer drafted by `chain`."""
     from engine import GenParams, SpecParams
@@ -145,10 +145,10 @@ def probe_trees(engine, target, chain: list[str], nodes: int | None = None) -> T
     done = {0: [0, 0.0], nodes: [0, 0.0]}
     prompts = [target.encode_chat([{"role": "user", "content": text}]) for text in TREE_PROBE_PROMPTS]
     for n in (0, nodes):  # a first answer pays one-off costs (buffers, a drafter's first call): not timed
-        _decode_tps(engine, prompts[0], chain, n, n_new=8)
+        _decode_time(engine, prompts[0], chain, n, n_new=8)
     for i, prompt in enumerate(prompts):
         for n in ((0, nodes) if i % 2 == 0 else (nodes, 0)):
-            tokens, seconds = _decode_tps(engine, prompt, chain, n)
+            tokens, seconds = _decode_time(engine, prompt, chain, n)
             done[n][0] += tokens
             done[n][1] += seconds
     chain_tps, tree_tps = (done[n][0] / max(done[n][1], 1e-9) for n in (0, nodes))
