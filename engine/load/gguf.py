@@ -92,9 +92,10 @@ def embedded_tokenizer():
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
-def load_gguf(path: Path, dtype):
+def load_gguf(path: Path, dtype, config=None):
     """(model in `dtype`, tokenizer): from the converted copy where it loads, else from the GGUF, writing the copy
-    for the next load."""
+    for the next load. config: `gguf_config(path)` where the caller has it: transformers would otherwise read the
+    file's metadata for it again (a pass through gguf-py over the whole vocabulary: tens of seconds at 262k)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     converted = _converted_dir(path)
@@ -107,7 +108,9 @@ def load_gguf(path: Path, dtype):
     import torch
 
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    # a config read from the GGUF itself, not a converted copy's (which lacks its quantization_config)
+    given = {} if config is None or (converted / "config.json").is_file() else {"config": config}
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, **given)
     try:
         _save_converted(model, tok, converted)
     except (OSError, ValueError, RuntimeError):

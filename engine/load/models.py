@@ -161,7 +161,7 @@ def _load_from_gguf(path: Path, device: str, dtype: str, prepack: bool):
 
     config = gguf_config(path)
     choice = choose_dtype(dtype, config, device, stored_blocks(path, device, prepack, config))
-    model, tok = load_gguf(path, getattr(torch, choice.torch_name))
+    model, tok = load_gguf(path, getattr(torch, choice.torch_name), config)
     return model, tok, choice
 
 
