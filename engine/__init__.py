@@ -52,6 +52,7 @@ _FACE = {  # public name -> (module, its name there)
     "advise": ("engine.bench.advice", "advise"),
     "anchor": ("engine.bench.advice", "anchor"),
     "chain_tokens": ("engine.bench.advice", "chain_tokens"),
+    "decode_seconds": ("engine.bench.advice", "decode_seconds"),
     # the bench: its traces, figures and a live run
     "FIGURES": ("engine.bench.plot", "FIGURES"),
     "figures": ("engine.bench.plot", "figures"),

@@ -26,8 +26,8 @@ class RoundEvent:
     # GenParams.explain, else empty
     entropy: list[float] = field(default_factory=list)
     # rejection sampling (verify_mode "rejection"): the uniform u drawn for each judged draft token (kept where
-    # u <= min(1, p/q)), and after a rejection the residual norm(max(0, p - q))'s top tokens (id, probability)
-    # the correction was drawn from
+    # u <= min(1, p/q)), and after a rejection, with GenParams.explain, the residual norm(max(0, p - q))'s top
+    # tokens (id, probability) the correction was drawn from
     uniforms: list[float] = field(default_factory=list)
     residual_top: list[tuple[int, float]] = field(default_factory=list)
     target_top: list[int] = field(default_factory=list)  # the target's most likely token at each batch row

@@ -66,8 +66,8 @@ class GenParams:
     # who asked: the partition of per-client caches and limits (compiled grammars, compilations running at
     # once: engine/serve/grammars.py); None: the operator / tests
     client: str | None = None
-    # each event carries its emitted tokens' target entropy (RoundEvent.entropy, the page's hover): a softmax over
-    # the emitted rows, which a benchmark need not pay for
+    # each event carries its emitted tokens' target entropy and a rejection's residual (RoundEvent.entropy,
+    # residual_top: the page's hover and step view): a softmax and a top-k a benchmark need not pay for
     explain: bool = False
 
     def validate(self) -> None:

@@ -22,23 +22,12 @@ from engine.bench.cli import load_prompts  # noqa: E402
 from engine.bench.run import prompt_ids_of  # noqa: E402
 from engine.draft.registry import NGRAM_CHAIN, starting_chain  # noqa: E402
 from engine.load.models import load_model  # noqa: E402
-from engine.params import GenParams, SamplerParams, SpecParams  # noqa: E402
 from engine.serve.engine import Engine  # noqa: E402
-
-
-def decode_speed(engine: Engine, prompt: list[int], types: list[str], tree_nodes: int, temp: float, seed: int,
-                 n_new: int) -> tuple[int, float]:
-    """(tokens after the first, seconds after the prefill) of one answer."""
-    params = GenParams(max_new_tokens=n_new, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=seed),
-                       spec=SpecParams(types=list(types), n_max=16, adaptive=True, tree_nodes=tree_nodes))
-    events = list(engine.generate(prompt, params))
-    tokens = sum(len(e.emitted) for e in events[1:])
-    return tokens, events[-1].t_end - events[0].t_end
 
 
 def main() -> int:
     from ui.loader import measure_roofline
-    from ui.presets import PROBE_PROMPT, probe_model_drafters, probe_trees
+    from ui.presets import PROBE_PROMPT, decode_time, probe_model_drafters, probe_trees
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="embedded")
@@ -69,7 +58,7 @@ def main() -> int:
             names = list(configs)
             for name in names[i % len(names):] + names[: i % len(names)]:
                 types, nodes = configs[name]
-                n, s = decode_speed(engine, prompt, types, nodes, temp, 1000 + i, a.max_new_tokens)
+                n, s = decode_time(engine, prompt, types, nodes, a.max_new_tokens, temp, 1000 + i)
                 totals[name][0] += n
                 totals[name][1] += s
         plain = totals["plain"][0] / totals["plain"][1]

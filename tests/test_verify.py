@@ -117,7 +117,7 @@ def test_rejection_verdict_records_each_uniform_and_the_residual_it_drew_from():
     logits = torch.stack([p_logits] * 4)
     seen_rejection = False
     for _ in range(40):
-        v = verify.rejection(target, logits, [2, 3, 2], [q, q, q])
+        v = verify.rejection(target, logits, [2, 3, 2], [q, q, q], residual_shown=verify.RESIDUAL_SHOWN)
         m = v.n_accepted
         assert len(v.uniforms) == min(m + 1, 3)
         for i, u in enumerate(v.uniforms):

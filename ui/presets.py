@@ -12,7 +12,6 @@ measured fastest on this machine at load, and plain decoding.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 PRESETS = ("playground", "llama.cpp", "fastest here", "plain")
@@ -119,17 +118,15 @@ def probe_model_drafters(engine, prompt: list[int], chain: list[str], roof, p_mi
     return left_out
 
 
-def _decode_time(engine, prompt: list[int], chain: list[str], nodes: int, n_new: int = TREE_PROBE_TOKENS
-                ) -> tuple[int, float]:
-    """(tokens after the first, seconds after the prefill) of one greedy answer drafted by `chain`."""
-    from engine import GenParams, SpecParams
+def decode_time(engine, prompt: list[int], chain: list[str], nodes: int, n_new: int = TREE_PROBE_TOKENS,
+                temp: float = 0.0, seed: int = 0) -> tuple[int, float]:
+    """(tokens after the first, seconds after the prefill) of one answer drafted by `chain` (trees of `nodes`)."""
+    from engine import GenParams, SamplerParams, SpecParams, decode_seconds
 
-    params = GenParams(max_new_tokens=n_new, ignore_eos=True,
+    params = GenParams(max_new_tokens=n_new, ignore_eos=True, sampling=SamplerParams(temp=temp, seed=seed),
                        spec=SpecParams(types=list(chain), n_max=16, adaptive=True, tree_nodes=nodes))
-    t0 = time.perf_counter()
     events = list(engine.generate(list(prompt), params))
-    t_prefill = events[0].t_end if events and events[0].t_end else t0
-    return sum(len(e.emitted) for e in events[1:]), time.perf_counter() - t_prefill
+    return sum(len(e.emitted) for e in events if e.kind != "prefill"), decode_seconds(events)
 
 
 def probe_trees(engine, target, chain: list[str], nodes: int | None = None) -> TreeChoice:
@@ -145,10 +142,10 @@ def probe_trees(engine, target, chain: list[str], nodes: int | None = None) -> T
     done = {0: [0, 0.0], nodes: [0, 0.0]}
     prompts = [target.encode_chat([{"role": "user", "content": text}]) for text in TREE_PROBE_PROMPTS]
     for n in (0, nodes):  # a first answer pays one-off costs (buffers, a drafter's first call): not timed
-        _decode_time(engine, prompts[0], chain, n, n_new=8)
+        decode_time(engine, prompts[0], chain, n, n_new=8)
     for i, prompt in enumerate(prompts):
         for n in ((0, nodes) if i % 2 == 0 else (nodes, 0)):
-            tokens, seconds = _decode_time(engine, prompt, chain, n)
+            tokens, seconds = decode_time(engine, prompt, chain, n)
             done[n][0] += tokens
             done[n][1] += seconds
     chain_tps, tree_tps = (done[n][0] / max(done[n][1], 1e-9) for n in (0, nodes))

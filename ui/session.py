@@ -45,7 +45,7 @@ def submit(app: AppState, session: SessionState, text: str, settings: Settings, 
     if runtime is None:
         raise UserError("No model is loaded: load a target model first.", "error")
     try:
-        params = settings.gen_params(speculative=speculative)
+        params = settings.gen_params(speculative=speculative, explain=shown)
     except ValueError as e:
         raise UserError(f"Invalid settings: {e}") from e
     from engine import QueueFull

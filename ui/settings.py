@@ -150,9 +150,9 @@ class Settings:
             types.insert(0, GRAMMAR_TYPE)
         return types
 
-    def gen_params(self, speculative: bool = True, explain: bool = True) -> GenParams:
+    def gen_params(self, speculative: bool = True, explain: bool = False) -> GenParams:
         """GenParams for the engine; speculative=False is the plain baseline with the same sampler and seed;
-        explain: the events carry each token's target entropy, for the answer's hover (the API leaves it off).
+        explain: the events carry each token's target entropy, for the hover of an answer the page shows.
         Raises ValueError with a message for the user (validated here so nothing is submitted on bad input)."""
         params = GenParams(
             max_new_tokens=int(self.max_new_tokens),

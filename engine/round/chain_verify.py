@@ -98,7 +98,8 @@ def judge(slot: Slot, r: DraftRequest, logits):
         accept = slot.params.spec.synthetic_accept
         return verify.synthetic(slot.sampler, logits, r.result, accept, slot.coins, allowed), top, "synthetic"
     if use_rejection:
-        return verify.rejection(slot.sampler, logits, r.result, r.result_q, allowed), top, "rejection"
+        shown = verify.RESIDUAL_SHOWN if slot.params.explain else 0
+        return verify.rejection(slot.sampler, logits, r.result, r.result_q, allowed, shown), top, "rejection"
     return verify.sample_and_match(slot.sampler, logits, r.result, allowed, top), top, "match"
 
 

@@ -46,7 +46,7 @@ class Verdict:
     residual_top: list[tuple[int, float]] = field(default_factory=list)
 
 
-RESIDUAL_SHOWN = 5  # tokens of the residual an event carries
+RESIDUAL_SHOWN = 5  # tokens of the residual an explained event carries (GenParams.explain)
 
 
 def p_of(probs: torch.Tensor, token: int) -> float:
@@ -155,9 +155,10 @@ def tree_match(sampler: Sampler, logits: torch.Tensor, tree, top: list[int] | No
 
 
 def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[torch.Tensor],
-              allowed: torch.Tensor | None = None) -> Verdict:
+              allowed: torch.Tensor | None = None, residual_shown: int = 0) -> Verdict:
     """Speculative sampling. logits: [k+1, V]; q: k distributions [V] the draft tokens were sampled from;
-    allowed: the grammar's masks per row (None: unconstrained)."""
+    allowed: the grammar's masks per row (None: unconstrained); residual_shown: after a rejection, how many of
+    the residual's most likely tokens the verdict records (for the page; 0: none)."""
     assert logits.shape[0] == len(draft) + 1 and len(q) == len(draft)
     if sampler.greedy:
         # at temp 0, p and q are point masses: min(1, p/q) is 0 or 1, i.e. matching
@@ -187,8 +188,9 @@ def rejection(sampler: Sampler, logits: torch.Tensor, draft: list[int], q: list[
         tok = sampler.sample_probs(left)
         tokens.append(tok)
         p_target.append(float(p_i[tok]))
-        top = torch.topk(left / left.sum(), min(RESIDUAL_SHOWN, left.shape[-1]))
-        shown = list(zip(top.indices.tolist(), top.values.tolist()))
+        if residual_shown:
+            top = torch.topk(left / left.sum(), min(residual_shown, left.shape[-1]))
+            shown = list(zip(top.indices.tolist(), top.values.tolist()))
         break
     else:
         tok = sampler.sample_probs(probs[len(draft)])

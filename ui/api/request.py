@@ -58,7 +58,7 @@ class ChatRequest:
         the limit when the request sets none. Raises ApiError with the engine's own message."""
         self.settings.max_new_tokens = self.max_tokens if self.max_tokens is not None else max(1, room)
         try:
-            params = self.settings.gen_params(speculative=self.speculative, explain=False)
+            params = self.settings.gen_params(speculative=self.speculative)
             params.ignore_eos = self.ignore_eos
             params.validate()
         except ValueError as e:
