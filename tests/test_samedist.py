@@ -62,7 +62,7 @@ def test_lossless_paths_pass(pair_engine, types, tree_nodes):
 
 
 def test_a_verifier_that_accepts_every_draft_fails(pair_engine, monkeypatch):
-    def accept_all(sampler, logits, draft, q, allowed=None):
+    def accept_all(sampler, logits, draft, q, allowed=None, residual_shown=0):
         tok = sampler.sample_probs(sampler.probs(logits[len(draft)]))
         return verify.Verdict(tokens=list(draft) + [tok], n_accepted=len(draft), p_target=[1.0] * (len(draft) + 1),
                               p_draft_rows=[1.0] * len(draft))
