@@ -10,6 +10,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny import load_tiny, save_tiny, suite_dtype  # noqa: E402
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each of the two workers computes on one core: two processes of two threads each would
+    fight over two cores."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_runtest_setup(item):
     """torch's global generator from one seed before each test and its fixtures: draws that nobody seeded do not
     depend on the tests that ran before (pytest-randomly reseeds `random` and numpy, not torch)."""

@@ -10,7 +10,7 @@ import torch
 
 from engine.forward.mapped import map_tensor
 from engine.forward.mapped import mark_entry
-from engine.load.disk_cache import CAP_ENV, entries, prune
+from engine.load.disk_cache import CAP_ENV, building, entries, prune
 from engine.load.errors import ModelLoadError
 from engine.load.models import load_model
 from tiny import suite_dtype
@@ -91,6 +91,28 @@ def test_a_reused_mapped_table_is_marked_as_used(tmp_path):
     os.utime(path, (1000.0, 1000.0))
     mapped, _ = map_tensor(t, tmp_path)
     assert torch.equal(mapped, t) and path.stat().st_mtime > time.time() - 60
+
+
+def test_a_second_builder_of_an_entry_waits_for_the_first(tmp_path):
+    """Two processes (two apps, two test workers) converting the same file: the second finds the first's copy."""
+    import threading
+
+    entry, order = tmp_path / "model-f32", []
+
+    def build(name):
+        with building(entry):
+            order.append((name, entry.exists()))
+            if not entry.exists():
+                time.sleep(0.3)
+                entry.mkdir()
+
+    first = threading.Thread(target=build, args=("first",))
+    first.start()
+    time.sleep(0.1)
+    build("second")
+    first.join()
+    assert order == [("first", False), ("second", True)]
+    assert entries(tmp_path) == []  # the lock file beside it is no entry of the cache
 
 
 def test_a_load_prunes_the_cache_and_a_bad_cap_is_refused(tiny_dirs, tmp_path, monkeypatch):

@@ -112,8 +112,10 @@ def test_a_200_mb_body_gets_413_at_once_without_memory_growth(app):
     chunk = b" " * (1 << 20)
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Authorization: Bearer {KEY}\r\nContent-Length: {BIG}\r\n\r\n")
-    declared_s, line, _ = raw_post(url, head, (chunk for _ in range(BIG >> 20)))
-    assert " 413 " in line and declared_s < 0.1, (line, declared_s)
+    declared_s, line, declared_sent = raw_post(url, head, (chunk for _ in range(BIG >> 20)))
+    # answered from the headers: before the client got far into the body (seconds only as a loose bound: another
+    # test process may share the cores)
+    assert " 413 " in line and declared_sent < BIG // 4 and declared_s < 2.0, (line, declared_s, declared_sent)
     chunked = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                f"Authorization: Bearer {KEY}\r\nTransfer-Encoding: chunked\r\n\r\n")
     frames = (b"%x\r\n" % len(chunk) + chunk + b"\r\n" for _ in range(BIG >> 20))

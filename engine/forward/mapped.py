@@ -90,6 +90,8 @@ def map_tied_embedding(model: nn.Module, folder: Path) -> bool:
     if emb is None or head is None or not hasattr(head, "_packed_weight"):
         return False
     weight = emb.weight
+    if hasattr(weight, "_mapped_array"):
+        return True  # mapped at its load (engine/load/gguf_direct.py)
     if getattr(head, "weight", None) is not weight:
         return False  # not tied: the embedding is the one copy of its matrix already
     found = map_tensor(weight, folder)

@@ -241,7 +241,7 @@ def _targets(model: nn.Module) -> dict[str, tuple[nn.Linear, int]]:
             out[f"blk.{i}.{short}.weight"] = (module, heads.get(short, 0))
     head = getattr(model, "lm_head", None)
     if isinstance(head, nn.Linear):
-        tied = head.weight is model.get_input_embeddings().weight
+        tied = getattr(head, "weight", None) is model.get_input_embeddings().weight
         out["token_embd.weight" if tied else "output.weight"] = (head, 0)
     return out
 
@@ -269,13 +269,17 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool =
     fns, nb, why = load_kernels()
     if not fns or (dot and "q4_1_dot" not in fns):
         return 0, why or "the integer kernel does not run on this CPU"
-    from engine.forward.prepack import _tied_elsewhere, install
+    from engine.forward.prepack import _tied_elsewhere, install, is_packed
 
+    # a model built from its blocks (engine/load/gguf_direct.py) has them packed already
+    targets = {name: target for name, target in _targets(model).items() if not is_packed(target[0])}
+    if not targets:
+        return 0, ""
     stored = read_gguf(path)
     tied = _tied_elsewhere(model)
     taken, differ = 0, []
     with torch.no_grad():
-        for name, (module, heads) in _targets(model).items():
+        for name, (module, heads) in targets.items():
             w = stored.get(name)
             if w is not None and w.kind == "q6_k" and not dot:
                 continue  # no float32-arithmetic kernel for Q6_K: it keeps its float32 copy

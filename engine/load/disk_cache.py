@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,24 @@ def touch(path: Path) -> None:
         os.utime(path)
     except OSError:
         pass
+
+
+@contextmanager
+def building(entry: Path):
+    """Held while one process checks for and writes `entry`: a second process (a second app, a test worker)
+    waits, then finds the entry written instead of converting the same file again beside it. A cache folder
+    that cannot hold the lock file (read-only) is built without one."""
+    import fcntl
+
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(entry.with_name(entry.name + ".lock"), "a")
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _size(path: Path) -> int:

@@ -11,7 +11,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from engine.load.disk_cache import touch
+from engine.load.disk_cache import building, touch
 from engine.load.errors import ModelLoadError
 
 EMBEDDED = "embedded"
@@ -78,18 +78,27 @@ def stored_blocks(path: Path, device: str, prepack: bool, config) -> str:
 
 
 def embedded_tokenizer():
-    """The embedded model's tokenizer alone: from its converted copy where one was written (a fraction of a
-    second), else read from the GGUF (seconds). For models built from configs that need a real vocabulary."""
+    """The embedded model's tokenizer alone, for models built from configs that need a real vocabulary."""
+    return gguf_tokenizer(embedded_gguf_path())
+
+
+def gguf_tokenizer(path: Path, config=None):
+    """The GGUF's tokenizer: from its converted copy where one was written (a fraction of a second), else read
+    from the GGUF (seconds; a minute for 262k tokens) and written there with `config` for the next load."""
     from transformers import AutoTokenizer
 
-    path = embedded_gguf_path()
     converted = _converted_dir(path)
     if (converted / "tokenizer_config.json").is_file():
         try:
             return AutoTokenizer.from_pretrained(converted)
         except (OSError, ValueError):
             pass  # a broken copy: the GGUF has it too
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    try:
+        _save_header(config, tok, converted)
+    except (OSError, ValueError):
+        pass  # a read-only home: read from the GGUF every time
+    return tok
 
 
 def load_gguf(path: Path, dtype, config=None):
@@ -99,40 +108,47 @@ def load_gguf(path: Path, dtype, config=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     converted = _converted_dir(path)
-    if (converted / "model.safetensors").is_file():
-        touch(converted)  # used now: the cache's pruning removes the least recently used (engine/load/disk_cache.py)
-        try:
-            return _load_converted(converted, dtype), AutoTokenizer.from_pretrained(converted)
-        except (OSError, ValueError, RuntimeError):
-            pass  # a broken copy: convert again below
-    import torch
+    with building(converted):  # a second process converting the same file waits, then reads this one's copy
+        if (converted / "model.safetensors").is_file():
+            touch(converted)  # used now: the cache's pruning removes the least recently used (disk_cache.py)
+            try:
+                return _load_converted(converted, dtype), AutoTokenizer.from_pretrained(converted)
+            except (OSError, ValueError, RuntimeError):
+                pass  # a broken copy: convert again below
+        import torch
 
-    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    # a config read from the GGUF itself, not a converted copy's (which lacks its quantization_config)
-    given = {} if config is None or (converted / "config.json").is_file() else {"config": config}
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, **given)
-    try:
-        _save_converted(model, tok, converted)
-    except (OSError, ValueError, RuntimeError):
-        pass  # a read-only home: we load from the GGUF every time, slower but correct
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        # a config read from the GGUF itself, not a converted copy's (which lacks its quantization_config)
+        given = {} if config is None or (converted / "config.json").is_file() else {"config": config}
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, **given)
+        try:
+            _save_converted(model, tok, converted)
+        except (OSError, ValueError, RuntimeError):
+            pass  # a read-only home: we load from the GGUF every time, slower but correct
     return model.to(dtype), tok
 
 
 def _save_converted(model, tok, converted: Path) -> None:
     """transformers refuses to save a GGUF-loaded model, so the dequantised weights are written directly."""
-    import json
-
     from safetensors.torch import save_model
+
+    _save_header(model.config, tok, converted)
+    tmp = converted / f"model.safetensors.{os.getpid()}.tmp"
+    save_model(model, str(tmp))
+    tmp.rename(converted / "model.safetensors")
+
+
+def _save_header(config, tok, converted: Path) -> None:
+    """The config (without its quantization_config: the copy is float32) and the tokenizer, into `converted`."""
+    import json
 
     converted.mkdir(parents=True, exist_ok=True)
     touch(converted)
-    cfg = model.config.to_dict()
-    cfg.pop("quantization_config", None)
-    (converted / "config.json").write_text(json.dumps(cfg))
+    if config is not None:
+        cfg = config.to_dict()
+        cfg.pop("quantization_config", None)
+        (converted / "config.json").write_text(json.dumps(cfg))
     tok.save_pretrained(converted)
-    tmp = converted / "model.safetensors.tmp"
-    save_model(model, str(tmp))
-    tmp.rename(converted / "model.safetensors")
 
 
 def _load_converted(converted: Path, dtype):

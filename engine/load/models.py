@@ -17,7 +17,9 @@ from pathlib import Path
 from engine.load.disk_cache import cap_bytes, prune
 from engine.load.errors import ModelLoadError, VocabMismatchError
 from engine.memory.layer_kinds import refusal
-from engine.load.gguf import EMBEDDED, cache_dir, embedded_gguf_path, gguf_config, load_gguf, stored_blocks
+from engine.load.gguf import (EMBEDDED, cache_dir, embedded_gguf_path, gguf_config, gguf_tokenizer, load_gguf,
+                               stored_blocks)
+from engine.load.gguf_direct import direct_reason, load_direct
 from engine.load.requant import EMBEDDED_Q8, requantised
 from engine.load.packaged import GEMMA3, packaged_gguf
 
@@ -115,12 +117,22 @@ def load_model(name: str, device: str | None = "cpu", trust_remote_code: bool = 
     if getattr(model, "hf_device_map", None) is None:
         model.to(device)
     model.eval()
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = count_params(model)
     if device == "cpu" and prepack and _all_on_cpu(model):
         _prepack(model, gguf_path, choice)
     _prune_cache(cap, t_start)
     return LoadedModel(model=model, tokenizer=tok, name=name, quant_bits=_quant_bits(name, gguf_path, choice.dtype),
                        n_params=n_params, device=device, dtype=choice.dtype, dtype_reason=choice.reason)
+
+
+def count_params(model) -> int:
+    """The model's weights, those of linears already packed from a GGUF's blocks (no parameter left) included."""
+    n = sum(p.numel() for p in model.parameters())
+    for module in model.modules():
+        packed = getattr(module, "_packed_weight", None)
+        if hasattr(packed, "k") and getattr(module, "weight", None) is None:  # a SmallGemm: [n, k]
+            n += packed.k * packed.n
+    return n
 
 
 def _all_on_cpu(model) -> bool:
@@ -154,13 +166,19 @@ def gguf_source(name: str) -> Path | None:
 
 
 def _load_from_gguf(path: Path, device: str, dtype: str, prepack: bool):
-    """(model, tokenizer, dtype choice) of a GGUF file; the choice weighs the blocks our kernels read as stored."""
+    """(model, tokenizer, dtype choice) of a GGUF file; the choice weighs the blocks our kernels read as stored.
+    A Llama-family file on the CPU's float32 or int8 path is built from its blocks (engine/load/gguf_direct.py),
+    others through transformers' float32 copy."""
     import torch
 
     from engine.load.dtype import choose_dtype
 
     config = gguf_config(path)
     choice = choose_dtype(dtype, config, device, stored_blocks(path, device, prepack, config))
+    if direct_reason(config, choice.torch_name, device, prepack) is None:
+        model = load_direct(path, config, dot=choice.dtype == "int8", table_folder=cache_dir() / "mapped")
+        if model is not None:
+            return model, gguf_tokenizer(path, config), choice
     model, tok = load_gguf(path, getattr(torch, choice.torch_name), config)
     return model, tok, choice
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.load.disk_cache import building
 from engine.load.gguf import cache_dir, embedded_gguf_path
 
 FORMAT = 1  # bumped when what a file holds changes, so cached files of an older layout are not reused
@@ -124,9 +125,10 @@ def random_gguf(model: str, ftype: str, seed: int = 0, layers: int | None = None
     if ftype not in TYPES:
         raise ValueError(f"type {ftype!r}: one of {', '.join(TYPES)}")
     dst = random_gguf_path(model, ftype, seed, layers, root)
-    if not dst.is_file():
-        shape = SHAPES[model] if layers is None else replace(SHAPES[model], layers=layers)
-        write(dst, shape, ftype, seed, name=f"random {model}")
+    with building(dst):  # a second process wanting the same file waits for this one's
+        if not dst.is_file():
+            shape = SHAPES[model] if layers is None else replace(SHAPES[model], layers=layers)
+            write(dst, shape, ftype, seed, name=f"random {model}")
     return dst
 
 

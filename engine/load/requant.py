@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.load.disk_cache import touch
+from engine.load.disk_cache import building, touch
 from engine.load.gguf import gguf_fingerprint
 
 EMBEDDED_Q8 = "embedded-q8"
@@ -34,18 +34,19 @@ def requantised(src: Path, root: Path) -> Path:
     """The Q8_0 copy of `src` under `root`, written now if it is not there yet (atomically: a half-written file
     is never read as a model)."""
     dst = requantised_path(src, root)
-    if dst.is_file():
+    with building(dst.parent):  # a second process wanting the same copy waits for this one's
+        if dst.is_file():
+            touch(dst.parent)
+            return dst
+        dst.parent.mkdir(parents=True, exist_ok=True)
         touch(dst.parent)
-        return dst
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    touch(dst.parent)
-    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
-    try:
-        write_q8_0(src, tmp)
-        tmp.replace(dst)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
+        try:
+            write_q8_0(src, tmp)
+            tmp.replace(dst)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
     return dst
 
 
