@@ -103,6 +103,13 @@ def test_a_qwen2_file_keeps_its_rows_its_biases_and_its_own_head(cache):
     assert engine.load_check.passed is True, engine.load_check.detail
     assert len(_tokens(loaded)) == 8
 
+    from engine.load.gguf_direct import load_direct
+
+    (cache / "a-file").write_text("")  # a table folder that cannot be made: the table is kept in memory
+    kept = load_direct(path, config, dot=False, table_folder=cache / "a-file" / "mapped")
+    table = kept.get_input_embeddings().weight
+    assert not hasattr(table, "_mapped_array") and torch.equal(table, model.get_input_embeddings().weight)
+
 
 def _skeleton(config):
     """The model of `config` with every parameter (ours has dropped its packed linears' weights), on no device."""

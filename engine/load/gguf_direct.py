@@ -198,16 +198,22 @@ def _embedding(model, t, path: Path, folder: Path) -> None:
 
     d, v = (int(s) for s in t.shape)
     file = folder / f"{path.stem}-{gguf_fingerprint(path)}-token_embd-float32-{v}x{d}.bin"
-    with building(file):
-        if not file.is_file() or file.stat().st_size != v * d * 4:
-            folder.mkdir(parents=True, exist_ok=True)
-            mark_entry(folder)
-            _write_table(t, v, d, file)
-        else:
-            touch_file(file)
-    arr = np.memmap(file, dtype=np.float32, mode="c", shape=(v, d))
-    param = nn.Parameter(torch.from_numpy(arr), requires_grad=False)
-    param._mapped_array = arr  # the mapping lives as long as the parameter
+    try:
+        with building(file):
+            if not file.is_file() or file.stat().st_size != v * d * 4:
+                folder.mkdir(parents=True, exist_ok=True)
+                mark_entry(folder)
+                _write_table(t, v, d, file)
+            else:
+                touch_file(file)
+        arr = np.memmap(file, dtype=np.float32, mode="c", shape=(v, d))
+        param = nn.Parameter(torch.from_numpy(arr), requires_grad=False)
+        param._mapped_array = arr  # the mapping lives as long as the parameter
+    except OSError:  # a cache that cannot be written: the table in memory, as transformers' copy holds it
+        table = np.empty((v, d), dtype=np.float32)
+        for start, rows in _table_rows(t, v, d):
+            table[start:start + len(rows)] = rows
+        param = nn.Parameter(torch.from_numpy(table), requires_grad=False)
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and getattr(head, "weight", None) is emb.weight
     emb.weight = param
@@ -219,20 +225,25 @@ def _write_table(t, v: int, d: int, file: Path) -> None:
     """Dequantise the table's rows a chunk at a time into `file`, atomically."""
     import os
 
+    tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            for _, rows in _table_rows(t, v, d):
+                f.write(rows.tobytes())
+        tmp.rename(file)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _table_rows(t, v: int, d: int):
+    """(first row, rows [n, d] float32) of the table, dequantised by gguf-py a chunk at a time."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     raw = np.asarray(t.data).reshape(v, -1)
     qtype = GGMLQuantizationType(t.tensor_type)
-    tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            for start in range(0, v, CHUNK_ROWS):
-                rows = dequantize(raw[start:start + CHUNK_ROWS], qtype).reshape(-1, d).astype(np.float32)
-                f.write(rows.tobytes())
-        tmp.rename(file)
-    finally:
-        tmp.unlink(missing_ok=True)
+    for start in range(0, v, CHUNK_ROWS):
+        yield start, dequantize(raw[start:start + CHUNK_ROWS], qtype).reshape(-1, d).astype(np.float32)
 
 
 def touch_file(file: Path) -> None:
