@@ -13,6 +13,8 @@ from engine.serve.engine import Engine
 
 LLAMA = rg.Shape("llama", 256, 2, 4, 2, 512, 10000.0, tied=True)
 QWEN2 = rg.Shape("qwen2", 256, 2, 4, 2, 512, 1000000.0, tied=False, rms_eps=1e-6)  # q/k/v biases, its own head
+QWEN3 = rg.Shape("qwen3", 256, 2, 2, 1, 512, 1000000.0, tied=True, rms_eps=1e-6)  # q/k norms; head_dim 128 as
+# transformers' Qwen3Config assumes (its GGUF mapping reads no key length)
 
 
 @pytest.fixture()
@@ -67,9 +69,13 @@ def test_a_gguf_built_from_its_blocks_is_the_model_transformers_gives(cache, mon
     assert again.encode("hello world") == direct.encode("hello world") and _tokens(again) == _tokens(direct)
 
 
-def test_a_qwen2_file_keeps_its_rows_its_biases_and_its_own_head(cache):
-    """Qwen2's converter does not permute q and k; its q, k, v biases and its untied Q8_0 head: every tensor as
-    transformers names and reads it (no reference load: its name map and gguf-py's values, tensor by tensor)."""
+@pytest.mark.parametrize("shape, ftype, kind, n_blocks", [(QWEN2, "Q8_0", "q8_0", 1 + 4 * QWEN2.layers),
+                                                          (QWEN3, "Q4_0", "q4_1", 7 * QWEN3.layers)],
+                         ids=["qwen2-q80", "qwen3-q40"])
+def test_a_qwen_file_keeps_its_rows_biases_norms_and_head(shape, ftype, kind, n_blocks, cache):
+    """Qwen's converters do not permute q and k. Qwen2: q, k, v biases (those linears on oneDNN) and an untied Q8_0
+    head; Qwen3: q and k norms per head, a tied Q6_K head (float32 here). Every tensor as transformers names and
+    reads it (no reference load: its name map and gguf-py's values, tensor by tensor)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
@@ -77,8 +83,8 @@ def test_a_qwen2_file_keeps_its_rows_its_biases_and_its_own_head(cache):
     from engine.forward.gguf_table import read_table
     from engine.load.gguf_direct import hf_names
 
-    path = cache / "tiny-qwen2.Q8_0.gguf"
-    rg.write(path, QWEN2, "Q8_0", seed=9)
+    path = cache / f"tiny-{shape.arch}.{ftype}.gguf"
+    rg.write(path, shape, ftype, seed=9)
     loaded = models.load_model(str(path), dtype="float32")
     model, config = loaded.model, loaded.model.config
     theirs = get_gguf_hf_weights_map(_skeleton(config), TensorProcessor())
@@ -96,9 +102,10 @@ def test_a_qwen2_file_keeps_its_rows_its_biases_and_its_own_head(cache):
         expected = x @ ref.reshape(module.out_features, -1).T + (0 if module.bias is None else module.bias)
         with torch.inference_mode():  # the kernels' sums, not torch's order
             assert torch.allclose(module(x), expected, rtol=1e-4, atol=1e-5), t.name
-        n_packed += getattr(module._packed_weight, "kind", "") == "q8_0"
-    assert n_packed == 1 + 4 * QWEN2.layers  # o, gate, up, down and the head; q, k, v (biased) on oneDNN
-    assert all(model.get_submodule(f"model.layers.0.self_attn.{n}_proj").bias is not None for n in "qkv")
+        n_packed += getattr(module._packed_weight, "kind", "") == kind
+    assert n_packed == n_blocks
+    biased = [model.get_submodule(f"model.layers.0.self_attn.{n}_proj").bias is not None for n in "qkv"]
+    assert biased == [shape.arch == "qwen2"] * 3
     engine = Engine(loaded, n_ctx=64, n_seq_max=1, calibrate=False)
     assert engine.load_check.passed is True, engine.load_check.detail
     assert len(_tokens(loaded)) == 8

@@ -31,7 +31,7 @@ from engine.forward.gemm import SmallGemm
 from engine.forward.kernels import registry
 
 GROUP = 32  # weights per GGUF block along the inputs, both types
-MAPPED_FAMILIES = ("llama", "mistral", "qwen2")  # the model types whose GGUF tensor names `_targets` maps
+MAPPED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the model types whose GGUF tensor names `_targets` maps
 # llama.cpp's tensor names -> the Llama-family module names transformers gives them
 _LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                 "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",

@@ -1,4 +1,4 @@
-"""A Llama-family GGUF built straight from its blocks: no float32 copy of the model, in memory or on disk.
+"""A Llama-family (Llama, Mistral, Qwen2, Qwen3) or Gemma 3 GGUF built from its blocks: no float32 copy of the model.
 
 transformers loads a GGUF by dequantising every tensor to float32 (gguf-py's `dequantize`) into a model it then
 hands over whole: a 1B Q4_K_M file (0.8 GB) becomes 5 GB in memory and, as the cache's converted copy
@@ -15,7 +15,7 @@ read from the file as it is stored:
 
 The values are the ones transformers' loader gives, bit for bit: q and k rows in the order its
 `LlamaTensorProcessor` restores (llama.cpp's converter permutes them for its rotary layout in files of the
-`llama` architecture, Mistral's among them; Qwen2's converter does not), and every dequantisation gguf-py's or
+`llama` architecture, Mistral's among them; Qwen2's and Qwen3's converters do not), and every dequantisation gguf-py's or
 proven equal to it (`QuantWeight.dequantize`, tests/test_gguf_direct.py).
 """
 

@@ -36,7 +36,7 @@ _CHUNK = 1 << 22  # weights drawn and quantised at a time
 
 @dataclass(frozen=True)
 class Shape:
-    arch: str  # GGUF architecture: "llama" or "qwen2" (q, k, v biases)
+    arch: str  # GGUF architecture: "llama", "qwen2" (q, k, v biases) or "qwen3" (q and k norms per head)
     hidden: int
     layers: int
     heads: int
@@ -92,6 +92,8 @@ def tensors(shape: Shape) -> list[tuple[str, tuple[int, int] | tuple[int], int]]
                 (blk + "attn_k.weight", (kv, shape.hidden), i), (blk + "attn_v.weight", (kv, shape.hidden), i)]
         if shape.arch == "qwen2":
             out += [(blk + "attn_q.bias", (q,), i), (blk + "attn_k.bias", (kv,), i), (blk + "attn_v.bias", (kv,), i)]
+        if shape.arch == "qwen3":
+            out += [(blk + "attn_q_norm.weight", (head_dim,), i), (blk + "attn_k_norm.weight", (head_dim,), i)]
         out += [(blk + "attn_output.weight", (shape.hidden, q), i), (blk + "ffn_norm.weight", (shape.hidden,), i),
                 (blk + "ffn_gate.weight", (shape.ffn, shape.hidden), i),
                 (blk + "ffn_up.weight", (shape.ffn, shape.hidden), i),
