@@ -98,7 +98,9 @@ def load_direct(path: Path, config, dot: bool, table_folder: Path):
         return None  # a tensor this table does not name, or a parameter no tensor fills
     linears = _linear_names(model)
     with torch.no_grad():
-        _embedding(model, tensors["token_embd.weight"], path, table_folder)
+        table = tensors["token_embd.weight"]
+        _embedding(model, table, path, table_folder)
+        _drop_file_pages(table)
         for name, t in tensors.items():
             hf = names.get(name)
             if hf is None or hf == "model.embed_tokens.weight":
@@ -109,8 +111,10 @@ def load_direct(path: Path, config, dot: bool, table_folder: Path):
                 continue
             params[hf].copy_(torch.from_numpy(_dequantized(t, config, name)))
             _drop_file_pages(t)
-        if "output.weight" not in tensors:
-            _take_blocks(model, "lm_head.weight", tensors["token_embd.weight"], dot, config)
+        # no head of its own: it is the table, as llama.cpp reads such a file (tied or not)
+        if "output.weight" not in tensors and not _take_blocks(model, "lm_head.weight", table, dot, config):
+            model.get_output_embeddings().weight = model.get_input_embeddings().weight
+        _drop_file_pages(table)
     return model
 
 
