@@ -101,7 +101,7 @@ def load_model(name: str, device: str | None = "cpu", trust_remote_code: bool = 
     try:
         gguf_path = gguf_source(name)
         if gguf_path is not None:
-            model, tok, choice = _load_from_gguf(gguf_path, device, dtype, prepack)
+            model, tok, choice = _load_from_gguf(gguf_path, device, dtype, prepack, spread=device_map is not None)
             if device_map is not None:
                 _dispatch(model, device_map)
         else:
@@ -165,17 +165,17 @@ def gguf_source(name: str) -> Path | None:
     return path
 
 
-def _load_from_gguf(path: Path, device: str, dtype: str, prepack: bool):
+def _load_from_gguf(path: Path, device: str, dtype: str, prepack: bool, spread: bool = False):
     """(model, tokenizer, dtype choice) of a GGUF file; the choice weighs the blocks our kernels read as stored.
-    A Llama-family file on the CPU's float32 or int8 path is built from its blocks (engine/load/gguf_direct.py),
-    others through transformers' float32 copy."""
+    A Llama-family or Gemma 3 file on the CPU's float32 or int8 path is built from its blocks (gguf_direct.py),
+    others (and a model to spread over devices by a device map: `spread`) through transformers' float32 copy."""
     import torch
 
     from engine.load.dtype import choose_dtype
 
     config = gguf_config(path)
     choice = choose_dtype(dtype, config, device, stored_blocks(path, device, prepack, config))
-    if direct_reason(config, choice.torch_name, device, prepack) is None:
+    if not spread and direct_reason(config, choice.torch_name, device, prepack) is None:
         model = load_direct(path, config, dot=choice.dtype == "int8", table_folder=cache_dir() / "mapped")
         if model is not None:
             return model, gguf_tokenizer(path, config), choice
