@@ -179,6 +179,14 @@ def pack_dot(w: QuantWeight, nb: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=2)).reshape(-1))
 
 
+def pack_for(w: QuantWeight, nb: int, dot: bool) -> tuple[str, torch.Tensor]:
+    """(kernel kind, packed blocks) of `w`: times 8-bit inputs in integers (dot), else read as float32."""
+    if dot:
+        return w.kind + "_dot", pack_dot(w, nb)
+    w = w.as_float_kernels()
+    return w.kind, pack(w, nb)
+
+
 def _llama_reverse_permute(n_rows: int, n_heads: int) -> np.ndarray:
     """The row order transformers' GGUF loader gives q and k (it undoes llama.cpp's rotary permutation):
     row r of the model is row order[r] of the file."""
@@ -292,8 +300,7 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool =
                 differ.append(name)
                 continue
             n, k = weight.shape
-            kind = w.kind + "_dot" if dot else w.as_float_kernels().kind
-            packed = pack_dot(w, nb) if dot else pack(w.as_float_kernels(), nb)
+            kind, packed = pack_for(w, nb, dot)
             install(module, SmallGemm(fns[kind], packed, k, n, torch.float32, torch.float32, kind=kind),
                     drop_weight=id(weight) not in tied and not keep_weights)
             taken += 1

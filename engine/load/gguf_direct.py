@@ -166,7 +166,7 @@ def _take_blocks(model, hf: str, t, dot: bool, config) -> bool:
 
     from engine.forward.gemm import SmallGemm
     from engine.forward.prepack import _tied_elsewhere, install
-    from engine.forward.quant import _GGML_KINDS, GROUP, QK_K, _unpack, load_kernels, pack, pack_dot
+    from engine.forward.quant import _GGML_KINDS, GROUP, QK_K, _unpack, load_kernels, pack_for
 
     fns, nb, _ = load_kernels()
     kind = _GGML_KINDS.get(GGMLQuantizationType(t.tensor_type).name)
@@ -183,8 +183,8 @@ def _take_blocks(model, hf: str, t, dot: bool, config) -> bool:
     for start in range(0, n, step):  # blocks of nb outputs lie one after another: chunks of rows pack apart
         w = _unpack(kind, raw[start:start + step], min(step, n - start), k)
         w = w if order is None else w.rows(order)
-        fn_kind = w.kind + "_dot" if dot else w.as_float_kernels().kind
-        parts.append(pack_dot(w, nb) if dot else pack(w.as_float_kernels(), nb))
+        fn_kind, part = pack_for(w, nb, dot)
+        parts.append(part)
     packed = parts[0] if len(parts) == 1 else torch.cat(parts)
     tied = id(module.weight) in _tied_elsewhere(model)
     install(module, SmallGemm(fns[fn_kind], packed, k, n, torch.float32, torch.float32, kind=fn_kind),
@@ -197,7 +197,7 @@ def _embedding(model, t, path: Path, folder: Path) -> None:
     import torch
     from torch import nn
 
-    from engine.forward.mapped import mark_entry
+    from engine.forward.mapped import _touch, mark_entry
     from engine.load.gguf import gguf_fingerprint
 
     d, v = (int(s) for s in t.shape)
@@ -209,7 +209,7 @@ def _embedding(model, t, path: Path, folder: Path) -> None:
                 mark_entry(folder)
                 _write_table(t, v, d, file)
             else:
-                touch_file(file)
+                _touch(file)
         arr = np.memmap(file, dtype=np.float32, mode="c", shape=(v, d))
         param = nn.Parameter(torch.from_numpy(arr), requires_grad=False)
         param._mapped_array = arr  # the mapping lives as long as the parameter
@@ -248,14 +248,3 @@ def _table_rows(t, v: int, d: int):
     qtype = GGMLQuantizationType(t.tensor_type)
     for start in range(0, v, CHUNK_ROWS):
         yield start, dequantize(raw[start:start + CHUNK_ROWS], qtype).reshape(-1, d).astype(np.float32)
-
-
-def touch_file(file: Path) -> None:
-    """Mark a reused table as used now (the cache prunes least recently used)."""
-    import os
-
-    try:
-        os.utime(file)
-    except OSError:
-        pass
-
