@@ -29,6 +29,19 @@ def pytest_runtest_setup(item):
     torch.manual_seed(0)
 
 
+# the modules that take minutes (seconds measured on a 2-core EPYC, call and set-up; CONTRIBUTING.md#slow-tests):
+# run first, so that the last minutes of a run are short tests both workers share, not one worker's long one
+LONG_MODULES = {"test_load_long": 280, "test_long_prompts": 200, "test_embedded": 200, "test_gguf_direct": 200,
+                "test_random_gguf": 180, "test_soak": 135, "test_gemma3": 130, "test_browser": 120}
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle: within and among the rest, its order stands
+def pytest_collection_modifyitems(config, items):
+    """The long modules first, longest first (xdist's worksteal hands each worker a contiguous run of the
+    order; an idle worker then takes the end of the other's)."""
+    items.sort(key=lambda item: -LONG_MODULES.get(item.path.stem, 0))
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """The order's seed again at the end: pytest-randomly prints it in the header, which -q leaves out."""
     if config.pluginmanager.hasplugin("randomly"):
