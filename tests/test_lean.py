@@ -33,13 +33,26 @@ def _family(kind: str, seed: int = 0):
         model = tf.Qwen3ForCausalLM(tf.Qwen3Config(head_dim=16, **common))
     elif kind == "mistral":  # every layer sliding, window 6: the cell cache's mask
         model = tf.MistralForCausalLM(tf.MistralConfig(sliding_window=6, **common))
+    elif kind == "qwen2-mixed":  # full layers, then windowed ones: a layout per kind
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                                                   layer_types=["full_attention"] + ["sliding_attention"] * 2,
+                                                   **common))
+    elif kind == "gemma2":  # norms on each branch's output, GELU, soft-capped scores and logits, windows of 4
+        model = tf.Gemma2ForCausalLM(tf.Gemma2Config(
+            head_dim=16, query_pre_attn_scalar=24, sliding_window=4, attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            **common))
+    elif kind == "gemma3":  # per-head norms, local and global rotary bases
+        model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(
+            head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"], **common))
     else:
         raise ValueError(kind)
     model.eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "bias" in name:
-                p.normal_(0, 0.5)  # a fresh init leaves biases at 0, which would test nothing
+            if "bias" in name or "norm" in name:
+                p.normal_(0, 0.5)  # a fresh init leaves biases and Gemma's norms at 0, which would test nothing
     return model
 
 
@@ -50,7 +63,8 @@ def _decode(ctx, rows: list[tuple[int, int, int]]):
     return ctx.decode(batch)
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-rope-scaled", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("kind", ["llama", "llama-rope-scaled", "qwen2", "qwen3", "mistral", "qwen2-mixed", "gemma2",
+                                  "gemma3"])
 def test_lean_forward_gives_transformers_logits_and_hidden_states(kind):
     model = _family(kind)
     prepack.prepack_linears(model)
@@ -127,24 +141,25 @@ def test_families_and_models_the_lean_forward_does_not_take_say_why():
     gpt2 = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2)).eval()
     prepack.prepack_linears(gpt2)
     assert "transformers' forward" in lean_reason(gpt2)
-    mixed = tf.Qwen2ForCausalLM(tf.Qwen2Config(
+    exact_gelu = tf.Gemma2ForCausalLM(tf.Gemma2Config(
         vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, use_sliding_window=True, sliding_window=4, max_window_layers=1,
-        layer_types=["full_attention", "sliding_attention"])).eval()
-    prepack.prepack_linears(mixed)
-    assert "several attention kinds" in lean_reason(mixed)
-    assert ModelContext(mixed, n_ctx=16).lean is None  # it runs, on transformers' forward
+        num_key_value_heads=2, head_dim=16, hidden_activation="gelu")).eval()
+    prepack.prepack_linears(exact_gelu)
+    assert "activation gelu" in lean_reason(exact_gelu)
+    assert ModelContext(exact_gelu, n_ctx=16).lean is None  # it runs, on transformers' forward
 
 
-def test_fused_layers_run_a_float32_llama_as_the_torch_layers_do_and_say_why_elsewhere():
-    """The one-call C layers (engine/forward/lean_fused.py): taken for a float32 Llama-shaped model on our kernels, with
-    the logits, hidden states and cache of the torch layers within rounding; sliding window, several sequences
-    and a removed tail included."""
+@pytest.mark.parametrize("kind", ["mistral", "qwen3", "gemma3"])
+def test_fused_layers_run_as_the_torch_layers_do(kind):
+    """The one-call C layers (engine/forward/lean_fused.py): taken for a float32 model on our kernels, with the
+    logits, hidden states and cache of the torch layers within rounding; a window over every layer (Mistral),
+    per-head norms (Qwen3), Gemma 3's norms on each branch, GELU, and local and global layers with their own
+    cells and rotary tables; several sequences and a removed tail."""
     from engine.forward import gemm
 
     if gemm.load((torch.float32,)).get(torch.float32) is None:
         pytest.skip("our float32 kernel does not run here")
-    model = _family("mistral")
+    model = _family(kind)
     prepack.prepack_linears(model)
     results = {}
     for fused in (True, False):
@@ -162,9 +177,12 @@ def test_fused_layers_run_a_float32_llama_as_the_torch_layers_do_and_say_why_els
         assert second.hidden.shape == (3, 2 * model.config.hidden_size)
     for got, want in zip(results[True], results[False]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_layers_say_why_they_step_aside():
     qwen2 = _family("qwen2")
     prepack.prepack_linears(qwen2)
     assert "bias" in ModelContext(qwen2, n_ctx=16).lean.fused_reason
-    qwen3 = _family("qwen3")
-    prepack.prepack_linears(qwen3)
-    assert "per-head norms" in ModelContext(qwen3, n_ctx=16).lean.fused_reason
+    gemma2 = _family("gemma2")
+    prepack.prepack_linears(gemma2)
+    assert "soft-capped" in ModelContext(gemma2, n_ctx=16).lean.fused_reason

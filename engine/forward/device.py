@@ -58,6 +58,8 @@ def synchronize_model(model) -> None:
     """`synchronize` on every card a model's weights are on (a device map may spread them over several)."""
     import torch
 
+    if not torch.cuda.is_initialized():  # no card in use: nothing queued (and no walk over every parameter per forward)
+        return
     cards = {p.device for p in model.parameters() if p.device.type == "cuda"}
     for card in cards:
         torch.cuda.synchronize(card)

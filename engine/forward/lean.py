@@ -1,38 +1,39 @@
-"""A lean forward for the Llama family on the cell cache, reading the HF model's own modules (gpt-fast's idea).
+"""A lean forward on the cell cache for the families users bring, reading the HF model's own modules (gpt-fast's
+idea).
 
 transformers' forward is written for every feature of every model; for one decode step of a small model its
 bookkeeping (mask builders, kwargs plumbing, output records, dtype round trips) is a large share of the step.
-This forward does only what a Llama-shaped decoder needs, with three fused oneDNN calls per layer
-(o_proj + residual, gate + silu, up * gate, down + residual: engine/forward/prepack.py), and reads the same weights, so
-there is one copy of them and every other user of the model (generate, training, a recurrent cache) keeps
-transformers' forward.
+This forward does only what the decoder needs, as engine/forward/layer_spec.py describes it per layer, with
+fused oneDNN or own-kernel calls (o_proj + residual, gate + silu, up * gate, down + residual:
+engine/forward/prepack.py), and reads the same weights, so there is one copy of them and every other user of the
+model (generate, training, a recurrent cache) keeps transformers' forward.
 
-Per layer, x [T, D] the residual stream of the batch rows:
-    h = rms(x) * w_in;  q, k, v = h Wq, h Wk, h Wv;  q, k = rope(q), rope(k)   (q_norm/k_norm first for Qwen3)
-    cells <- k, v;  a = attention of q over the cells each row's sequence sees (engine/forward/attention.py)
-    x = x + a Wo;  h = rms(x) * w_post;  x = x + (silu(h Wg) * h Wu) Wd
-Norms follow transformers' RMSNorm (float32 inside, weight applied in the model dtype); rotary tables come
-from the model's own rotary module, so every rope scaling it knows is kept.
+Per layer, x [T, D] the residual stream of the batch rows (Llama's pre-norm layout; Gemma's adds a norm on
+each branch's output before its residual add):
+    h = norm_in(x);  q, k, v = h Wq, h Wk, h Wv;  q, k = rope(q_norm(q)), rope(k_norm(k))
+    cells <- k, v;  a = attention of q over the cells the row sees in this layer's kind (engine/forward/attention.py)
+    x = x + a Wo;  h = norm_mlp(x);  x = x + (act(h Wg) * h Wu) Wd
+Norms follow transformers' RMSNorm of each family; rotary tables come from the model's own rotary module (per
+layer kind where it has several), so every rope scaling it knows is kept.
 
-Where the model is float32 on our own linear kernel, all the layers run in one C call instead
-(engine/forward/lean_fused.py): the same kernels without the ~40 torch calls a layer makes here.
+Where the model is float32 on our own linear kernel and of the pre-norm layout, all the layers run in one C call
+instead (engine/forward/lean_fused.py): the same kernels without the ~40 torch calls a layer makes here.
 
-Families: llama, mistral, qwen2, qwen3 with silu MLPs and every layer attending the same way (all full, or all
-sliding, which the cell cache's mask covers). Anything else, or linears that are not prepacked (a GPU, a torch
-without oneDNN), runs transformers' forward: `lean_reason` says why.
+Families: layer_spec.FAMILIES. Anything else, or linears that are not prepacked (a GPU, a torch without oneDNN),
+runs transformers' forward: `lean_reason` says why.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from engine.forward import prepack
+from engine.forward.attention import LayerRows
 from engine.forward.kernels import registry
+from engine.forward.layer_spec import FAMILIES, family_reason, model_spec, rms, softcap
 from engine.forward.lean_fused import FusedLayers
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+__all__ = ["FAMILIES", "LeanForward", "family_reason", "lean_reason"]
 
 
 def lean_reason(model) -> str | None:
@@ -50,61 +51,11 @@ def lean_reason(model) -> str | None:
     return None
 
 
-def family_reason(model) -> str | None:
-    """None if `model` is of a family and layout the lean forward implements, else why not."""
-    cfg = model.config
-    kind = getattr(cfg, "model_type", "")
-    if kind not in FAMILIES:
-        return f"{kind or type(model).__name__} runs transformers' forward (lean forward: {', '.join(FAMILIES)})"
-    if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "pretraining_tp", 1) != 1:
-        return "activation or tensor-parallel layout the lean forward does not implement"
-    layer_types = set(getattr(cfg, "layer_types", None) or ())
-    if len(layer_types) > 1:
-        return f"layers of several attention kinds ({', '.join(sorted(layer_types))})"
-    inner = getattr(model, "model", None)
-    if inner is None or not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) or \
-            not hasattr(model, "lm_head"):
-        return "module layout differs from transformers' Llama"
-    return None
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D]; cos, sin [T, 1, D] (both halves equal, as the rotary module returns them)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-@dataclass
-class _Layer:
-    """One decoder layer's tensors, fetched once (nn.Module attribute lookups cost microseconds each)."""
-    w_in: torch.Tensor  # input RMSNorm weight [D]
-    w_post: torch.Tensor  # post-attention RMSNorm weight [D]
-    q: tuple  # (packed weight, bias or None) of q_proj; k, v, o, gate, up, down likewise
-    k: tuple
-    v: tuple
-    o: tuple
-    gate: tuple
-    up: tuple
-    down: tuple
-    q_norm: tuple | None  # (weight [hd], eps) of Qwen3's per-head norms; None elsewhere
-    k_norm: tuple | None
-    head_dim: int
-    scaling: float
-
-
-def _packed(module) -> tuple:
-    return module._packed_weight, module.bias
-
-
-def _norm(module) -> tuple | None:
-    return None if module is None else (module.weight, module.variance_epsilon)
 
 
 def _lin(x3: torch.Tensor, wb: tuple, post: str = "none") -> torch.Tensor:
@@ -116,7 +67,7 @@ def _lin_then(x3: torch.Tensor, other: torch.Tensor, wb: tuple, op: str) -> torc
 
 
 class LeanForward:
-    """Runs a Llama-family model on the cell cache; built once per model by ModelContext.
+    """Runs a model of the lean families on the cell cache; built once per model by ModelContext.
 
     The residual stream is [1, T', D] in the model's dtype with T' >= 2: a single row runs as two identical
     rows, so every linear takes the batched oneDNN kernel (prepack._rows3 says why) with one copy per layer
@@ -128,48 +79,52 @@ class LeanForward:
     def __init__(self, model):
         self.model = model
         self.inner = model.model
-        self.eps = float(getattr(model.config, "rms_norm_eps", 1e-6))
-        self.n_layers = len(self.inner.layers)
+        self.spec = model_spec(model)
+        self.layers = self.spec.layers
+        self.n_layers = len(self.layers)
         self.dtype = self.inner.embed_tokens.weight.dtype
-        self.layers = []
-        for layer in self.inner.layers:
-            att, mlp = layer.self_attn, layer.mlp
-            self.layers.append(_Layer(
-                w_in=layer.input_layernorm.weight, w_post=layer.post_attention_layernorm.weight,
-                q=_packed(att.q_proj), k=_packed(att.k_proj), v=_packed(att.v_proj), o=_packed(att.o_proj),
-                gate=_packed(mlp.gate_proj), up=_packed(mlp.up_proj), down=_packed(mlp.down_proj),
-                q_norm=_norm(getattr(att, "q_norm", None)), k_norm=_norm(getattr(att, "k_norm", None)),
-                head_dim=int(att.head_dim), scaling=float(att.scaling)))
+        self.kinds = tuple(dict.fromkeys(layer.kind for layer in self.layers))
         # all layers in one C call where the model is float32 on our kernels (engine/forward/lean_fused.py)
         self.fused, self.fused_reason = FusedLayers.build(self)
+
+    def _rotary(self, x: torch.Tensor, position_ids: torch.Tensor) -> dict:
+        """{layer kind: (cos, sin) [T, hd]}: Gemma 3's local and global layers rotate with bases of their own."""
+        empty = x.new_empty(0, dtype=torch.float32)
+        if not self.spec.rotary_by_kind:
+            cos, sin = self.inner.rotary_emb(empty, position_ids[None])
+            return {kind: (cos[0], sin[0]) for kind in self.kinds}
+        out = {}
+        for kind in self.kinds:
+            cos, sin = self.inner.rotary_emb(empty, position_ids[None], kind)
+            out[kind] = (cos[0], sin[0])
+        return out
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, cell_rows, rows: torch.Tensor,
                  hidden_layers: tuple[int, ...]):
-        """input_ids, position_ids [T]; cell_rows: attention.CellRows; rows [n_out] -> (logits [n_out, V],
-        hidden).
+        """input_ids, position_ids [T]; cell_rows: attention.CellRows, or LayerRows where kinds see different
+        cells; rows [n_out] -> (logits [n_out, V], hidden).
 
         hidden: [T, len(hidden_layers) * D] with transformers' hidden_states numbering (0 the embeddings, i the
         output of layer i, n_layers the final norm), or None when no layer is asked for."""
         x = self.inner.embed_tokens(input_ids)  # [T, D]
-        cos, sin = self.inner.rotary_emb(x.new_empty(0, dtype=torch.float32), position_ids[None])  # [1, T, hd]
+        rotary = self._rotary(x, position_ids)
         kept = {0: x.clone()} if 0 in hidden_layers else {}  # the C layers change x in place
         inner = [i for i in hidden_layers if 0 < i < self.n_layers]
         side = None  # [T, len(hidden_layers) * D] where the C call wrote exactly the layers asked, side by side
         if self.fused is not None and self.fused.applies(cache, cell_rows):
-            x, written = self.fused(x.float().contiguous(), cos[0].contiguous(), sin[0].contiguous(), cache,
-                                    cell_rows, inner)
+            x, written = self.fused(x.float().contiguous(), rotary, cache, cell_rows, inner)
             if written is not None and tuple(inner) == tuple(hidden_layers):
                 side = written  # a drafter's features every forward: no slicing and copying into a second tensor
             d = x.shape[1]
             after = {} if side is not None else {i: written[:, j * d:(j + 1) * d] for j, i in enumerate(inner)}
         else:
-            x, after = self._torch_layers(x, cos[0][:, None, :], sin[0][:, None, :], cache, cell_rows, inner)
+            x, after = self._torch_layers(x, rotary, cache, cell_rows, inner)
         kept.update(after)
-        norm = self.inner.norm.weight
+        final = self.spec.final_norm
         if self.n_layers in hidden_layers:
-            kept[self.n_layers] = _rms(x, norm, self.eps)
-        logits = prepack.linear(self.model.lm_head, _rms(x[rows], norm, self.eps))
+            kept[self.n_layers] = rms(x, final)
+        logits = softcap(prepack.linear(self.model.lm_head, rms(x[rows], final)), self.spec.final_softcap)
         if side is None and hidden_layers:
             side = torch.cat([kept[i] for i in hidden_layers], dim=-1)
         return logits, side
@@ -178,32 +133,44 @@ class LeanForward:
         entry = registry.LIBRARIES["lean_layers"]
         return entry.runs if self.fused is not None else f"{entry.fallback}: {self.fused_reason}"
 
-    def _torch_layers(self, x, cos, sin, cache, cell_rows, inner: list[int]):
-        """x [T, D]; cos, sin [T, 1, hd] -> (x after the last layer [T, D], {layer: x after it} for `inner`)."""
+    def _torch_layers(self, x, rotary: dict, cache, cell_rows, inner: list[int]):
+        """x [T, D]; rotary {kind: (cos, sin) [T, hd]} -> (x after the last layer [T, D], {layer: x after it} for
+        `inner`)."""
         t = x.shape[0]
         x = (x.expand(2, -1) if t == 1 else x).reshape(1, max(t, 2), -1).contiguous()  # [1, T', D]
+        rotary = {kind: (cos[:, None, :], sin[:, None, :]) for kind, (cos, sin) in rotary.items()}  # [T, 1, hd]
         kept = {}
         for i, layer in enumerate(self.layers):
-            x = self._layer(i, layer, x, t, cos, sin, cache, cell_rows)
+            rows = cell_rows.by_kind[cell_rows.types[i]] if isinstance(cell_rows, LayerRows) else cell_rows
+            x = self._layer(i, layer, x, t, *rotary[layer.kind], cache, rows)
             if i + 1 in inner:
                 kept[i + 1] = x[0, :t]
         return x[0, :t], kept
 
-    def _layer(self, i: int, w: _Layer, x, t: int, cos, sin, cache, cell_rows) -> torch.Tensor:
-        """x [1, T', D] -> [1, T', D]; the first t rows are real."""
+    def _layer(self, i: int, w, x, t: int, cos, sin, cache, cell_rows) -> torch.Tensor:
+        """x [1, T', D] -> [1, T', D]; the first t rows are real. w: the layer's LayerSpec."""
         hd = w.head_dim
-        h = _rms(x, w.w_in, self.eps)
+        h = rms(x, w.norm_in)
         q = _lin(h, w.q)[0, :t].float().view(t, -1, hd)  # [T, H, hd]
         k = _lin(h, w.k)[0, :t].float().view(t, -1, hd)  # [T, H_kv, hd]
         v = _lin(h, w.v)[0, :t].float().view(t, -1, hd)
-        if w.q_norm is not None:  # Qwen3: RMSNorm over each head before rope
-            q, k = _rms(q, *w.q_norm), _rms(k, *w.k_norm)
+        if w.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm over each head before rope
+            q, k = rms(q, w.q_norm), rms(k, w.k_norm)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         keys, values = cache.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None], i)  # [1, H_kv, n_live, hd]
-        a = cell_rows.attend(q, keys, values, w.scaling).reshape(1, t, -1).to(self.dtype)  # [1, T, H * hd]
+        a = cell_rows.attend(q, keys, values, w.scaling, w.softcap).reshape(1, t, -1).to(self.dtype)  # [1, T, H*hd]
         if t == 1:
             a = a.expand(1, 2, -1).contiguous()
-        x = _lin_then(a, x, w.o, "add")
-        h = _rms(x, w.w_post, self.eps)
-        gate = _lin(h, w.gate, "swish")
-        return _lin_then(_lin_then(h, gate, w.up, "mul"), x, w.down, "add")
+        if w.norm_attn_out is None:
+            x = _lin_then(a, x, w.o, "add")
+        else:
+            x = x + rms(_lin(a, w.o), w.norm_attn_out)
+        h = rms(x, w.norm_mlp)
+        if w.act == "silu":
+            gate = _lin(h, w.gate, "swish")
+        else:
+            gate = torch.nn.functional.gelu(_lin(h, w.gate), approximate="tanh")
+        g = _lin_then(h, gate, w.up, "mul")
+        if w.norm_mlp_out is None:
+            return _lin_then(g, x, w.down, "add")
+        return x + rms(_lin(g, w.down), w.norm_mlp_out)

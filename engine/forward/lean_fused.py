@@ -2,11 +2,12 @@
 
 Between its linears the lean forward makes about 40 small torch calls a layer (norms, rotary embedding, cache
 writes, reshapes); at a few rows each costs its dispatch, and on the embedded model they added up to a large
-share of a one-row forward. The C loop does the same layers with the same linear and attention kernels. It
-applies when the model is float32, every layer linear is our float32 kernel without a bias
-(engine/forward/gemm.py; its weights as float32 or as a GGUF's Q4_1 / Q4_0 / Q5_0 / Q8_0 blocks, engine/forward/quant.py), the
-model has no per-head norms (Qwen3 keeps the torch path), and the context attends with the C kernel; anything
-else runs the torch layers of engine/forward/lean.py.
+share of a one-row forward. The C loop does the same layers with the same linear and attention kernels, in
+both layouts of engine/forward/layer_spec.py (pre-norm and Gemma's sandwich), with per-head norms, SiLU or GELU,
+and a rotary table and a row layout per attention kind. It applies when the model is float32, every layer
+linear is our float32 kernel without a bias (engine/forward/gemm.py; its weights as float32 or as a GGUF's blocks,
+engine/forward/quant.py), no layer soft-caps its scores (Gemma 2), every norm has one epsilon, and the context
+attends with the C kernel; anything else runs the torch layers of engine/forward/lean.py.
 """
 
 from __future__ import annotations
@@ -15,16 +16,29 @@ import ctypes
 
 import torch
 
+from engine.forward.attention import CellRows, LayerRows
 from engine.forward.gemm import SmallGemm
 from engine.forward.kernels import registry
 
 _NAMES = ("q", "k", "v", "o", "gate", "up", "down")
 # how lean_layers.c reads a weight: float32, GGUF blocks as float32, or GGUF blocks by integer dot products
 _KINDS = {"": 0, "q4_1": 1, "q8_0": 2, "q4_1_dot": 3, "q8_0_dot": 4, "q4_0_dot": 5, "q5_0_dot": 6, "q6_k_dot": 7}
+SANDWICH, GELU = 1, 2  # lean_layers.c's flags
+MAX_LAYOUTS = 4  # row layouts (distinct windows) one call takes
 
 
 def _pointers(tensors) -> ctypes.Array:
     return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
+def _ints(values) -> ctypes.Array:
+    return (ctypes.c_int * len(values))(*values)
+
+
+def _shape(layer) -> tuple:
+    """What one C call assumes every layer shares: layout, activation, per-head norms, sizes and scaling."""
+    return (layer.norm_attn_out is None, layer.act, layer.q_norm is None, layer.head_dim, layer.scaling,
+            tuple(getattr(layer, name)[0].n for name in _NAMES))
 
 
 class FusedLayers:
@@ -40,12 +54,19 @@ class FusedLayers:
         self.mlp = first.gate[0].n
         self.d = first.q[0].k  # the residual stream's width
         self.scaling = first.scaling
-        self.eps = lean.eps
+        self.eps = first.norm_in.eps
+        sandwich = first.norm_attn_out is not None
+        self.flags = (SANDWICH if sandwich else 0) | (GELU if first.act != "silu" else 0)
         self._weights = [getattr(layer, name)[0].weight for layer in lean.layers for name in _NAMES]
-        self._norms = [n.float().contiguous() for layer in lean.layers for n in (layer.w_in, layer.w_post)]
+        order = ("norm_in", "norm_attn_out", "norm_mlp", "norm_mlp_out") if sandwich else ("norm_in", "norm_mlp")
+        self._norms = [getattr(layer, n).weight.float().contiguous() for layer in lean.layers for n in order]
         self.weights, self.norms = _pointers(self._weights), _pointers(self._norms)
-        kinds = [_KINDS[getattr(layer, name)[0].kind] for layer in lean.layers for name in _NAMES]
-        self.kinds = (ctypes.c_int * len(kinds))(*kinds)
+        self._head_norms = [n.weight.float().contiguous() for layer in lean.layers for n in (layer.q_norm, layer.k_norm)
+                            if n is not None]
+        self.head_norms = _pointers(self._head_norms) if self._head_norms else None
+        self.kinds = _ints([_KINDS[getattr(layer, name)[0].kind] for layer in lean.layers for name in _NAMES])
+        self.rot_kinds = lean.kinds  # the rotary tables' order
+        self.rot_of = _ints([lean.kinds.index(layer.kind) for layer in lean.layers])
         self._cache_key = None
         self.kc = self.vc = None
         self._keep: dict[tuple[int, ...], ctypes.Array] = {}  # inner layers -> the C call's column per layer
@@ -54,53 +75,80 @@ class FusedLayers:
     def build(cls, lean) -> tuple["FusedLayers | None", str]:
         if lean.dtype != torch.float32:
             return None, f"{lean.dtype} weights (the fused layers are float32)"
+        first = lean.layers[0]
         for layer in lean.layers:
             packed = [getattr(layer, name) for name in _NAMES]
             if not all(isinstance(w, SmallGemm) and w.dtype == torch.float32 and w.kind in _KINDS and bias is None
                        for w, bias in packed):
                 return None, "a layer linear is not our float32 kernel without a bias"
-            if layer.q_norm is not None or layer.head_dim % 2 or layer.head_dim > 512:
-                return None, "per-head norms or a head size the fused layers do not take"
+            if layer.softcap is not None:
+                return None, "soft-capped attention scores (Gemma 2): the C attention does not cap"
+            if layer.head_dim % 2 or layer.head_dim > 512 or _shape(layer) != _shape(first):
+                return None, "a head size the fused layers do not take, or layers of different shapes"
+            norms = [layer.norm_in, layer.norm_attn_out, layer.norm_mlp, layer.norm_mlp_out, layer.q_norm,
+                     layer.k_norm]
+            if any(n is not None and n.eps != first.norm_in.eps for n in norms):
+                return None, "norms of several epsilons"
         lib, where = registry.load("lean_layers")
         if lib is None:
             return None, where
         return cls(lib.lean_layers, lean), registry.LIBRARIES["lean_layers"].runs
 
+    @staticmethod
+    def _layouts(cell_rows) -> list[CellRows]:
+        """The forward's distinct row layouts (kinds of one window share one)."""
+        if isinstance(cell_rows, LayerRows):
+            return list({id(r): r for r in cell_rows.by_kind.values()}.values())
+        return [cell_rows]
+
     def applies(self, cache, cell_rows) -> bool:
         """The context attends with the C kernel over a float32 cache laid out [1, H_kv, n_cells, hd]."""
         k0 = cache.k[0]
-        return (cell_rows.impl.kernel is not None and k0.dtype == torch.float32 and k0.is_contiguous()
+        layouts = self._layouts(cell_rows)
+        return (len(layouts) <= MAX_LAYOUTS
+                and all(isinstance(r, CellRows) and r.impl.kernel is not None for r in layouts)
+                and k0.dtype == torch.float32 and k0.is_contiguous()
                 and k0.shape[1] == self.n_kv_heads and k0.shape[3] == self.head_dim)
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, cell_rows,
+    def __call__(self, x: torch.Tensor, rotary: dict, cache, cell_rows,
                  inner: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [t, D] float32, changed in place; cos, sin [t, hd] -> (x after the last layer, [t, len(inner) * D]:
-        x after each layer of `inner` side by side, or None when inner is empty)."""
+        """x [t, D] float32, changed in place; rotary {kind: (cos, sin) [t, hd]} -> (x after the last layer,
+        [t, len(inner) * D]: x after each layer of `inner` side by side, or None when inner is empty)."""
         key = (cache.k[0].data_ptr(), cache.k[0].shape[2])
         if key != self._cache_key:
             self.kc, self.vc, self._cache_key = _pointers(cache.k), _pointers(cache.v), key
         t, d = x.shape
         cells = cache.last_cells.contiguous()
-        lay = cell_rows.layout
         n_cells = cache.k[0].shape[2]
-        if d != self.d or cos.shape != (t, self.head_dim) or sin.shape != cos.shape or cells.numel() != t \
+        cos = [rotary[kind][0].contiguous() for kind in self.rot_kinds]
+        sin = [rotary[kind][1].contiguous() for kind in self.rot_kinds]
+        if d != self.d or any(c.shape != (t, self.head_dim) for c in cos + sin) or cells.numel() != t \
                 or not x.is_contiguous() or x.dtype != torch.float32:
-            raise ValueError(f"fused layers: rows {tuple(x.shape)} with rotary {tuple(cos.shape)} into "
+            raise ValueError(f"fused layers: rows {tuple(x.shape)} with rotary {tuple(cos[0].shape)} into "
                              f"{cells.numel()} cells")
-        lay.check(t, n_cells)
+        layouts = self._layouts(cell_rows)
+        for rows in layouts:
+            rows.layout.check(t, n_cells)
         if t == 0:
             return x, (torch.empty(0, len(inner) * d, device="cpu") if inner else None)
         if cells.dtype != torch.int64 or int(cells.min()) < 0 or int(cells.max()) >= n_cells:
             raise ValueError(f"fused layers: a row written outside the cache's {n_cells} cells")
+        if isinstance(cell_rows, LayerRows):
+            index = {id(r): i for i, r in enumerate(layouts)}
+            rows_of = _ints([index[id(cell_rows.by_kind[kind])] for kind in cell_rows.types])
+        else:
+            rows_of = _ints([0] * self.n_layers)
         hidden = torch.empty(t, len(inner) * d, device="cpu") if inner else None
         keep = self._keep.get(tuple(inner))
         if keep is None:  # made once per set of layers: a drafter asks for the same ones every forward
-            keep = self._keep[tuple(inner)] = (ctypes.c_int * self.n_layers)(
-                *[inner.index(i + 1) if i + 1 in inner else -1 for i in range(self.n_layers)])
-        failed = self.fn(x.data_ptr(), t, d, self.n_layers, self.weights, self.kinds, self.norms, self.kc, self.vc,
-                         cache.k[0].shape[2], cells.data_ptr(), cos.data_ptr(), sin.data_ptr(), lay.row_ptr.data_ptr(),
-                         lay.cells.data_ptr(), self.n_heads, self.n_kv_heads, self.head_dim, self.mlp, self.scaling,
-                         self.eps, keep, None if hidden is None else hidden.data_ptr(), len(inner))
+            keep = self._keep[tuple(inner)] = _ints(
+                [inner.index(i + 1) if i + 1 in inner else -1 for i in range(self.n_layers)])
+        failed = self.fn(x.data_ptr(), t, d, self.n_layers, self.weights, self.kinds, self.norms, self.head_norms,
+                         self.flags, self.kc, self.vc, n_cells, cells.data_ptr(), _pointers(cos), _pointers(sin),
+                         self.rot_of, _pointers([r.layout.row_ptr for r in layouts]),
+                         _pointers([r.layout.cells for r in layouts]), rows_of, len(layouts), self.n_heads,
+                         self.n_kv_heads, self.head_dim, self.mlp, self.scaling, self.eps, keep,
+                         None if hidden is None else hidden.data_ptr(), len(inner))
         if failed:
             raise MemoryError("fused layers: no memory for the scratch rows")
         return x, hidden

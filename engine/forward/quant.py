@@ -194,11 +194,11 @@ def _llama_reverse_permute(n_rows: int, n_heads: int) -> np.ndarray:
     return np.arange(n_rows).reshape(n_heads, half, 2).transpose(0, 2, 1).reshape(-1)
 
 
-def blocks_read(path: Path, device: str, model_type: str) -> str:
+def blocks_read(path: Path, device: str, model_type: str, families: tuple[str, ...] = MAPPED_FAMILIES) -> str:
     """"Q4_1, Q8_0" (of Q4_1, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K; Q6_K times 8-bit inputs only): the quantisations of this
     GGUF's matrices our path on `device` would read as stored; "" where none, where the kernel does not run here, or
-    for a family whose names are not mapped."""
-    if device != "cpu" or model_type not in MAPPED_FAMILIES or load_kernels()[2]:
+    for a family whose names are not mapped (`families`: those the loader maps)."""
+    if device != "cpu" or model_type not in families or load_kernels()[2]:
         return ""
     from gguf import GGMLQuantizationType
 

@@ -68,15 +68,6 @@ def gguf_config(path: Path):
     return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
 
 
-def stored_blocks(path: Path, device: str, prepack: bool, config) -> str:
-    """The GGUF's quantisations our float32 path reads as stored (engine/forward/quant.py), "" without prepacking."""
-    if not prepack:
-        return ""
-    from engine.forward.quant import blocks_read
-
-    return blocks_read(path, device, getattr(config, "model_type", ""))
-
-
 def embedded_tokenizer():
     """The embedded model's tokenizer alone, for models built from configs that need a real vocabulary."""
     return gguf_tokenizer(embedded_gguf_path())

@@ -28,10 +28,8 @@ import numpy as np
 from engine.load.disk_cache import building
 
 PERMUTED = ("llama", "mistral")  # model types whose GGUF q and k rows come permuted (general.architecture "llama")
-# families built here that run transformers' forward (their linears packed from blocks all the same: its Gemma 3
-# code calls them and never reads their weights), with norms stored as 1 + w by llama.cpp's converter
-# (transformers' Gemma2TensorProcessor subtracts the 1)
-TRANSFORMERS_FORWARD = ("gemma3_text",)
+# families whose norms llama.cpp's converter stores as 1 + w (transformers' Gemma2TensorProcessor subtracts the 1)
+NORM_PLUS_ONE = ("gemma3_text",)
 CHUNK_ROWS = 4096  # embedding rows dequantised at a time: 64 MB of float32 at 4096 wide
 # llama.cpp's per-layer tensor names -> transformers' module names, per family
 _NORMS = {"attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
@@ -58,6 +56,16 @@ def hf_names(n_layers: int, model_type: str = "llama") -> dict[str, str]:
     return out
 
 
+def stored_blocks(path: Path, device: str, prepack: bool, config) -> str:
+    """The GGUF's quantisations our float32 path reads as stored (engine/forward/quant.py), "" without prepacking."""
+    if not prepack:
+        return ""
+    from engine.forward.quant import MAPPED_FAMILIES, blocks_read
+
+    # the families this load maps: Gemma 3's blocks are read as stored here, not by quant.attach
+    return blocks_read(path, device, getattr(config, "model_type", ""), MAPPED_FAMILIES + NORM_PLUS_ONE)
+
+
 def direct_reason(config, dtype_name: str, device: str, prepack: bool) -> str | None:
     """None where a GGUF of this config loads straight from its blocks, else why it goes through transformers."""
     from engine.forward.quant import MAPPED_FAMILIES, load_kernels
@@ -66,7 +74,7 @@ def direct_reason(config, dtype_name: str, device: str, prepack: bool) -> str | 
         return "blocks are read as stored only by the CPU's prepacked forward"
     if dtype_name != "float32":
         return f"a {dtype_name} model is built from transformers' float32 copy"
-    if getattr(config, "model_type", "") not in MAPPED_FAMILIES + TRANSFORMERS_FORWARD:
+    if getattr(config, "model_type", "") not in MAPPED_FAMILIES + NORM_PLUS_ONE:
         return f"{config.model_type}: only the Llama family's and Gemma 3's GGUF names are mapped"
     if not load_kernels()[0]:
         return "the block kernels do not run on this CPU"
@@ -92,8 +100,7 @@ def load_direct(path: Path, config, dot: bool, table_folder: Path):
     tensors = {t.name: t for t in read_table(path)}
     params = dict(model.named_parameters(remove_duplicate=False))
     wanted = {names.get(n) for n in tensors} - {None}
-    lean = config.model_type not in TRANSFORMERS_FORWARD
-    if (lean and family_reason(model) is not None) or set(params) - wanted - {"lm_head.weight"} or \
+    if family_reason(model) is not None or set(params) - wanted - {"lm_head.weight"} or \
             any(n not in names for n in tensors if n != "rope_freqs.weight"):
         return None  # a tensor this table does not name, or a parameter no tensor fills
     linears = _linear_names(model)
@@ -153,7 +160,7 @@ def _dequantized(t, config, name: str) -> np.ndarray:
 
     shape = tuple(int(s) for s in reversed(t.shape))  # GGUF lists the fastest-moving axis first
     w = dequantize(np.asarray(t.data), GGMLQuantizationType(t.tensor_type)).reshape(shape).astype(np.float32)
-    if config.model_type in TRANSFORMERS_FORWARD and "norm.weight" in name:
+    if config.model_type in NORM_PLUS_ONE and "norm.weight" in name:
         w = w - 1  # in float32, as transformers' Gemma2TensorProcessor computes it
     order = _rows_order(name, shape[0], config) if len(shape) == 2 else None
     return w if order is None else np.ascontiguousarray(w[order])

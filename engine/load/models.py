@@ -17,9 +17,8 @@ from pathlib import Path
 from engine.load.disk_cache import cap_bytes, prune
 from engine.load.errors import ModelLoadError, VocabMismatchError
 from engine.memory.layer_kinds import refusal
-from engine.load.gguf import (EMBEDDED, cache_dir, embedded_gguf_path, gguf_config, gguf_tokenizer, load_gguf,
-                               stored_blocks)
-from engine.load.gguf_direct import direct_reason, load_direct
+from engine.load.gguf import EMBEDDED, cache_dir, embedded_gguf_path, gguf_config, gguf_tokenizer, load_gguf
+from engine.load.gguf_direct import direct_reason, load_direct, stored_blocks
 from engine.load.requant import EMBEDDED_Q8, requantised
 from engine.load.packaged import GEMMA3, packaged_gguf
 

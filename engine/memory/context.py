@@ -93,8 +93,7 @@ class ModelContext:
             rows = torch.tensor(batch.output_rows(), dtype=torch.long, device=self.rows_device)
             extra = {}
             if mask is None:
-                extra["cell_rows"] = self.attention.rows(batch_layout(
-                    cache.cell_pos, cache.cell_seq, cache.n_live, batch, cells, cache.sliding_window))
+                extra["cell_rows"] = self._rows_of_batch(batch, cells)
             elif self.per_seq_attention:
                 extra["cell_rows"] = self._rows_of(mask)
             if self.lean is not None:
@@ -124,6 +123,17 @@ class ModelContext:
             return mask.to(self.device)
         moved = {}
         return {kind: moved.setdefault(id(m), m.to(self.device)) for kind, m in mask.items()}
+
+    def _rows_of_batch(self, batch: Batch, cells: torch.Tensor):
+        """The rows each layer attends over, read from the batch: one layout per distinct window."""
+        cache = self.cache
+        by_window = {}
+        for w in dict.fromkeys(cache.kinds.windows.values()):
+            by_window[w] = self.attention.rows(batch_layout(cache.cell_pos, cache.cell_seq, cache.n_live, batch,
+                                                            cells, w))
+        if len(by_window) == 1:
+            return next(iter(by_window.values()))
+        return LayerRows({kind: by_window[w] for kind, w in cache.kinds.windows.items()}, cache.kinds.types)
 
     def _rows_of(self, mask):
         """The rows each layer attends over, from the forward's mask (a dict of them where kinds differ)."""

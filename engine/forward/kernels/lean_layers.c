@@ -1,5 +1,5 @@
-/* Every decoder layer of a Llama-family forward in one call: float32 weights in our packed layout, float32
- * residual stream, the cell cache and the row attention of cell_attention.c.
+/* Every decoder layer of a lean-forward model in one call: float32 weights in our packed layout (or a GGUF's blocks),
+ * float32 residual stream, the cell cache and the row attention of cell_attention.c.
  *
  * The lean forward (engine/forward/lean.py) spends about 40 small torch operations a layer between its linears: norms,
  * rotary embedding, copies into the cache, reshapes, dtype round trips. At one to a few rows each costs its
@@ -9,12 +9,15 @@
  * row's sum of squares runs in 8 lanes in a fixed order, then pairwise, whatever the batch. Each row is still
  * computed alone: a row gets the same bits in any batch, and plain decoding and verification agree.
  *
- * Per layer l, x [t, D] (a row per batch row):
- *     h = rms(x) * w_in;  q = h Wq, k = h Wk, v = h Wv;  q, k = rope(q), rope(k)
- *     cache cells[r] of layer l <- k[r], v[r];  a = attention of q over each row's cells
- *     x = a Wo + x;  h = rms(x) * w_post;  x = (silu(h Wg) * (h Wu)) Wd + x
+ * Per layer l, x [t, D] (a row per batch row), engine/forward/layer_spec.py's two layouts:
+ *     h = rms(x) * w_in;  q = h Wq, k = h Wk, v = h Wv;  q, k = rope(qn(q)), rope(kn(k))  (per-head norms if given)
+ *     cache cells[r] of layer l <- k[r], v[r];  a = attention of q over each row's cells in the layer's layout
+ *     pre-norm:  x = a Wo + x;             h = rms(x) * w_mlp;  x = (act(h Wg) * (h Wu)) Wd + x
+ *     sandwich:  x = rms(a Wo) * w_ao + x;  h = rms(x) * w_mlp;  x = rms((act(h Wg) * (h Wu)) Wd) * w_mo + x
+ * act: SiLU, or GELU in its tanh form (Gemma). Gemma's norm weights come as (1 + w).
  * rope(z)[i] = z[i] cos[i] - z[i + hd/2] sin[i] for i < hd/2, z[i] cos[i] + z[i - hd/2] sin[i] above
- * (transformers' rotate_half), cos and sin [t, hd] from the model's own rotary module.
+ * (transformers' rotate_half), cos and sin [t, hd] from the model's own rotary module, one table per rotary
+ * kind (Gemma 3's local and global bases).
  */
 #include <stdlib.h>
 
@@ -40,53 +43,105 @@ static int linear(int kind, const float *x, const void *w, float *y, const float
     return 0;
 }
 
-/* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down, stored as kinds[7 * l + j]; norms[2 * l] the
- * input norm, norms[2 * l + 1] the post-attention one. kc[l], vc[l]: the layer's cache [H_kv][n_cells][hd].
- * keep[l] >= 0: copy x after layer l into hidden[:, keep[l] * d .. + d] (hidden [t, n_hidden * d]).
- * Returns 0, or -1 if memory for the scratch rows could not be had. */
+#define SANDWICH 1 /* flags: norms on the attention's and the MLP's outputs (4 norms a layer) */
+#define GELU 2     /* GELU (tanh form) on the gate instead of SiLU */
+
+/* gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), transformers' gelu_pytorch_tanh */
+static void gelu_tanh(float *g, int64_t n) {
+    const float c = 0.7978845608028654f;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    }
+}
+
+/* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down, stored as kinds[7 * l + j]; norms[nn * l + j]
+ * with nn = 2 (input, pre-MLP) or 4 with SANDWICH (input, attention output, pre-MLP, MLP output); head_norms: NULL,
+ * or the per-head q and k norm weights [hd] of layer l at 2 * l and 2 * l + 1. kc[l], vc[l]: the layer's cache
+ * [H_kv][n_cells][hd]. Layer l rotates with cos[rot_of[l]], sin[rot_of[l]] [t, hd] and attends over layout
+ * rows_of[l] of n_layouts (row_ptr[i], cells[i]). keep[l] >= 0: copy x after layer l into hidden[:, keep[l] * d ..
+ * + d] (hidden [t, n_hidden * d]). Returns 0, or -1 if memory for the scratch rows could not be had. */
 int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const *w, const int *kinds,
-                const float *const *norms,
-                float *const *kc, float *const *vc, int64_t n_cells, const int64_t *write_cells, const float *cos,
-                const float *sin, const int64_t *row_ptr, const int64_t *cells, int n_heads, int n_kv_heads, int hd,
-                int64_t mlp, float scaling, float eps, const int *keep, float *hidden, int n_hidden) {
+                const float *const *norms, const float *const *head_norms, int flags,
+                float *const *kc, float *const *vc, int64_t n_cells, const int64_t *write_cells,
+                const float *const *cos, const float *const *sin, const int *rot_of,
+                const int64_t *const *row_ptr, const int64_t *const *cells, const int *rows_of, int n_layouts,
+                int n_heads, int n_kv_heads, int hd, int64_t mlp, float scaling, float eps, const int *keep,
+                float *hidden, int n_hidden) {
     const int64_t nq = (int64_t)n_heads * hd, nkv = (int64_t)n_kv_heads * hd;
+    const int nn = flags & SANDWICH ? 4 : 2;
     float *h = malloc(sizeof(float) * t * d), *q = malloc(sizeof(float) * t * nq);
     float *k = malloc(sizeof(float) * t * nkv), *v = malloc(sizeof(float) * t * nkv);
     float *a = malloc(sizeof(float) * t * nq), *g = malloc(sizeof(float) * t * mlp);
-    RowGroups groups = {NULL, NULL, 0};  /* the same cells in every layer: the rows' groups made once */
-    int failed = !(h && q && k && v && a && g) || hd > 512 ||
-                 row_groups(&groups, row_ptr, cells, t, n_heads, n_kv_heads, hd);
+    RowGroups groups[4] = {{NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 0}, {NULL, NULL, 0}};
+    int failed = !(h && q && k && v && a && g) || hd > 512 || n_layouts < 1 || n_layouts > 4;
+    for (int i = 0; i < n_layouts && !failed; i++)  /* the same cells in every layer of a layout: groups made once */
+        failed = row_groups(&groups[i], row_ptr[i], cells[i], t, n_heads, n_kv_heads, hd);
     for (int l = 0; l < n_layers && !failed; l++) {
         const void *const *wl = w + 7 * l;
         const int *kl = kinds + 7 * l;
-        for (int64_t r = 0; r < t; r++) rms_row(x + r * d, norms[2 * l], h + r * d, d, eps);
+        const float *const *nl = norms + nn * l;
+        const float *cl = cos[rot_of[l]], *sl = sin[rot_of[l]];
+        const int lay = rows_of[l];
+        for (int64_t r = 0; r < t; r++) rms_row(x + r * d, nl[0], h + r * d, d, eps);
         if (linear(kl[0], h, wl[0], q, NULL, t, d, nq, 0) || linear(kl[1], h, wl[1], k, NULL, t, d, nkv, 0) ||
             linear(kl[2], h, wl[2], v, NULL, t, d, nkv, 0)) {
             failed = 1;
             break;
         }
         for (int64_t r = 0; r < t; r++) {
-            rope_row(q + r * nq, n_heads, hd, cos + r * hd, sin + r * hd);
-            rope_row(k + r * nkv, n_kv_heads, hd, cos + r * hd, sin + r * hd);
+            if (head_norms) { /* each head's q and k norm, in place */
+                float *qr = q + r * nq, *kr = k + r * nkv;
+                for (int hh = 0; hh < n_heads; hh++) rms_row(qr + hh * hd, head_norms[2 * l], qr + hh * hd, hd, eps);
+                for (int hh = 0; hh < n_kv_heads; hh++)
+                    rms_row(kr + hh * hd, head_norms[2 * l + 1], kr + hh * hd, hd, eps);
+            }
+            rope_row(q + r * nq, n_heads, hd, cl + r * hd, sl + r * hd);
+            rope_row(k + r * nkv, n_kv_heads, hd, cl + r * hd, sl + r * hd);
             for (int kh = 0; kh < n_kv_heads; kh++) {
                 const int64_t at = ((int64_t)kh * n_cells + write_cells[r]) * hd;
                 memcpy(kc[l] + at, k + r * nkv + (int64_t)kh * hd, sizeof(float) * hd);
                 memcpy(vc[l] + at, v + r * nkv + (int64_t)kh * hd, sizeof(float) * hd);
             }
         }
-        if (attend_rows(q, kc[l], vc[l], n_cells * hd, row_ptr, cells, a, t, n_heads, n_kv_heads, hd, scaling,
-                        &groups)) {
+        if (attend_rows(q, kc[l], vc[l], n_cells * hd, row_ptr[lay], cells[lay], a, t, n_heads, n_kv_heads, hd,
+                        scaling, &groups[lay])) {
             failed = 1;
             break;
         }
-        if (linear(kl[3], a, wl[3], x, x, t, nq, d, 2)) { /* x = a Wo + x, in place: each output reads its x first */
+        if (flags & SANDWICH) { /* x = rms(a Wo) * w_ao + x */
+            if (linear(kl[3], a, wl[3], h, NULL, t, nq, d, 0)) {
+                failed = 1;
+                break;
+            }
+            for (int64_t r = 0; r < t; r++) {
+                rms_row(h + r * d, nl[1], h + r * d, d, eps);
+                for (int64_t i = 0; i < d; i++) x[r * d + i] += h[r * d + i];
+            }
+        } else if (linear(kl[3], a, wl[3], x, x, t, nq, d, 2)) { /* x = a Wo + x in place: outputs read x first */
             failed = 1;
             break;
         }
-        for (int64_t r = 0; r < t; r++) rms_row(x + r * d, norms[2 * l + 1], h + r * d, d, eps);
-        if (linear(kl[4], h, wl[4], g, NULL, t, d, mlp, 1) ||  /* silu(h Wg) */
-            linear(kl[5], h, wl[5], g, g, t, d, mlp, 3) ||     /* (h Wu) * that, in place */
-            linear(kl[6], g, wl[6], x, x, t, mlp, d, 2)) {     /* x = g Wd + x */
+        for (int64_t r = 0; r < t; r++) rms_row(x + r * d, nl[nn / 2], h + r * d, d, eps);
+        if (linear(kl[4], h, wl[4], g, NULL, t, d, mlp, flags & GELU ? 0 : 1)) { /* act(h Wg) */
+            failed = 1;
+            break;
+        }
+        if (flags & GELU) gelu_tanh(g, t * mlp);
+        if (linear(kl[5], h, wl[5], g, g, t, d, mlp, 3)) {  /* (h Wu) * that, in place */
+            failed = 1;
+            break;
+        }
+        if (flags & SANDWICH) { /* x = rms(g Wd) * w_mo + x */
+            if (linear(kl[6], g, wl[6], h, NULL, t, mlp, d, 0)) {
+                failed = 1;
+                break;
+            }
+            for (int64_t r = 0; r < t; r++) {
+                rms_row(h + r * d, nl[3], h + r * d, d, eps);
+                for (int64_t i = 0; i < d; i++) x[r * d + i] += h[r * d + i];
+            }
+        } else if (linear(kl[6], g, wl[6], x, x, t, mlp, d, 2)) { /* x = g Wd + x */
             failed = 1;
             break;
         }
@@ -94,6 +149,6 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const 
             for (int64_t r = 0; r < t; r++) memcpy(hidden + (r * n_hidden + keep[l]) * d, x + r * d, sizeof(float) * d);
     }
     free(h), free(q), free(k), free(v), free(a), free(g);
-    row_groups_free(&groups);
+    for (int i = 0; i < 4; i++) row_groups_free(&groups[i]);
     return failed ? -1 : 0;
 }
