@@ -9,15 +9,16 @@ engine/forward/prepack.py), and reads the same weights, so there is one copy of 
 model (generate, training, a recurrent cache) keeps transformers' forward.
 
 Per layer, x [T, D] the residual stream of the batch rows (Llama's pre-norm layout; Gemma's adds a norm on
-each branch's output before its residual add):
+each branch's output before its residual add, OLMo 2's has only those):
     h = norm_in(x);  q, k, v = h Wq, h Wk, h Wv;  q, k = rope(q_norm(q)), rope(k_norm(k))
     cells <- k, v;  a = attention of q over the cells the row sees in this layer's kind (engine/forward/attention.py)
     x = x + a Wo;  h = norm_mlp(x);  x = x + (act(h Wg) * h Wu) Wd
 Norms follow transformers' RMSNorm of each family; rotary tables come from the model's own rotary module (per
 layer kind where it has several), so every rope scaling it knows is kept.
 
-Where the model is float32 on our own linear kernel and of the pre-norm layout, all the layers run in one C call
-instead (engine/forward/lean_fused.py): the same kernels without the ~40 torch calls a layer makes here.
+Where the model is float32 on our own linear kernel, all the layers run in one C call instead
+(engine/forward/lean_fused.py, which says where it steps aside): the same kernels without the ~40 torch calls a
+layer makes here.
 
 Families: layer_spec.FAMILIES. Anything else, or linears that are not prepacked (a GPU, a torch without oneDNN),
 runs transformers' forward: `lean_reason` says why.
@@ -41,19 +42,19 @@ def lean_reason(model) -> str | None:
     why = family_reason(model)
     if why is not None:
         return why
-    inner = model.model
-    linears = [model.lm_head]
-    for layer in inner.layers:
-        att, mlp = layer.self_attn, layer.mlp
-        linears += [att.q_proj, att.k_proj, att.v_proj, att.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    linears = [model.lm_head] + [m for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
     if not all(prepack.is_packed(m) for m in linears):
         return "linears are not prepacked (not a CPU with oneDNN, or a dtype it does not pack)"
     return None
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; cos, sin [T, 1, D] (both halves equal, as the rotary module returns them)."""
-    half = x.shape[-1] // 2
+    """x [T, H, D]; cos, sin [T, 1, R] (both halves equal, as the rotary module returns them), R <= D: a table
+    narrower than the head rotates its first R (Phi-3's partial rotary) and passes the rest."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat((_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
+    half = r // 2
     x1, x2 = x[..., :half], x[..., half:]
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
@@ -150,13 +151,19 @@ class LeanForward:
     def _layer(self, i: int, w, x, t: int, cos, sin, cache, cell_rows) -> torch.Tensor:
         """x [1, T', D] -> [1, T', D]; the first t rows are real. w: the layer's LayerSpec."""
         hd = w.head_dim
-        h = rms(x, w.norm_in)
-        q = _lin(h, w.q)[0, :t].float().view(t, -1, hd)  # [T, H, hd]
-        k = _lin(h, w.k)[0, :t].float().view(t, -1, hd)  # [T, H_kv, hd]
-        v = _lin(h, w.v)[0, :t].float().view(t, -1, hd)
-        if w.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm over each head before rope
+        h = x if w.norm_in is None else rms(x, w.norm_in)
+        if w.qkv is not None:  # Phi-3: q, k, v from one linear
+            q, k, v = _lin(h, w.qkv)[0, :t].float().split(
+                [w.n_heads * hd, w.n_kv_heads * hd, w.n_kv_heads * hd], dim=-1)
+        else:
+            q, k, v = _lin(h, w.q)[0, :t].float(), _lin(h, w.k)[0, :t].float(), _lin(h, w.v)[0, :t].float()
+        if w.q_norm is not None and not w.qk_norm_per_head:  # OLMo 2: over the whole projection
             q, k = rms(q, w.q_norm), rms(k, w.k_norm)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        q, k, v = q.reshape(t, -1, hd), k.reshape(t, -1, hd), v.reshape(t, -1, hd)  # [T, H, hd], [T, H_kv, hd]
+        if w.q_norm is not None and w.qk_norm_per_head:  # Qwen3, Gemma 3: over each head
+            q, k = rms(q, w.q_norm), rms(k, w.k_norm)
+        if w.rope:
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         keys, values = cache.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None], i)  # [1, H_kv, n_live, hd]
         a = cell_rows.attend(q, keys, values, w.scaling, w.softcap).reshape(1, t, -1).to(self.dtype)  # [1, T, H*hd]
         if t == 1:
@@ -165,12 +172,19 @@ class LeanForward:
             x = _lin_then(a, x, w.o, "add")
         else:
             x = x + rms(_lin(a, w.o), w.norm_attn_out)
-        h = rms(x, w.norm_mlp)
-        if w.act == "silu":
-            gate = _lin(h, w.gate, "swish")
+        h = x if w.norm_mlp is None else rms(x, w.norm_mlp)
+        if w.gate_up is not None:  # Phi-3: gate and up from one linear, the gate's half first
+            gate, up = _lin(h, w.gate_up).chunk(2, dim=-1)
+            g = up * _act(gate, w.act)
         else:
-            gate = torch.nn.functional.gelu(_lin(h, w.gate), approximate="tanh")
-        g = _lin_then(h, gate, w.up, "mul")
+            gate = _lin(h, w.gate, "swish") if w.act == "silu" else _act(_lin(h, w.gate), w.act)
+            g = _lin_then(h, gate, w.up, "mul")
         if w.norm_mlp_out is None:
             return _lin_then(g, x, w.down, "add")
         return x + rms(_lin(g, w.down), w.norm_mlp_out)
+
+
+def _act(x: torch.Tensor, act: str) -> torch.Tensor:
+    if act == "silu":
+        return torch.nn.functional.silu(x)
+    return torch.nn.functional.gelu(x, approximate="tanh")

@@ -3,11 +3,13 @@
 Between its linears the lean forward makes about 40 small torch calls a layer (norms, rotary embedding, cache
 writes, reshapes); at a few rows each costs its dispatch, and on the embedded model they added up to a large
 share of a one-row forward. The C loop does the same layers with the same linear and attention kernels, in
-both layouts of engine/forward/layer_spec.py (pre-norm and Gemma's sandwich), with per-head norms, SiLU or GELU,
-and a rotary table and a row layout per attention kind. It applies when the model is float32, every layer
-linear is our float32 kernel without a bias (engine/forward/gemm.py; its weights as float32 or as a GGUF's blocks,
-engine/forward/quant.py), no layer soft-caps its scores (Gemma 2), every norm has one epsilon, and the context
-attends with the C kernel; anything else runs the torch layers of engine/forward/lean.py.
+every layout of engine/forward/layer_spec.py (pre-norm, Gemma's sandwich, OLMo 2's post-norm), with q and k norms
+per head or whole, SiLU or GELU, layers without rotary, and a rotary table and a row layout per attention kind. It
+applies when the model is float32, every layer linear is our float32 kernel without a bias (engine/forward/gemm.py;
+its weights as float32 or as a GGUF's blocks, engine/forward/quant.py), q, k, v and gate, up are linears of their
+own (not Phi-3's fused ones), no layer soft-caps its scores (Gemma 2), every norm has one epsilon and each head is
+rotated whole, and the context attends with the C kernel; anything else runs the torch layers of
+engine/forward/lean.py.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from engine.forward.kernels import registry
 _NAMES = ("q", "k", "v", "o", "gate", "up", "down")
 # how lean_layers.c reads a weight: float32, GGUF blocks as float32, or GGUF blocks by integer dot products
 _KINDS = {"": 0, "q4_1": 1, "q8_0": 2, "q4_1_dot": 3, "q8_0_dot": 4, "q4_0_dot": 5, "q5_0_dot": 6, "q6_k_dot": 7}
-SANDWICH, GELU = 1, 2  # lean_layers.c's flags
+GELU, QK_WHOLE = 1, 2  # lean_layers.c's flags
+_NORMS = ("norm_in", "norm_attn_out", "norm_mlp", "norm_mlp_out")  # a layer's four places, None where it has none
 MAX_LAYOUTS = 4  # row layouts (distinct windows) one call takes
 
 
 def _pointers(tensors) -> ctypes.Array:
-    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+    """C pointers to the tensors' data, NULL for None."""
+    return (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
 
 
 def _ints(values) -> ctypes.Array:
@@ -36,8 +40,8 @@ def _ints(values) -> ctypes.Array:
 
 
 def _shape(layer) -> tuple:
-    """What one C call assumes every layer shares: layout, activation, per-head norms, sizes and scaling."""
-    return (layer.norm_attn_out is None, layer.act, layer.q_norm is None, layer.head_dim, layer.scaling,
+    """What one C call assumes every layer shares: activation, q and k norms, sizes and scaling."""
+    return (layer.act, layer.q_norm is None, layer.qk_norm_per_head, layer.head_dim, layer.scaling,
             tuple(getattr(layer, name)[0].n for name in _NAMES))
 
 
@@ -54,19 +58,18 @@ class FusedLayers:
         self.mlp = first.gate[0].n
         self.d = first.q[0].k  # the residual stream's width
         self.scaling = first.scaling
-        self.eps = first.norm_in.eps
-        sandwich = first.norm_attn_out is not None
-        self.flags = (SANDWICH if sandwich else 0) | (GELU if first.act != "silu" else 0)
+        self.eps = lean.spec.final_norm.eps  # every norm's (build checks)
+        self.flags = (GELU if first.act != "silu" else 0) | (0 if first.qk_norm_per_head else QK_WHOLE)
         self._weights = [getattr(layer, name)[0].weight for layer in lean.layers for name in _NAMES]
-        order = ("norm_in", "norm_attn_out", "norm_mlp", "norm_mlp_out") if sandwich else ("norm_in", "norm_mlp")
-        self._norms = [getattr(layer, n).weight.float().contiguous() for layer in lean.layers for n in order]
+        self._norms = [None if getattr(layer, n) is None else getattr(layer, n).weight.float().contiguous()
+                       for layer in lean.layers for n in _NORMS]
         self.weights, self.norms = _pointers(self._weights), _pointers(self._norms)
         self._head_norms = [n.weight.float().contiguous() for layer in lean.layers for n in (layer.q_norm, layer.k_norm)
                             if n is not None]
         self.head_norms = _pointers(self._head_norms) if self._head_norms else None
         self.kinds = _ints([_KINDS[getattr(layer, name)[0].kind] for layer in lean.layers for name in _NAMES])
         self.rot_kinds = lean.kinds  # the rotary tables' order
-        self.rot_of = _ints([lean.kinds.index(layer.kind) for layer in lean.layers])
+        self.rot_of = _ints([lean.kinds.index(layer.kind) if layer.rope else -1 for layer in lean.layers])
         self._cache_key = None
         self.kc = self.vc = None
         self._keep: dict[tuple[int, ...], ctypes.Array] = {}  # inner layers -> the C call's column per layer
@@ -77,6 +80,8 @@ class FusedLayers:
             return None, f"{lean.dtype} weights (the fused layers are float32)"
         first = lean.layers[0]
         for layer in lean.layers:
+            if layer.qkv is not None or layer.gate_up is not None:
+                return None, "q, k, v or gate, up in one linear (Phi-3): the fused layers take them apart"
             packed = [getattr(layer, name) for name in _NAMES]
             if not all(isinstance(w, SmallGemm) and w.dtype == torch.float32 and w.kind in _KINDS and bias is None
                        for w, bias in packed):
@@ -87,7 +92,7 @@ class FusedLayers:
                 return None, "a head size the fused layers do not take, or layers of different shapes"
             norms = [layer.norm_in, layer.norm_attn_out, layer.norm_mlp, layer.norm_mlp_out, layer.q_norm,
                      layer.k_norm]
-            if any(n is not None and n.eps != first.norm_in.eps for n in norms):
+            if any(n is not None and n.eps != lean.spec.final_norm.eps for n in norms):
                 return None, "norms of several epsilons"
         lib, where = registry.load("lean_layers")
         if lib is None:

@@ -9,11 +9,11 @@
  * row's sum of squares runs in 8 lanes in a fixed order, then pairwise, whatever the batch. Each row is still
  * computed alone: a row gets the same bits in any batch, and plain decoding and verification agree.
  *
- * Per layer l, x [t, D] (a row per batch row), engine/forward/layer_spec.py's two layouts:
- *     h = rms(x) * w_in;  q = h Wq, k = h Wk, v = h Wv;  q, k = rope(qn(q)), rope(kn(k))  (per-head norms if given)
+ * Per layer l, x [t, D] (a row per batch row), with N(z) = rms(z) * w where the layer has that norm, else z
+ * (engine/forward/layer_spec.py's layouts: pre-norm has N_in and N_mlp, Gemma all four, OLMo 2 N_ao and N_mo):
+ *     h = N_in(x);  q = h Wq, k = h Wk, v = h Wv;  q, k = rope(qn(q)), rope(kn(k))  (q, k norms if given)
  *     cache cells[r] of layer l <- k[r], v[r];  a = attention of q over each row's cells in the layer's layout
- *     pre-norm:  x = a Wo + x;             h = rms(x) * w_mlp;  x = (act(h Wg) * (h Wu)) Wd + x
- *     sandwich:  x = rms(a Wo) * w_ao + x;  h = rms(x) * w_mlp;  x = rms((act(h Wg) * (h Wu)) Wd) * w_mo + x
+ *     x = N_ao(a Wo) + x;  h = N_mlp(x);  x = N_mo((act(h Wg) * (h Wu)) Wd) + x
  * act: SiLU, or GELU in its tanh form (Gemma). Gemma's norm weights come as (1 + w).
  * rope(z)[i] = z[i] cos[i] - z[i + hd/2] sin[i] for i < hd/2, z[i] cos[i] + z[i - hd/2] sin[i] above
  * (transformers' rotate_half), cos and sin [t, hd] from the model's own rotary module, one table per rotary
@@ -43,8 +43,8 @@ static int linear(int kind, const float *x, const void *w, float *y, const float
     return 0;
 }
 
-#define SANDWICH 1 /* flags: norms on the attention's and the MLP's outputs (4 norms a layer) */
-#define GELU 2     /* GELU (tanh form) on the gate instead of SiLU */
+#define GELU 1     /* flags: GELU (tanh form) on the gate instead of SiLU */
+#define QK_WHOLE 2 /* the q and k norms span the whole projection (OLMo 2), not each head */
 
 /* gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), transformers' gelu_pytorch_tanh */
 static void gelu_tanh(float *g, int64_t n) {
@@ -55,12 +55,31 @@ static void gelu_tanh(float *g, int64_t n) {
     }
 }
 
-/* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down, stored as kinds[7 * l + j]; norms[nn * l + j]
- * with nn = 2 (input, pre-MLP) or 4 with SANDWICH (input, attention output, pre-MLP, MLP output); head_norms: NULL,
- * or the per-head q and k norm weights [hd] of layer l at 2 * l and 2 * l + 1. kc[l], vc[l]: the layer's cache
- * [H_kv][n_cells][hd]. Layer l rotates with cos[rot_of[l]], sin[rot_of[l]] [t, hd] and attends over layout
- * rows_of[l] of n_layouts (row_ptr[i], cells[i]). keep[l] >= 0: copy x after layer l into hidden[:, keep[l] * d ..
- * + d] (hidden [t, n_hidden * d]). Returns 0, or -1 if memory for the scratch rows could not be had. */
+/* rows of z [t][n_groups * width]: each group of `width` through rms with weight w, in place */
+static void rms_groups(float *z, int64_t t, int n_groups, int64_t width, const float *w, float eps) {
+    for (int64_t r = 0; r < t; r++)
+        for (int gi = 0; gi < n_groups; gi++) {
+            float *zg = z + (r * n_groups + gi) * width;
+            rms_row(zg, w, zg, width, eps);
+        }
+}
+
+/* y = rms(y) * w + x, row by row: a branch's output normed into the residual stream */
+static void add_normed(float *x, float *y, const float *w, int64_t t, int64_t d, float eps) {
+    for (int64_t r = 0; r < t; r++) {
+        rms_row(y + r * d, w, y + r * d, d, eps);
+        for (int64_t i = 0; i < d; i++) x[r * d + i] += y[r * d + i];
+    }
+}
+
+/* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down, stored as kinds[7 * l + j]; norms[4 * l + j]
+ * for j = input, attention output, pre-MLP, MLP output, each NULL where the layout has none (pre-norm: 0 and 2;
+ * Gemma: all four; OLMo 2: 1 and 3); head_norms: NULL, or the q and k norm weights of layer l at 2 * l and
+ * 2 * l + 1 ([hd], or the whole projection's with QK_WHOLE). kc[l], vc[l]: the layer's cache [H_kv][n_cells][hd].
+ * Layer l rotates with cos[rot_of[l]], sin[rot_of[l]] [t, hd] (rot_of[l] < 0: no rotary, SmolLM3's NoPE layers)
+ * and attends over layout rows_of[l] of n_layouts (row_ptr[i], cells[i]). keep[l] >= 0: copy x after layer l into
+ * hidden[:, keep[l] * d .. + d] (hidden [t, n_hidden * d]). Returns 0, or -1 if memory for the scratch rows could
+ * not be had. */
 int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const *w, const int *kinds,
                 const float *const *norms, const float *const *head_norms, int flags,
                 float *const *kc, float *const *vc, int64_t n_cells, const int64_t *write_cells,
@@ -69,7 +88,6 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const 
                 int n_heads, int n_kv_heads, int hd, int64_t mlp, float scaling, float eps, const int *keep,
                 float *hidden, int n_hidden) {
     const int64_t nq = (int64_t)n_heads * hd, nkv = (int64_t)n_kv_heads * hd;
-    const int nn = flags & SANDWICH ? 4 : 2;
     float *h = malloc(sizeof(float) * t * d), *q = malloc(sizeof(float) * t * nq);
     float *k = malloc(sizeof(float) * t * nkv), *v = malloc(sizeof(float) * t * nkv);
     float *a = malloc(sizeof(float) * t * nq), *g = malloc(sizeof(float) * t * mlp);
@@ -80,24 +98,31 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const 
     for (int l = 0; l < n_layers && !failed; l++) {
         const void *const *wl = w + 7 * l;
         const int *kl = kinds + 7 * l;
-        const float *const *nl = norms + nn * l;
-        const float *cl = cos[rot_of[l]], *sl = sin[rot_of[l]];
+        const float *const *nl = norms + 4 * l;
         const int lay = rows_of[l];
-        for (int64_t r = 0; r < t; r++) rms_row(x + r * d, nl[0], h + r * d, d, eps);
-        if (linear(kl[0], h, wl[0], q, NULL, t, d, nq, 0) || linear(kl[1], h, wl[1], k, NULL, t, d, nkv, 0) ||
-            linear(kl[2], h, wl[2], v, NULL, t, d, nkv, 0)) {
+        const float *in = x;  /* what the attention's linears read: x, or its norm */
+        if (nl[0]) {
+            for (int64_t r = 0; r < t; r++) rms_row(x + r * d, nl[0], h + r * d, d, eps);
+            in = h;
+        }
+        if (linear(kl[0], in, wl[0], q, NULL, t, d, nq, 0) || linear(kl[1], in, wl[1], k, NULL, t, d, nkv, 0) ||
+            linear(kl[2], in, wl[2], v, NULL, t, d, nkv, 0)) {
             failed = 1;
             break;
         }
+        if (head_norms && (flags & QK_WHOLE)) {
+            rms_groups(q, t, 1, nq, head_norms[2 * l], eps);
+            rms_groups(k, t, 1, nkv, head_norms[2 * l + 1], eps);
+        } else if (head_norms) {
+            rms_groups(q, t, n_heads, hd, head_norms[2 * l], eps);
+            rms_groups(k, t, n_kv_heads, hd, head_norms[2 * l + 1], eps);
+        }
         for (int64_t r = 0; r < t; r++) {
-            if (head_norms) { /* each head's q and k norm, in place */
-                float *qr = q + r * nq, *kr = k + r * nkv;
-                for (int hh = 0; hh < n_heads; hh++) rms_row(qr + hh * hd, head_norms[2 * l], qr + hh * hd, hd, eps);
-                for (int hh = 0; hh < n_kv_heads; hh++)
-                    rms_row(kr + hh * hd, head_norms[2 * l + 1], kr + hh * hd, hd, eps);
+            if (rot_of[l] >= 0) {
+                const float *cl = cos[rot_of[l]] + r * hd, *sl = sin[rot_of[l]] + r * hd;
+                rope_row(q + r * nq, n_heads, hd, cl, sl);
+                rope_row(k + r * nkv, n_kv_heads, hd, cl, sl);
             }
-            rope_row(q + r * nq, n_heads, hd, cl + r * hd, sl + r * hd);
-            rope_row(k + r * nkv, n_kv_heads, hd, cl + r * hd, sl + r * hd);
             for (int kh = 0; kh < n_kv_heads; kh++) {
                 const int64_t at = ((int64_t)kh * n_cells + write_cells[r]) * hd;
                 memcpy(kc[l] + at, k + r * nkv + (int64_t)kh * hd, sizeof(float) * hd);
@@ -109,42 +134,28 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const 
             failed = 1;
             break;
         }
-        if (flags & SANDWICH) { /* x = rms(a Wo) * w_ao + x */
-            if (linear(kl[3], a, wl[3], h, NULL, t, nq, d, 0)) {
-                failed = 1;
-                break;
-            }
-            for (int64_t r = 0; r < t; r++) {
-                rms_row(h + r * d, nl[1], h + r * d, d, eps);
-                for (int64_t i = 0; i < d; i++) x[r * d + i] += h[r * d + i];
-            }
-        } else if (linear(kl[3], a, wl[3], x, x, t, nq, d, 2)) { /* x = a Wo + x in place: outputs read x first */
+        /* x = a Wo + x, in place (an output reads its x first), or with the output normed first */
+        if (nl[1] ? linear(kl[3], a, wl[3], h, NULL, t, nq, d, 0) : linear(kl[3], a, wl[3], x, x, t, nq, d, 2)) {
             failed = 1;
             break;
         }
-        for (int64_t r = 0; r < t; r++) rms_row(x + r * d, nl[nn / 2], h + r * d, d, eps);
-        if (linear(kl[4], h, wl[4], g, NULL, t, d, mlp, flags & GELU ? 0 : 1)) { /* act(h Wg) */
+        if (nl[1]) add_normed(x, h, nl[1], t, d, eps);
+        const float *in_mlp = x;
+        if (nl[2]) {
+            for (int64_t r = 0; r < t; r++) rms_row(x + r * d, nl[2], h + r * d, d, eps);
+            in_mlp = h;
+        }
+        if (linear(kl[4], in_mlp, wl[4], g, NULL, t, d, mlp, flags & GELU ? 0 : 1)) { /* act(h Wg) */
             failed = 1;
             break;
         }
         if (flags & GELU) gelu_tanh(g, t * mlp);
-        if (linear(kl[5], h, wl[5], g, g, t, d, mlp, 3)) {  /* (h Wu) * that, in place */
+        if (linear(kl[5], in_mlp, wl[5], g, g, t, d, mlp, 3) ||  /* (h Wu) * that, in place */
+            (nl[3] ? linear(kl[6], g, wl[6], h, NULL, t, mlp, d, 0) : linear(kl[6], g, wl[6], x, x, t, mlp, d, 2))) {
             failed = 1;
             break;
         }
-        if (flags & SANDWICH) { /* x = rms(g Wd) * w_mo + x */
-            if (linear(kl[6], g, wl[6], h, NULL, t, mlp, d, 0)) {
-                failed = 1;
-                break;
-            }
-            for (int64_t r = 0; r < t; r++) {
-                rms_row(h + r * d, nl[3], h + r * d, d, eps);
-                for (int64_t i = 0; i < d; i++) x[r * d + i] += h[r * d + i];
-            }
-        } else if (linear(kl[6], g, wl[6], x, x, t, mlp, d, 2)) { /* x = g Wd + x */
-            failed = 1;
-            break;
-        }
+        if (nl[3]) add_normed(x, h, nl[3], t, d, eps);
         if (keep[l] >= 0)
             for (int64_t r = 0; r < t; r++) memcpy(hidden + (r * n_hidden + keep[l]) * d, x + r * d, sizeof(float) * d);
     }
