@@ -41,6 +41,13 @@ def test_bench_writes_the_contract_columns_and_compares_with_hf(tiny_dirs, bench
         assert float(r["tokens_per_forward"]) == pytest.approx(23 / int(r["n_rounds"]), abs=1e-4)
         assert float(r["tokens_per_forward"]) >= 1.0
     assert "tokens per target forward" in capsys.readouterr().out
+    # the run can be repeated as it was: its command, repeats, warm-ups and the model's files by their hash
+    assert {r["command"] for r in rows} == {"python -m engine.bench --prompts " + str(bench_prompts) + " --out " +
+                                            str(out) + " --target " + str(tiny_dirs["target"]) + " --spec "
+                                            "ngram-simple,ngram-map-k --max-new-tokens 24 --compare hf --n-max 4 "
+                                            "--dtype float32"}
+    assert {(r["repeats"], r["warmups"], r["device"]) for r in rows} == {("1", "2", "cpu")}
+    assert len({r["model_sha256"] for r in rows}) == 1 and len(rows[0]["model_sha256"]) == 64
 
 
 def test_bench_parallel_and_context(tiny_dirs, bench_prompts, tmp_path):

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
 from engine.bench.compare import Comparators, parse_compare
 from engine.bench.lossless import WHY_NA, why_na
+from engine.bench.provenance import provenance
 from engine.bench.remote_side import Server, split_remote
 from engine.bench.remote_side import report as report_side_by_side
 from engine.bench.rows import write_rows
@@ -34,6 +36,7 @@ from engine.bench.inputs import prompt_grammar
 from engine.bench.run import BenchConfig
 from engine.bench.stats import OTHER_IMPLEMENTATIONS, geomean, is_other, print_sweep_summary, synthetic_name
 from engine.bench.sweep import cells_needed, run_sweep, sweep_from_args
+from engine.bench.trend import describe, trends
 from engine.draft.registry import PRIORITY
 from engine.forward.device import DEVICE_HELP
 from engine.load.dtype import CHOICES
@@ -234,10 +237,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dtype: {cfg.dtype_used} ({cfg.dtype_reason}); forward: "
           f"{engine.ctx.describe_forward()}", file=sys.stderr)
     rows = run_sweep(cfg, engine, prompts, sweep, args.repeat, compare, args.target)
-    write_rows(rows, args.out)
+    argv = sys.argv[1:] if argv is None else argv
+    write_rows(rows, args.out, measured=provenance(
+        device=str(engine.ctx.device), model=args.target, command=shlex.join(["python", "-m", "engine.bench", *argv]),
+        repeats=args.repeat, warmups=1 + bool(cfg.spec.types)))  # run_sweep's untimed runs: plain, then spec
     print_summary(rows)
     if len(sweep.n_max) * len(sweep.parallel) * len(sweep.ctx_len) > 1 or sweep.synthetic:
         print_sweep_summary(rows)
+        for trend in trends(rows):  # the measurement guide's test: does the gain fall at high concurrency?
+            print(describe(trend))
     print(f"wrote {len(rows)} rows to {args.out}")
     if args.plots:
         from engine.bench.plot import write_plots  # plotly and matplotlib: only when plots are asked for

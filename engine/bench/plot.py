@@ -130,8 +130,15 @@ def plain_scaling_figure(rows: list[dict]) -> dict:
     return dict(data=data, layout=layout)
 
 
+def lossless_rows(rows: list[dict]) -> list[dict]:
+    """The rows a figure may draw: all but those whose lossless check failed (a wrong answer's speed is no speedup);
+    rows with no token check ("n/a": rejection sampling, synthetic acceptance, other implementations) stay."""
+    return [r for r in rows if str(r.get("lossless_ok")) != "False"]
+
+
 def figures(rows: list[dict]) -> dict[str, dict]:
-    """Every figure of the page, by file stem (FIGURES order)."""
+    """Every figure of the page, by file stem (FIGURES order), drawn from the rows that passed the lossless check."""
+    rows = lossless_rows(rows)
     return {"speedup_concurrency": speedup_concurrency_figure(rows),
             "speedup_acceptance": speedup_acceptance_figure(rows),
             "acceptance_position": acceptance_position_figure(rows), "plain_scaling": plain_scaling_figure(rows)}
@@ -165,6 +172,9 @@ def write_plots(rows: list[dict], out_dir: str | Path, png: bool = True) -> list
     page = out / "bench.html"
     page.write_text(page_html(figs))
     lines = [f"wrote {page} ({len(figs)} figures, plotly.js inline)"]
+    failed = len(rows) - len(lossless_rows(rows))
+    if failed:
+        lines.append(f"left out {failed} rows whose lossless check failed")
     if png:
         lines += write_pngs(figs, out)
     return lines

@@ -11,6 +11,8 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.bench.provenance import COLUMNS as PROVENANCE
+
 if TYPE_CHECKING:  # annotations only: reading a traces.csv must not load torch
     from engine.bench.run import BenchConfig, RunResult
 
@@ -30,8 +32,9 @@ COLUMNS = [
     # trees of drafts: the node limit (0: chains), mean nodes verified per drafted round, mean rows per forward;
     # tokens per target forward over all decode rounds (drafted or not)
     "tree", "tree_nodes", "rows_per_forward", "tokens_per_forward",
-    # where it was measured (engine/bench/provenance.py): commit, CPU model and vector extensions, threads, date
-    "commit", "cpu", "cpu_flags", "threads", "date",
+    # where and how it was measured (engine/bench/provenance.py): commit, CPU model and vector extensions, threads,
+    # date, device, the model file's sha256, the launch command, repeats and untimed warm-up runs
+    *PROVENANCE,
 ]
 
 
