@@ -29,7 +29,7 @@ def pytest_runtest_setup(item):
     torch.manual_seed(0)
 
 
-# the modules that take minutes (seconds measured on a 2-core EPYC, call and set-up; CONTRIBUTING.md#slow-tests):
+# the modules that take minutes (seconds on a 2-core EPYC, call and set-up; CONTRIBUTING.md, "The slowest tests"):
 # run first, so that the last minutes of a run are short tests both workers share, not one worker's long one
 LONG_MODULES = {"test_load_long": 280, "test_long_prompts": 200, "test_embedded": 200, "test_gguf_direct": 200,
                 "test_random_gguf": 180, "test_soak": 135, "test_gemma3": 130, "test_browser": 120}

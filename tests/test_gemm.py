@@ -27,7 +27,7 @@ def _weights(n: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sums_and_epilogues_match_float_arithmetic(dtype):
     w = _weights(96, 64, dtype)
-    lin = gemm.SmallGemm.pack(KERNELS, w, None)
+    lin = gemm.SmallGemm.pack(KERNELS, w)
     g = torch.Generator().manual_seed(1)
     act = ACT.get(dtype, dtype)
     x = torch.randn(5, 64, generator=g).to(act)
@@ -47,7 +47,7 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(dtype):
     block = KERNELS.get(dtype)[2]
     n = 96 if dtype == torch.bfloat16 else 13 * block
     w = _weights(n, 128, dtype, seed=2)
-    lin = gemm.SmallGemm.pack(KERNELS, w, None)
+    lin = gemm.SmallGemm.pack(KERNELS, w)
     x = torch.randn(37, 128, generator=torch.Generator().manual_seed(3)).to(ACT.get(dtype, dtype))
     whole = lin(x)  # 37 rows: several passes over each block (16 rows a pass in bfloat16, 12 or 24 in float32)
     for m in (1, 2, 3, 4, 6, 7, 12, 13, 16, 17, 24, 25, 33):
@@ -55,7 +55,7 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(dtype):
     assert torch.equal(lin(x[20:21]), whole[20:21])
     # a prompt's rows (32 and more in float32) take inputs in blocks (2048 / block) with partial sums kept between
     w = _weights(n, 600, dtype, seed=4)
-    lin = gemm.SmallGemm.pack(KERNELS, w, None)
+    lin = gemm.SmallGemm.pack(KERNELS, w)
     x = torch.randn(70, 600, generator=torch.Generator().manual_seed(5)).to(ACT.get(dtype, dtype))
     other = torch.randn(70, n, generator=torch.Generator().manual_seed(6)).to(ACT.get(dtype, dtype))
     whole, added = lin(x), lin(x, "add", other)
@@ -73,7 +73,7 @@ def test_the_16_wide_float32_layout_gives_the_bits_of_the_8_wide_one(dtype):
     narrow = gemm.load((dtype,), defines=("BLOCK8",))
     assert narrow.get(dtype)[2] == 8
     w = _weights(208, 600, dtype, seed=7)
-    wide_lin, narrow_lin = gemm.SmallGemm.pack(KERNELS, w, None), gemm.SmallGemm.pack(narrow, w, None)
+    wide_lin, narrow_lin = gemm.SmallGemm.pack(KERNELS, w), gemm.SmallGemm.pack(narrow, w)
     x = torch.randn(40, 600, generator=torch.Generator().manual_seed(8))
     other = torch.randn(40, 208, generator=torch.Generator().manual_seed(9))
     for m in (1, 3, 8, 13, 24, 31, 40):
@@ -93,8 +93,8 @@ def test_prepacking_sends_linears_to_the_kernel_and_keeps_onednn_elsewhere(dtype
         assert prepack.prepack_linears(model, store=dtype if dtype in ACT else None) == 3
         after = model(x)
     kinds = [isinstance(m._packed_weight, gemm.SmallGemm) for m in model]
-    assert kinds == [True, False, False]  # a bias, and 20 outputs (not a block's multiple), stay with oneDNN
-    assert prepack.linear_paths(model) == f"oneDNN 2, our {str(dtype).removeprefix('torch.')} kernel 1"
+    assert kinds == [True, True, False]  # 20 outputs (not a block's multiple) stay with oneDNN; a bias is added
+    assert prepack.linear_paths(model) == f"oneDNN 1, our {str(dtype).removeprefix('torch.')} kernel 2"
     torch.testing.assert_close(after.float(), before.float(), rtol=0.05, atol=0.05)
     plain = nn.Linear(64, 32, bias=False).to(act)
     assert prepack.prepack_linears(plain, small_gemm=False, store=dtype if dtype in ACT else None) == 1
@@ -103,10 +103,10 @@ def test_prepacking_sends_linears_to_the_kernel_and_keeps_onednn_elsewhere(dtype
 
 def test_a_weight_goes_only_to_a_kernel_of_its_own_dtype():
     only_bf16 = gemm.Kernels(fns={torch.bfloat16: KERNELS.get(torch.bfloat16) or (None, None, 16)})
-    assert gemm.SmallGemm.pack(only_bf16, torch.zeros(32, 32), None) is None
-    assert gemm.SmallGemm.pack(only_bf16, torch.zeros(32, 32, dtype=torch.float16), None) is None
-    assert gemm.SmallGemm.pack(None, torch.zeros(32, 32, dtype=torch.bfloat16), None) is None
-    assert gemm.SmallGemm.pack(KERNELS, torch.zeros(32, 32, dtype=torch.float64), None) is None
+    assert gemm.SmallGemm.pack(only_bf16, torch.zeros(32, 32)) is None
+    assert gemm.SmallGemm.pack(only_bf16, torch.zeros(32, 32, dtype=torch.float16)) is None
+    assert gemm.SmallGemm.pack(None, torch.zeros(32, 32, dtype=torch.bfloat16)) is None
+    assert gemm.SmallGemm.pack(KERNELS, torch.zeros(32, 32, dtype=torch.float64)) is None
 
 
 def test_a_cpu_without_the_feature_gets_no_kernel_and_a_reason(monkeypatch):

@@ -69,11 +69,11 @@ def test_a_gguf_built_from_its_blocks_is_the_model_transformers_gives(cache, mon
     assert again.encode("hello world") == direct.encode("hello world") and _tokens(again) == _tokens(direct)
 
 
-@pytest.mark.parametrize("shape, ftype, kind, n_blocks", [(QWEN2, "Q8_0", "q8_0", 1 + 4 * QWEN2.layers),
+@pytest.mark.parametrize("shape, ftype, kind, n_blocks", [(QWEN2, "Q8_0", "q8_0", 1 + 7 * QWEN2.layers),
                                                           (QWEN3, "Q4_0", "q4_1", 7 * QWEN3.layers)],
                          ids=["qwen2-q80", "qwen3-q40"])
 def test_a_qwen_file_keeps_its_rows_biases_norms_and_head(shape, ftype, kind, n_blocks, cache):
-    """Qwen's converters do not permute q and k. Qwen2: q, k, v biases (those linears on oneDNN) and an untied Q8_0
+    """Qwen's converters do not permute q and k. Qwen2: q, k, v biases (added to the blocks' sums) and an untied Q8_0
     head; Qwen3: q and k norms per head, a tied Q6_K head (float32 here). Every tensor as transformers names and
     reads it (no reference load: its name map and gguf-py's values, tensor by tensor)."""
     from gguf import GGMLQuantizationType
@@ -182,7 +182,7 @@ def test_gemma3_is_read_as_transformers_reads_it(tmp_path):
             ref = processor.process(weights=raw, name=t.name).weights.reshape(module.out_features, -1)
             x = torch.randn(3, module.in_features, generator=torch.Generator().manual_seed(1))
             with torch.inference_mode():
-                assert torch.equal(module(x), SmallGemm.pack(kernels, torch.from_numpy(ref), None)(x)), t.name
+                assert torch.equal(module(x), SmallGemm.pack(kernels, torch.from_numpy(ref))(x)), t.name
             n_packed += 1
             continue
         ref = processor.process(weights=raw, name=t.name).weights.reshape(params[hf].shape)

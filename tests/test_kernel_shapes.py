@@ -46,7 +46,7 @@ def _check_rows(lin: gemm.SmallGemm, reference, k: int, act: torch.dtype, tol: f
 def test_float_kernels_over_every_row_count(dtype, n_blocks, k):
     block = KERNELS.get(dtype)[2]
     w = (torch.randn(n_blocks * block, k, generator=torch.Generator().manual_seed(k)) / k ** 0.5).to(dtype)
-    lin = gemm.SmallGemm.pack(KERNELS, w, None)
+    lin = gemm.SmallGemm.pack(KERNELS, w)
     assert lin is not None
     _check_rows(lin, lambda x: x.double() @ w.double().T, k, gemm.SPECS[dtype].act or dtype, TOL[dtype])
 
@@ -79,8 +79,8 @@ def test_quantised_kernels_over_every_row_count(kind, n_blocks, k):
 def test_shapes_a_kernel_does_not_take_are_refused_before_the_call(dtype):
     block = KERNELS.get(dtype)[2]
     w = torch.randn(2 * block, 64).to(dtype)
-    assert gemm.SmallGemm.pack(KERNELS, torch.randn(block + 1, 64).to(dtype), None) is None  # outputs off-block
-    lin = gemm.SmallGemm.pack(KERNELS, w, None)
+    assert gemm.SmallGemm.pack(KERNELS, torch.randn(block + 1, 64).to(dtype)) is None  # outputs off-block
+    lin = gemm.SmallGemm.pack(KERNELS, w)
     act = gemm.SPECS[dtype].act or dtype
     with pytest.raises(ValueError, match="width 63"):
         lin(_x(4, 63, act))

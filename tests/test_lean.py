@@ -155,13 +155,13 @@ def test_families_and_models_the_lean_forward_does_not_take_say_why():
     assert ModelContext(exact_gelu, n_ctx=16).lean is None  # it runs, on transformers' forward
 
 
-@pytest.mark.parametrize("kind", ["mistral", "qwen3", "gemma3", "smollm3", "olmo2"])
+@pytest.mark.parametrize("kind", ["mistral", "qwen2", "qwen2-mixed", "qwen3", "gemma3", "smollm3", "olmo2"])
 def test_fused_layers_run_as_the_torch_layers_do(kind):
     """The one-call C layers (engine/forward/lean_fused.py): taken for a float32 model on our kernels, with the
     logits, hidden states and cache of the torch layers within rounding; a window over every layer (Mistral),
     per-head norms (Qwen3), Gemma 3's norms on each branch, GELU, and local and global layers with their own
-    cells and rotary tables, a layer without rotary (SmolLM3), OLMo 2's post-norms and whole q and k norms;
-    several sequences and a removed tail."""
+    cells and rotary tables, a layer without rotary (SmolLM3), OLMo 2's post-norms and whole q and k norms, Qwen2's
+    q, k and v biases; several sequences and a removed tail."""
     from engine.forward import gemm
 
     if gemm.load((torch.float32,)).get(torch.float32) is None:
@@ -187,9 +187,14 @@ def test_fused_layers_run_as_the_torch_layers_do(kind):
 
 
 def test_fused_layers_say_why_they_step_aside():
-    qwen2 = _family("qwen2")
-    prepack.prepack_linears(qwen2)
-    assert "bias" in ModelContext(qwen2, n_ctx=16).lean.fused_reason
+    import transformers as tf
+
+    torch.manual_seed(0)
+    biased = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attention_bias=True)).eval()  # o_proj's bias too
+    prepack.prepack_linears(biased)
+    assert "biases other than" in ModelContext(biased, n_ctx=16).lean.fused_reason
     gemma2 = _family("gemma2")
     prepack.prepack_linears(gemma2)
     assert "soft-capped" in ModelContext(gemma2, n_ctx=16).lean.fused_reason

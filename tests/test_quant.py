@@ -40,7 +40,7 @@ def test_blocks_give_the_float32_kernels_bits_in_any_batch(kind, defines):
     assert np.array_equal(as_read.dequantize(), w.dequantize())
     ours = gemm.SmallGemm(fns[as_read.kind], quant.pack(as_read, nb), k, n, torch.float32, torch.float32,
                           kind=as_read.kind)
-    plain = gemm.SmallGemm.pack(f32, torch.from_numpy(w.dequantize()), None)
+    plain = gemm.SmallGemm.pack(f32, torch.from_numpy(w.dequantize()))
     g = torch.Generator().manual_seed(2)
     x, other = torch.randn(40, k, generator=g), torch.randn(40, n, generator=g)
     whole = ours(x)

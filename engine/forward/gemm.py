@@ -21,8 +21,9 @@ in a batch.
   16 and 24 rows costs far fewer single-row forwards: the tree verifications the round's budget buys
   (docs/history.md#the-kernels).
 
-`SmallGemm.pack` returns None where no kernel applies (no such CPU feature, no C compiler, another dtype, a
-bias, a width the kernel's blocks do not divide): the caller keeps oneDNN for that weight.
+`SmallGemm.pack` returns None where no kernel applies (no such CPU feature, no C compiler, another dtype, a width
+the kernel's blocks do not divide): the caller keeps oneDNN for that weight. A bias stays the module's:
+prepack.packed_linear adds it to the kernel's sums.
 """
 
 from __future__ import annotations
@@ -98,11 +99,11 @@ class SmallGemm:
         return self.kind or str(self.dtype).removeprefix("torch.")
 
     @classmethod
-    def pack(cls, kernels: Kernels | None, w: torch.Tensor, bias: torch.Tensor | None) -> "SmallGemm | None":
+    def pack(cls, kernels: Kernels | None, w: torch.Tensor) -> "SmallGemm | None":
         n, k = w.shape
         spec = SPECS.get(w.dtype)
         fns = kernels.get(w.dtype) if kernels is not None else None
-        if fns is None or spec is None or bias is not None:
+        if fns is None or spec is None:
             return None
         fn, pack, n_block = fns
         if n % n_block or k % spec.k_pair:

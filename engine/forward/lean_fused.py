@@ -6,7 +6,8 @@ share of a one-row forward. The C loop does the same layers with the same linear
 every layout of engine/forward/layer_spec.py (pre-norm, Gemma's sandwich, OLMo 2's post-norm), with q and k norms
 per head or whole, SiLU or GELU, layers without rotary, and a rotary table and a row layout per attention kind. It
 applies when the model is float32, every layer linear is our float32 kernel without a bias (engine/forward/gemm.py;
-its weights as float32 or as a GGUF's blocks, engine/forward/quant.py), q, k, v and gate, up are linears of their
+its weights as float32 or as a GGUF's blocks, engine/forward/quant.py) with no bias but on q, k and v (Qwen2),
+q, k, v and gate, up are linears of their
 own (not Phi-3's fused ones), no layer soft-caps its scores (Gemma 2), every norm has one epsilon and each head is
 rotated whole, and the context attends with the C kernel; anything else runs the torch layers of
 engine/forward/lean.py.
@@ -67,6 +68,9 @@ class FusedLayers:
         self._head_norms = [n.weight.float().contiguous() for layer in lean.layers for n in (layer.q_norm, layer.k_norm)
                             if n is not None]
         self.head_norms = _pointers(self._head_norms) if self._head_norms else None
+        self._biases = [getattr(layer, n)[1].float().contiguous() for layer in lean.layers for n in ("q", "k", "v")
+                        if getattr(layer, n)[1] is not None]  # kept: the C call reads them through pointers
+        self.biases = _pointers(self._biases) if self._biases else None
         self.kinds = _ints([_KINDS[getattr(layer, name)[0].kind] for layer in lean.layers for name in _NAMES])
         self.rot_kinds = lean.kinds  # the rotary tables' order
         self.rot_of = _ints([lean.kinds.index(layer.kind) if layer.rope else -1 for layer in lean.layers])
@@ -83,9 +87,11 @@ class FusedLayers:
             if layer.qkv is not None or layer.gate_up is not None:
                 return None, "q, k, v or gate, up in one linear (Phi-3): the fused layers take them apart"
             packed = [getattr(layer, name) for name in _NAMES]
-            if not all(isinstance(w, SmallGemm) and w.dtype == torch.float32 and w.kind in _KINDS and bias is None
-                       for w, bias in packed):
-                return None, "a layer linear is not our float32 kernel without a bias"
+            if not all(isinstance(w, SmallGemm) and w.dtype == torch.float32 and w.kind in _KINDS for w, _ in packed):
+                return None, "a layer linear is not our float32 kernel"
+            biased = [bias is not None for _, bias in packed]
+            if biased not in ([False] * 7, [True] * 3 + [False] * 4) or biased[:3] != [first.q[1] is not None] * 3:
+                return None, "biases other than on every layer's q, k and v"
             if layer.softcap is not None:
                 return None, "soft-capped attention scores (Gemma 2): the C attention does not cap"
             if layer.head_dim % 2 or layer.head_dim > 512 or _shape(layer) != _shape(first):
@@ -149,8 +155,8 @@ class FusedLayers:
             keep = self._keep[tuple(inner)] = _ints(
                 [inner.index(i + 1) if i + 1 in inner else -1 for i in range(self.n_layers)])
         failed = self.fn(x.data_ptr(), t, d, self.n_layers, self.weights, self.kinds, self.norms, self.head_norms,
-                         self.flags, self.kc, self.vc, n_cells, cells.data_ptr(), _pointers(cos), _pointers(sin),
-                         self.rot_of, _pointers([r.layout.row_ptr for r in layouts]),
+                         self.biases, self.flags, self.kc, self.vc, n_cells, cells.data_ptr(), _pointers(cos),
+                         _pointers(sin), self.rot_of, _pointers([r.layout.row_ptr for r in layouts]),
                          _pointers([r.layout.cells for r in layouts]), rows_of, len(layouts), self.n_heads,
                          self.n_kv_heads, self.head_dim, self.mlp, self.scaling, self.eps, keep,
                          None if hidden is None else hidden.data_ptr(), len(inner))

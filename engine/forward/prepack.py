@@ -68,7 +68,12 @@ def packed_linear(w, bias: torch.Tensor | None, x3: torch.Tensor, post: str = "n
     """x3 [1, T, in] through a packed weight, ours (engine/forward/gemm.py) or oneDNN's; post "none" or "swish", or
     "add" / "mul" with other3 [1, T, out]. The lean forward calls it with the weights it fetched once."""
     if isinstance(w, SmallGemm):
-        return w(x3, post, other3)
+        if bias is None:
+            return w(x3, post, other3)
+        # our kernels have no bias term: it is added to their sums, as lean_layers.c adds it (the same bits)
+        y = w(x3) + bias
+        return y if post == "none" else torch.nn.functional.silu(y) if post == "swish" else \
+            y + other3 if post == "add" else y * other3
     if other3 is not None:
         return torch.ops.mkldnn._linear_pointwise.binary(x3, other3, w, bias, post)
     return torch.ops.mkldnn._linear_pointwise(x3, w, bias, post, [], "")
@@ -166,8 +171,8 @@ def prepack_linears(model: nn.Module, keep_weights: bool = False, small_gemm: bo
             w = module.weight
             if w.device.type != "cpu" or w.dtype not in DTYPES:
                 continue
-            stored = SmallGemm.pack(kernels, w.to(store), module.bias) if store is not None else None
-            install(module, stored or SmallGemm.pack(kernels, w, module.bias)
+            stored = SmallGemm.pack(kernels, w.to(store)) if store is not None else None
+            install(module, stored or SmallGemm.pack(kernels, w)
                     or torch.ops.mkldnn._reorder_linear_weight(w.detach(), BATCH_HINT),
                     drop_weight=id(w) not in tied and not keep_weights)
             n += 1

@@ -10,7 +10,7 @@ same bits as the float32 kernel, at a seventh of the bytes.
 Exactness is checked, not assumed: a linear is taken only if d q + m (Q4_1), d (q - 8) (Q4_0), d (q - 16) (Q5_0)
 or d q (Q8_0), computed as gguf-py computes it, equals every element of the loaded weight; llama.cpp's Llama converter stores q and k with rows
 permuted for its rotary layout, so those are also compared after transformers' reverse permutation. A GGUF of
-another family or quantisation, a linear with a bias, or a weight that differs keeps the float32 kernel.
+another family or quantisation, or a weight that differs, keeps the float32 kernel.
 
 Read as float32, Q4_0 and Q5_0 go through the Q4_1 and Q8_0 kernels (m = -8 d; q - 16 as int8): every product of a
 float16 scale and a quant of 5 bits or fewer is exact in float32, so the weights keep their bits. Times 8-bit inputs
@@ -292,8 +292,7 @@ def attach(model: nn.Module, path: Path, keep_weights: bool = False, dot: bool =
             if w is not None and w.kind == "q6_k" and not dot:
                 continue  # no float32-arithmetic kernel for Q6_K: it keeps its float32 copy
             weight = module.weight
-            if w is None or weight.dtype != torch.float32 or weight.shape != w.q.shape or weight.shape[0] % nb \
-                    or module.bias is not None:
+            if w is None or weight.dtype != torch.float32 or weight.shape != w.q.shape or weight.shape[0] % nb:
                 continue
             w = _matching(w, weight.detach().numpy(), heads)
             if w is None:

@@ -10,7 +10,7 @@ read from the file as it is stored:
   times 8-bit inputs) gets the packed blocks and drops its float32 weight before anything writes it;
 - the embedding table is dequantised in chunks of rows into a file under the cache's `mapped/` folder and mapped
   (engine/forward/mapped.py): a lookup reads only the rows it needs; a tied LM head reads the table's blocks;
-- every other tensor (norms, biases, a linear of another type or with a bias) is dequantised by gguf-py's
+- every other tensor (norms, biases, a linear of another type) is dequantised by gguf-py's
   `dequantize` into its parameter, as transformers does.
 
 The values are the ones transformers' loader gives, bit for bit: q and k rows in the order its
@@ -179,7 +179,7 @@ def _take_blocks(model, hf: str, t, dot: bool, config) -> bool:
     kind = _GGML_KINDS.get(GGMLQuantizationType(t.tensor_type).name)
     module = model.get_submodule(hf.rsplit(".", 1)[0])
     k, n = (int(s) for s in t.shape)
-    if kind is None or len(t.shape) != 2 or module.bias is not None or n % nb or \
+    if kind is None or len(t.shape) != 2 or n % nb or \
             k % (QK_K if kind in ("q4_k", "q6_k") else GROUP) or (kind == "q6_k" and not dot) or \
             (dot and "q4_1_dot" not in fns):
         return False

@@ -64,6 +64,14 @@ static void rms_groups(float *z, int64_t t, int n_groups, int64_t width, const f
         }
 }
 
+/* each row of q [t][nq], k and v [t][nkv] plus its bias */
+static void add_bias(float *q, float *k, float *v, const float *const *b, int64_t t, int64_t nq, int64_t nkv) {
+    for (int64_t r = 0; r < t; r++) {
+        for (int64_t i = 0; i < nq; i++) q[r * nq + i] += b[0][i];
+        for (int64_t i = 0; i < nkv; i++) k[r * nkv + i] += b[1][i], v[r * nkv + i] += b[2][i];
+    }
+}
+
 /* y = rms(y) * w + x, row by row: a branch's output normed into the residual stream */
 static void add_normed(float *x, float *y, const float *w, int64_t t, int64_t d, float eps) {
     for (int64_t r = 0; r < t; r++) {
@@ -75,13 +83,14 @@ static void add_normed(float *x, float *y, const float *w, int64_t t, int64_t d,
 /* weights of layer l: w[7 * l + j] for j = q, k, v, o, gate, up, down, stored as kinds[7 * l + j]; norms[4 * l + j]
  * for j = input, attention output, pre-MLP, MLP output, each NULL where the layout has none (pre-norm: 0 and 2;
  * Gemma: all four; OLMo 2: 1 and 3); head_norms: NULL, or the q and k norm weights of layer l at 2 * l and
- * 2 * l + 1 ([hd], or the whole projection's with QK_WHOLE). kc[l], vc[l]: the layer's cache [H_kv][n_cells][hd].
+ * 2 * l + 1 ([hd], or the whole projection's with QK_WHOLE); qkv_bias: NULL, or the q, k and v biases of layer l at
+ * 3 * l + j (Qwen2's), added to the linears' sums. kc[l], vc[l]: the layer's cache [H_kv][n_cells][hd].
  * Layer l rotates with cos[rot_of[l]], sin[rot_of[l]] [t, hd] (rot_of[l] < 0: no rotary, SmolLM3's NoPE layers)
  * and attends over layout rows_of[l] of n_layouts (row_ptr[i], cells[i]). keep[l] >= 0: copy x after layer l into
  * hidden[:, keep[l] * d .. + d] (hidden [t, n_hidden * d]). Returns 0, or -1 if memory for the scratch rows could
  * not be had. */
 int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const *w, const int *kinds,
-                const float *const *norms, const float *const *head_norms, int flags,
+                const float *const *norms, const float *const *head_norms, const float *const *qkv_bias, int flags,
                 float *const *kc, float *const *vc, int64_t n_cells, const int64_t *write_cells,
                 const float *const *cos, const float *const *sin, const int *rot_of,
                 const int64_t *const *row_ptr, const int64_t *const *cells, const int *rows_of, int n_layouts,
@@ -110,6 +119,7 @@ int lean_layers(float *x, int64_t t, int64_t d, int n_layers, const void *const 
             failed = 1;
             break;
         }
+        if (qkv_bias) add_bias(q, k, v, qkv_bias + 3 * l, t, nq, nkv);
         if (head_norms && (flags & QK_WHOLE)) {
             rms_groups(q, t, 1, nq, head_norms[2 * l], eps);
             rms_groups(k, t, 1, nkv, head_norms[2 * l + 1], eps);

@@ -79,8 +79,8 @@ LIBRARIES = {lib.name: lib for lib in (
     Library("lean_layers",
             ("lean_layers.c", "cell_attention.c", "small_gemm_f32.c", "small_gemm_q.c", "small_gemm_qdot.c"),
             ("avx2", "fma"),
-            (Function("lean_layers", (_P, _I, _I, _C, _P, _P, _P, _P, _C, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _C,
-                                      _C, _C, _C, _I, _F, _F, _P, _P, _C), _C),),
+            (Function("lean_layers", (_P, _I, _I, _C, _P, _P, _P, _P, _P, _C, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P,
+                                      _C, _C, _C, _C, _I, _F, _F, _P, _P, _C), _C),),
             "layers in one C call", "torch layers"),
     # the draft head's dense pieces; each one's last argument: 1 for Q8_0 groups (the integer kernel), 0 for float16
     Library("head_step", ("head_step.c", "small_gemm_f32.c", "small_gemm_qdot.c"), ("avx2", "fma", "f16c"),
