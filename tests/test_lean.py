@@ -48,6 +48,8 @@ def _family(kind: str, seed: int = 0):
         model = tf.Olmo2ForCausalLM(tf.Olmo2Config(**common))
     elif kind == "phi3":  # q, k, v in one linear, gate and up in another, rotary over half of each head
         model = tf.Phi3ForCausalLM(tf.Phi3Config(partial_rotary_factor=0.5, **common))
+    elif kind == "phi3-full":  # Phi-3 mini's whole-head rotary: its fused linears split for the C layers
+        model = tf.Phi3ForCausalLM(tf.Phi3Config(**common))
     elif kind == "gemma3":  # per-head norms, local and global rotary bases
         model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(
             head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
@@ -70,7 +72,7 @@ def _decode(ctx, rows: list[tuple[int, int, int]]):
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama-rope-scaled", "qwen2", "qwen3", "mistral", "qwen2-mixed", "gemma2",
-                                  "gemma3", "smollm3", "olmo2", "phi3"])
+                                  "gemma3", "smollm3", "olmo2", "phi3", "phi3-full"])
 def test_lean_forward_gives_transformers_logits_and_hidden_states(kind):
     model = _family(kind)
     prepack.prepack_linears(model)
@@ -155,13 +157,14 @@ def test_families_and_models_the_lean_forward_does_not_take_say_why():
     assert ModelContext(exact_gelu, n_ctx=16).lean is None  # it runs, on transformers' forward
 
 
-@pytest.mark.parametrize("kind", ["mistral", "qwen2", "qwen2-mixed", "qwen3", "gemma3", "smollm3", "olmo2"])
+@pytest.mark.parametrize("kind", ["mistral", "qwen2", "qwen2-mixed", "qwen3", "gemma3", "smollm3", "olmo2",
+                                  "phi3-full"])
 def test_fused_layers_run_as_the_torch_layers_do(kind):
     """The one-call C layers (engine/forward/lean_fused.py): taken for a float32 model on our kernels, with the
     logits, hidden states and cache of the torch layers within rounding; a window over every layer (Mistral),
     per-head norms (Qwen3), Gemma 3's norms on each branch, GELU, and local and global layers with their own
     cells and rotary tables, a layer without rotary (SmolLM3), OLMo 2's post-norms and whole q and k norms, Qwen2's
-    q, k and v biases; several sequences and a removed tail."""
+    q, k and v biases, Phi-3's fused linears split on the kernel's blocks; several sequences and a removed tail."""
     from engine.forward import gemm
 
     if gemm.load((torch.float32,)).get(torch.float32) is None:
@@ -200,4 +203,4 @@ def test_fused_layers_say_why_they_step_aside():
     assert "soft-capped" in ModelContext(gemma2, n_ctx=16).lean.fused_reason
     phi3 = _family("phi3")
     prepack.prepack_linears(phi3)
-    assert "Phi-3" in ModelContext(phi3, n_ctx=16).lean.fused_reason
+    assert "partial rotary" in ModelContext(phi3, n_ctx=16).lean.fused_reason

@@ -98,6 +98,16 @@ class SmallGemm:
     def label(self) -> str:
         return self.kind or str(self.dtype).removeprefix("torch.")
 
+    def outputs(self, start: int, stop: int) -> "SmallGemm | None":
+        """The outputs [start, stop) as a weight of their own, sharing this one's memory (Phi-3's q, k, v in one
+        linear): every layout here stores blocks of NB (8 or 16) outputs one after another, each of the same size,
+        so whole blocks are a contiguous slice. None where a bound is not on a block of 16."""
+        if start % 16 or stop % 16 or not 0 <= start < stop <= self.n or self.weight.numel() % self.n:
+            return None
+        per = self.weight.numel() // self.n
+        return SmallGemm(self.fn, self.weight[start * per:stop * per], self.k, stop - start, self.dtype, self.act,
+                         self.kind)
+
     @classmethod
     def pack(cls, kernels: Kernels | None, w: torch.Tensor) -> "SmallGemm | None":
         n, k = w.shape

@@ -130,6 +130,13 @@ class LeanForward:
             side = torch.cat([kept[i] for i in hidden_layers], dim=-1)
         return logits, side
 
+    def rotary_width(self) -> int | None:
+        """The width of the rotary table (the head's, or less for a partial rotary); None where no layer rotates."""
+        if not any(layer.rope for layer in self.layers):
+            return None
+        cos, _ = next(iter(self._rotary(torch.zeros(1, 1), torch.zeros(1, dtype=torch.long)).values()))
+        return int(cos.shape[-1])
+
     def describe(self) -> str:
         entry = registry.LIBRARIES["lean_layers"]
         return entry.runs if self.fused is not None else f"{entry.fallback}: {self.fused_reason}"

@@ -5,12 +5,11 @@ writes, reshapes); at a few rows each costs its dispatch, and on the embedded mo
 share of a one-row forward. The C loop does the same layers with the same linear and attention kernels, in
 every layout of engine/forward/layer_spec.py (pre-norm, Gemma's sandwich, OLMo 2's post-norm), with q and k norms
 per head or whole, SiLU or GELU, layers without rotary, and a rotary table and a row layout per attention kind. It
-applies when the model is float32, every layer linear is our float32 kernel without a bias (engine/forward/gemm.py;
-its weights as float32 or as a GGUF's blocks, engine/forward/quant.py) with no bias but on q, k and v (Qwen2),
-q, k, v and gate, up are linears of their
-own (not Phi-3's fused ones), no layer soft-caps its scores (Gemma 2), every norm has one epsilon and each head is
-rotated whole, and the context attends with the C kernel; anything else runs the torch layers of
-engine/forward/lean.py.
+applies when the model is float32, every layer linear is our float32 kernel (engine/forward/gemm.py; its weights
+as float32 or as a GGUF's blocks, engine/forward/quant.py) with no bias but on q, k and v (Qwen2), Phi-3's fused
+q, k, v and gate, up linears split on the kernel's blocks, each head rotated whole, no layer soft-capping its
+scores (Gemma 2), every norm of one epsilon, and the context attending with the C kernel; anything else runs the
+torch layers of engine/forward/lean.py.
 """
 
 from __future__ import annotations
@@ -40,10 +39,28 @@ def _ints(values) -> ctypes.Array:
     return (ctypes.c_int * len(values))(*values)
 
 
-def _shape(layer) -> tuple:
+def _linears(layer) -> list[tuple] | None:
+    """The layer's seven (weight, bias) in _NAMES order, Phi-3's fused q, k, v and gate, up taken apart by their
+    outputs (gemm.SmallGemm.outputs); None where a fused one is not our kernel or does not split on blocks."""
+    if layer.qkv is None and layer.gate_up is None:
+        return [getattr(layer, name) for name in _NAMES]
+    qkv, gate_up = layer.qkv[0], layer.gate_up[0]
+    if not (isinstance(qkv, SmallGemm) and isinstance(gate_up, SmallGemm)) or layer.qkv[1] is not None \
+            or layer.gate_up[1] is not None:
+        return None
+    nq, nkv, ff = layer.n_heads * layer.head_dim, layer.n_kv_heads * layer.head_dim, gate_up.n // 2
+    parts = [qkv.outputs(0, nq), qkv.outputs(nq, nq + nkv), qkv.outputs(nq + nkv, nq + 2 * nkv), None,
+             gate_up.outputs(0, ff), gate_up.outputs(ff, 2 * ff), None]
+    if any(p is None for i, p in enumerate(parts) if i not in (3, 6)):
+        return None
+    parts[3], parts[6] = layer.o[0], layer.down[0]
+    return [(w, None) for w in parts[:3]] + [layer.o] + [(w, None) for w in parts[4:6]] + [layer.down]
+
+
+def _shape(layer, linears: list[tuple]) -> tuple:
     """What one C call assumes every layer shares: activation, q and k norms, sizes and scaling."""
     return (layer.act, layer.q_norm is None, layer.qk_norm_per_head, layer.head_dim, layer.scaling,
-            tuple(getattr(layer, name)[0].n for name in _NAMES))
+            tuple(w.n for w, _ in linears))
 
 
 class FusedLayers:
@@ -53,25 +70,26 @@ class FusedLayers:
         self.fn = fn
         self.n_layers = lean.n_layers
         first = lean.layers[0]
+        linears = [_linears(layer) for layer in lean.layers]  # [layer][j] (weight, bias), j in _NAMES order
         self.head_dim = first.head_dim
-        self.n_heads = first.q[0].n // self.head_dim
-        self.n_kv_heads = first.k[0].n // self.head_dim
-        self.mlp = first.gate[0].n
-        self.d = first.q[0].k  # the residual stream's width
+        self.n_heads = linears[0][0][0].n // self.head_dim
+        self.n_kv_heads = linears[0][1][0].n // self.head_dim
+        self.mlp = linears[0][4][0].n
+        self.d = linears[0][0][0].k  # the residual stream's width
         self.scaling = first.scaling
         self.eps = lean.spec.final_norm.eps  # every norm's (build checks)
         self.flags = (GELU if first.act != "silu" else 0) | (0 if first.qk_norm_per_head else QK_WHOLE)
-        self._weights = [getattr(layer, name)[0].weight for layer in lean.layers for name in _NAMES]
+        self._weights = [w.weight for layer in linears for w, _ in layer]
         self._norms = [None if getattr(layer, n) is None else getattr(layer, n).weight.float().contiguous()
                        for layer in lean.layers for n in _NORMS]
         self.weights, self.norms = _pointers(self._weights), _pointers(self._norms)
         self._head_norms = [n.weight.float().contiguous() for layer in lean.layers for n in (layer.q_norm, layer.k_norm)
                             if n is not None]
         self.head_norms = _pointers(self._head_norms) if self._head_norms else None
-        self._biases = [getattr(layer, n)[1].float().contiguous() for layer in lean.layers for n in ("q", "k", "v")
-                        if getattr(layer, n)[1] is not None]  # kept: the C call reads them through pointers
+        self._biases = [b.float().contiguous() for layer in linears for _, b in layer[:3]
+                        if b is not None]  # kept: the C call reads them through pointers
         self.biases = _pointers(self._biases) if self._biases else None
-        self.kinds = _ints([_KINDS[getattr(layer, name)[0].kind] for layer in lean.layers for name in _NAMES])
+        self.kinds = _ints([_KINDS[w.kind] for layer in linears for w, _ in layer])
         self.rot_kinds = lean.kinds  # the rotary tables' order
         self.rot_of = _ints([lean.kinds.index(layer.kind) if layer.rope else -1 for layer in lean.layers])
         self._cache_key = None
@@ -82,19 +100,23 @@ class FusedLayers:
     def build(cls, lean) -> tuple["FusedLayers | None", str]:
         if lean.dtype != torch.float32:
             return None, f"{lean.dtype} weights (the fused layers are float32)"
-        first = lean.layers[0]
+        first, first_linears = lean.layers[0], _linears(lean.layers[0])
+        width = lean.rotary_width()
+        if width is not None and width != first.head_dim:
+            return None, f"a rotary table of {width} over heads of {first.head_dim} (partial rotary: torch layers)"
         for layer in lean.layers:
-            if layer.qkv is not None or layer.gate_up is not None:
-                return None, "q, k, v or gate, up in one linear (Phi-3): the fused layers take them apart"
-            packed = [getattr(layer, name) for name in _NAMES]
+            packed = _linears(layer)
+            if packed is None or first_linears is None:
+                return None, "q, k, v or gate, up in one linear that does not split on our kernel's blocks"
             if not all(isinstance(w, SmallGemm) and w.dtype == torch.float32 and w.kind in _KINDS for w, _ in packed):
                 return None, "a layer linear is not our float32 kernel"
             biased = [bias is not None for _, bias in packed]
-            if biased not in ([False] * 7, [True] * 3 + [False] * 4) or biased[:3] != [first.q[1] is not None] * 3:
+            if biased not in ([False] * 7, [True] * 3 + [False] * 4) or \
+                    biased[:3] != [b is not None for _, b in first_linears[:3]]:
                 return None, "biases other than on every layer's q, k and v"
             if layer.softcap is not None:
                 return None, "soft-capped attention scores (Gemma 2): the C attention does not cap"
-            if layer.head_dim % 2 or layer.head_dim > 512 or _shape(layer) != _shape(first):
+            if layer.head_dim % 2 or layer.head_dim > 512 or _shape(layer, packed) != _shape(first, first_linears):
                 return None, "a head size the fused layers do not take, or layers of different shapes"
             norms = [layer.norm_in, layer.norm_attn_out, layer.norm_mlp, layer.norm_mlp_out, layer.q_norm,
                      layer.k_norm]
