@@ -124,6 +124,7 @@ def model_spec(model) -> ModelSpec:
     family = cfg.model_type
     types = getattr(cfg, "layer_types", None)
     no_rope = getattr(cfg, "no_rope_layers", None)  # SmolLM3: 1 where a layer rotates, 0 where it does not
+    n_kv = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
     layers = []
     for i, layer in enumerate(model.model.layers):
         att, mlp = layer.self_attn, layer.mlp
@@ -136,7 +137,6 @@ def model_spec(model) -> ModelSpec:
                      ln["post_feedforward_layernorm"])
         else:
             norms = (None, ln["post_attention_layernorm"], None, ln["post_feedforward_layernorm"])
-        n_kv = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         layers.append(LayerSpec(
             norm_in=norms[0], norm_attn_out=norms[1], norm_mlp=norms[2], norm_mlp_out=norms[3],
             q_norm=_norm(getattr(att, "q_norm", None), family), k_norm=_norm(getattr(att, "k_norm", None), family),

@@ -94,11 +94,8 @@ class LeanForward:
         if not self.spec.rotary_by_kind:
             cos, sin = self.inner.rotary_emb(empty, position_ids[None])
             return {kind: (cos[0], sin[0]) for kind in self.kinds}
-        out = {}
-        for kind in self.kinds:
-            cos, sin = self.inner.rotary_emb(empty, position_ids[None], kind)
-            out[kind] = (cos[0], sin[0])
-        return out
+        tables = {kind: self.inner.rotary_emb(empty, position_ids[None], kind) for kind in self.kinds}
+        return {kind: (cos[0], sin[0]) for kind, (cos, sin) in tables.items()}
 
     @torch.inference_mode()
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache, cell_rows, rows: torch.Tensor,

@@ -49,12 +49,11 @@ def _linears(layer) -> list[tuple] | None:
             or layer.gate_up[1] is not None:
         return None
     nq, nkv, ff = layer.n_heads * layer.head_dim, layer.n_kv_heads * layer.head_dim, gate_up.n // 2
-    parts = [qkv.outputs(0, nq), qkv.outputs(nq, nq + nkv), qkv.outputs(nq + nkv, nq + 2 * nkv), None,
-             gate_up.outputs(0, ff), gate_up.outputs(ff, 2 * ff), None]
-    if any(p is None for i, p in enumerate(parts) if i not in (3, 6)):
+    q, k, v = qkv.outputs(0, nq), qkv.outputs(nq, nq + nkv), qkv.outputs(nq + nkv, nq + 2 * nkv)
+    gate, up = gate_up.outputs(0, ff), gate_up.outputs(ff, 2 * ff)
+    if None in (q, k, v, gate, up):
         return None
-    parts[3], parts[6] = layer.o[0], layer.down[0]
-    return [(w, None) for w in parts[:3]] + [layer.o] + [(w, None) for w in parts[4:6]] + [layer.down]
+    return [(q, None), (k, None), (v, None), layer.o, (gate, None), (up, None), layer.down]
 
 
 def _shape(layer, linears: list[tuple]) -> tuple:
@@ -66,11 +65,11 @@ def _shape(layer, linears: list[tuple]) -> tuple:
 class FusedLayers:
     """The layers of one LeanForward as one C call; `build` returns None (and why) where it does not apply."""
 
-    def __init__(self, fn, lean):
+    def __init__(self, fn, lean, linears: list[list[tuple]]):
+        """linears: [layer][j] (weight, bias), j in _NAMES order (`_linears`)."""
         self.fn = fn
         self.n_layers = lean.n_layers
         first = lean.layers[0]
-        linears = [_linears(layer) for layer in lean.layers]  # [layer][j] (weight, bias), j in _NAMES order
         self.head_dim = first.head_dim
         self.n_heads = linears[0][0][0].n // self.head_dim
         self.n_kv_heads = linears[0][1][0].n // self.head_dim
@@ -100,14 +99,15 @@ class FusedLayers:
     def build(cls, lean) -> tuple["FusedLayers | None", str]:
         if lean.dtype != torch.float32:
             return None, f"{lean.dtype} weights (the fused layers are float32)"
-        first, first_linears = lean.layers[0], _linears(lean.layers[0])
+        first = lean.layers[0]
         width = lean.rotary_width()
         if width is not None and width != first.head_dim:
             return None, f"a rotary table of {width} over heads of {first.head_dim} (partial rotary: torch layers)"
-        for layer in lean.layers:
-            packed = _linears(layer)
-            if packed is None or first_linears is None:
-                return None, "q, k, v or gate, up in one linear that does not split on our kernel's blocks"
+        linears = [_linears(layer) for layer in lean.layers]
+        if None in linears:
+            return None, "q, k, v or gate, up in one linear that does not split on our kernel's blocks"
+        first_linears = linears[0]
+        for layer, packed in zip(lean.layers, linears):
             if not all(isinstance(w, SmallGemm) and w.dtype == torch.float32 and w.kind in _KINDS for w, _ in packed):
                 return None, "a layer linear is not our float32 kernel"
             biased = [bias is not None for _, bias in packed]
@@ -125,7 +125,7 @@ class FusedLayers:
         lib, where = registry.load("lean_layers")
         if lib is None:
             return None, where
-        return cls(lib.lean_layers, lean), registry.LIBRARIES["lean_layers"].runs
+        return cls(lib.lean_layers, lean, linears), registry.LIBRARIES["lean_layers"].runs
 
     @staticmethod
     def _layouts(cell_rows) -> list[CellRows]:

@@ -72,8 +72,11 @@ def packed_linear(w, bias: torch.Tensor | None, x3: torch.Tensor, post: str = "n
             return w(x3, post, other3)
         # our kernels have no bias term: it is added to their sums, as lean_layers.c adds it (the same bits)
         y = w(x3) + bias
-        return y if post == "none" else torch.nn.functional.silu(y) if post == "swish" else \
-            y + other3 if post == "add" else y * other3
+        if post == "swish":
+            return torch.nn.functional.silu(y)
+        if post == "add":
+            return y + other3
+        return y * other3 if post == "mul" else y
     if other3 is not None:
         return torch.ops.mkldnn._linear_pointwise.binary(x3, other3, w, bias, post)
     return torch.ops.mkldnn._linear_pointwise(x3, w, bias, post, [], "")
